@@ -1,0 +1,79 @@
+// ---------------------------------------------------------------------------
+// Configuration: version, user-overridable macros, backend selection.
+// ---------------------------------------------------------------------------
+
+#define FIBER_SCHED_VERSION_MAJOR 0
+#define FIBER_SCHED_VERSION_MINOR 1
+#define FIBER_SCHED_VERSION_PATCH 0
+
+#ifndef FIBER_SCHED_DEFAULT_STACK_SIZE
+// 256 KiB of address space; only the pages a fiber touches are committed.
+#define FIBER_SCHED_DEFAULT_STACK_SIZE (256u * 1024u)
+#endif
+
+#ifndef FIBER_SCHED_STACK_POOL_MAX
+// How many freed stacks of one size the process keeps for reuse.
+#define FIBER_SCHED_STACK_POOL_MAX 4096u
+#endif
+
+#ifndef FIBER_SCHED_GUARDED_STACK_LIMIT
+// 0: derive the limit from /proc/sys/vm/max_map_count (a quarter of it).
+#define FIBER_SCHED_GUARDED_STACK_LIMIT 0
+#endif
+
+#ifndef FIBER_SCHED_ASSERT
+// Stays on with NDEBUG: every use guards API misuse, not an internal invariant. Each use
+// reads `FIBER_SCHED_ASSERT(cond && "rule broken")`, so a user's own macro gets the rule
+// in its expression text as well.
+#define FIBER_SCHED_ASSERT(expr)                                                         \
+    (static_cast<bool>(expr) ? static_cast<void>(0)                                      \
+                             : ::fsched::detail::assert_failed(#expr, __FILE__, __LINE__))
+#endif
+
+// One detection cascade picks the context-switch backend.
+#if defined(FIBER_SCHED_USE_UCONTEXT)
+#define FIBER_SCHED_BACKEND_UCONTEXT 1
+#elif defined(__x86_64__) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#define FIBER_SCHED_BACKEND_X86_64_SYSV 1
+#elif defined(__aarch64__) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#define FIBER_SCHED_BACKEND_AARCH64_AAPCS 1
+#elif defined(__unix__) || defined(__APPLE__)
+#define FIBER_SCHED_BACKEND_UCONTEXT 1
+#else
+#error "fiber_sched: no context-switch backend for this target; define FIBER_SCHED_USE_UCONTEXT on a POSIX system, or port src/context_*.hpp"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FIBER_SCHED_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FIBER_SCHED_ASAN 1
+#endif
+#endif
+
+#if defined(__SANITIZE_THREAD__)
+#define FIBER_SCHED_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FIBER_SCHED_TSAN 1
+#endif
+#endif
+
+namespace fsched {
+
+// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext".
+const char* backend() noexcept;
+
+namespace detail {
+
+// Prints the rule quoted in `expr` (if any), the expression and where, then aborts.
+[[noreturn]] void assert_failed(const char* expr, const char* file, int line) noexcept;
+
+// Defined only by the translation unit that defines FIBER_SCHED_IMPLEMENTATION. Every other
+// unit references it, so forgetting the macro fails at link time with this name.
+int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
+[[maybe_unused]] __attribute__((used)) static int (*const implementation_link_check)() noexcept =
+    &define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file;
+
+}  // namespace detail
+}  // namespace fsched

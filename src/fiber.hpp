@@ -1,0 +1,102 @@
+// ---------------------------------------------------------------------------
+// Fiber: a stackful, asymmetric coroutine (sylar's Fiber, Tars' TC_CoroutineInfo).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+class Fiber;
+
+namespace detail {
+
+// Per-thread state. Read only through thread_state(): fibers move between threads, and a
+// compiler may keep a thread-local's address in a register across a context switch.
+struct ThreadState {
+    Fiber* current = nullptr;          // the fiber running on this thread, innermost first
+    bool has_altstack = false;         // an alternate signal stack is set for this thread
+    void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
+    std::size_t owned_altstack_size = 0;
+    // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
+    static constexpr unsigned stack_cache_capacity = 8;
+    Stack cached_stacks[stack_cache_capacity];
+    unsigned cached_stack_count = 0;
+    ThreadState() = default;
+    ThreadState(const ThreadState&) = delete;
+    ThreadState& operator=(const ThreadState&) = delete;
+    ~ThreadState();
+};
+
+// This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
+ThreadState* thread_state() noexcept;
+
+// What the sanitizers need to follow a switch; unused fields cost a few bytes.
+struct SwitchShadow {
+    void* asan_fake_stack = nullptr;          // ASan's fake frames of the switched-out side
+    const void* resumer_stack_bottom = nullptr;  // the resumer's stack, as ASan reports it
+    std::size_t resumer_stack_size = 0;
+    void* tsan_fiber = nullptr;               // TSan's context for this fiber
+    void* tsan_resumer = nullptr;             // TSan's context of whoever resumed it
+};
+
+struct FiberAccess;
+
+}  // namespace detail
+
+class Fiber : public std::enable_shared_from_this<Fiber> {
+public:
+    using ptr = std::shared_ptr<Fiber>;
+    enum class State { Ready, Running, Suspended, Term };
+
+    // Creates a Ready fiber that will run `fn` on its own stack of `stack_size` bytes
+    // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty.
+    explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
+    // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
+    ~Fiber();
+    Fiber(const Fiber&) = delete;
+    Fiber& operator=(const Fiber&) = delete;
+
+    // Runs this fiber on the calling thread until it yields or returns. Precondition: Ready
+    // or Suspended. If `fn` threw, the fiber is Term and resume() rethrows the exception.
+    void resume();
+    // Suspends the current fiber and returns to whoever resumed it. Precondition: called
+    // inside a fiber.
+    static void yield();
+    // Gives the fiber a new function on the same stack. Precondition: Ready or Term.
+    void reset(std::function<void()> fn);
+
+    // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
+    State state() const noexcept { return state_.load(std::memory_order_acquire); }
+    // Unique, non-zero, increasing in creation order.
+    std::uint64_t id() const noexcept { return id_; }
+    // Usable bytes of stack.
+    std::size_t stack_size() const noexcept { return stack_.size; }
+
+    // The fiber running on this thread; nullptr outside fibers.
+    static Fiber* current() noexcept;
+    // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
+    static Fiber::ptr current_ptr();
+
+private:
+    friend struct detail::FiberAccess;
+
+    static void entry(void* self) noexcept;
+    void switch_to_resumer(bool terminating) noexcept;
+    void prepare_context() noexcept;
+
+    detail::Context context_;                    // this fiber, while switched out
+    detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame
+    detail::Stack stack_;
+    std::function<void()> fn_;
+    std::exception_ptr exception_;
+    // Written by the resumer's thread only; read by anyone. Release when it becomes
+    // Suspended/Term, so a thread that sees that also sees the saved context.
+    std::atomic<State> state_{State::Ready};
+    bool returned_ = false;                      // fn_ has finished; the next switch-out is final
+    std::uint64_t id_ = 0;
+    // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
+    // fiber has fully switched out (the scheduler's race-free park, see scheduler.hpp).
+    void (*after_switch_)(Fiber*, void*) = nullptr;
+    void* after_switch_arg_ = nullptr;
+    detail::SwitchShadow shadow_;
+};
+
+}  // namespace fsched

@@ -1,0 +1,128 @@
+/*
+fiber_sched — stackful fibers and an N:M fiber scheduler for C++17, in one header.
+
+USING IT
+    In exactly one .cpp of your program:
+        #define FIBER_SCHED_IMPLEMENTATION
+        #include "fiber_sched.hpp"
+    Everywhere else just #include "fiber_sched.hpp". Link with -pthread. Forgetting the
+    macro fails at link time naming define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file().
+
+EXAMPLE: a generator
+    #define FIBER_SCHED_IMPLEMENTATION
+    #include "fiber_sched.hpp"
+    #include <cstdio>
+
+    int main() {
+        int value = 0;
+        fsched::Fiber counter([&] {
+            for (int i = 1; i <= 3; ++i) {
+                value = i;                  // hand a value to the resumer...
+                fsched::Fiber::yield();     // ...and wait until asked for the next
+            }
+        });
+        while (counter.resume(), counter.state() != fsched::Fiber::State::Term)
+            std::printf("%d\n", value);     // prints 1 2 3
+    }
+
+CONFIGURATION (define before including)
+    FIBER_SCHED_IMPLEMENTATION       emit the implementation in this translation unit
+    FIBER_SCHED_USE_UCONTEXT         use the portable ucontext backend (default: assembly)
+    FIBER_SCHED_DEFAULT_STACK_SIZE   bytes of stack for a size of 0 (default 262144)
+    FIBER_SCHED_STACK_POOL_MAX       freed stacks kept per size for reuse (default 4096)
+    FIBER_SCHED_GUARDED_STACK_LIMIT  stacks that get a guard page (default 0: a quarter of
+                                     vm.max_map_count; stacks past it are unguarded)
+    FIBER_SCHED_ASSERT(expr)         the check for API misuse (default: print the rule
+                                     broken, the expression and where, then abort; stays
+                                     on with NDEBUG)
+
+PLATFORMS
+    x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
+    aarch64 Linux/BSD                   asm-aarch64
+    any other POSIX target              ucontext
+    Windows                             not yet
+    fsched::backend() names the backend compiled in.
+
+CAVEATS
+    - Fibers move between threads under a Scheduler: do not keep pointers or references
+      to your own thread_local variables across a yield, sleep or blocking call.
+    - Destroying a Suspended fiber frees its stack without running its frames' destructors.
+    - Only stacks with a guard page detect overflow (see stack_stats()).
+
+VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
+*/
+
+#ifndef FIBER_SCHED_HPP_INCLUDED
+#define FIBER_SCHED_HPP_INCLUDED
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "config.hpp"
+#include "context.hpp"
+#include "stack.hpp"
+#include "fiber.hpp"
+
+#endif  // FIBER_SCHED_HPP_INCLUDED
+
+#if defined(FIBER_SCHED_IMPLEMENTATION) && !defined(FIBER_SCHED_IMPLEMENTATION_INCLUDED)
+#define FIBER_SCHED_IMPLEMENTATION_INCLUDED
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <system_error>
+#include <vector>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(FIBER_SCHED_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(FIBER_SCHED_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#include "impl/common.ipp"
+#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
+#include "impl/context_x86_64_sysv.ipp"
+#elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)
+#include "impl/context_aarch64_aapcs.ipp"
+#else
+#include "impl/context_ucontext.ipp"
+#endif
+#include "impl/stack.ipp"
+#include "impl/stack_overflow.ipp"
+#include "impl/fiber.ipp"
+
+#endif  // FIBER_SCHED_IMPLEMENTATION
+
+/*
+LICENCE
+    MIT License. Copyright (c) 2026 the fiber_sched authors.
+    Permission is hereby granted, free of charge, to any person obtaining a copy of this
+    software and associated documentation files (the "Software"), to deal in the Software
+    without restriction, including without limitation the rights to use, copy, modify,
+    merge, publish, distribute, sublicense, and/or sell copies of the Software, and to
+    permit persons to whom the Software is furnished to do so, subject to the following
+    conditions: The above copyright notice and this permission notice shall be included in
+    all copies or substantial portions of the Software.
+    THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED,
+    INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A
+    PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT
+    HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF
+    CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE
+    OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

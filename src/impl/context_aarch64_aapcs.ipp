@@ -1,0 +1,118 @@
+// ---------------------------------------------------------------------------
+// Context switch for aarch64, AAPCS64 (Linux, BSDs).
+//
+// Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
+// halves d8-d15 of v8-v15, and FPCR. fsched_switch_aarch64_aapcs(void** save_sp,
+// void* load_sp) stores that state in a 176-byte frame below sp, stores sp to *save_sp,
+// loads load_sp, reloads the other side's frame and returns through its x30.
+//
+//   sp + 0    x19 x20        sp + 96   d8  d9
+//   sp + 16   x21 x22        sp + 112  d10 d11
+//   sp + 32   x23 x24        sp + 128  d12 d13
+//   sp + 48   x25 x26        sp + 144  d14 d15
+//   sp + 64   x27 x28        sp + 160  FPCR, padding
+//   sp + 80   x29 x30
+//
+// A fresh context holds the same frame with x30 = the trampoline, the entry function in
+// x19 and its argument in x20.
+// ---------------------------------------------------------------------------
+
+extern "C" {
+void fsched_switch_aarch64_aapcs(void** save_sp, void* load_sp) noexcept
+    __attribute__((visibility("hidden")));
+void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
+}
+
+__asm__(
+    ".text\n"
+    ".globl fsched_switch_aarch64_aapcs\n"
+    ".hidden fsched_switch_aarch64_aapcs\n"
+    ".type fsched_switch_aarch64_aapcs,%function\n"
+    ".p2align 4\n"
+    "fsched_switch_aarch64_aapcs:\n"
+    "    sub sp, sp, #176\n"
+    "    stp x19, x20, [sp, #0]\n"
+    "    stp x21, x22, [sp, #16]\n"
+    "    stp x23, x24, [sp, #32]\n"
+    "    stp x25, x26, [sp, #48]\n"
+    "    stp x27, x28, [sp, #64]\n"
+    "    stp x29, x30, [sp, #80]\n"
+    "    stp d8, d9, [sp, #96]\n"
+    "    stp d10, d11, [sp, #112]\n"
+    "    stp d12, d13, [sp, #128]\n"
+    "    stp d14, d15, [sp, #144]\n"
+    "    mrs x9, fpcr\n"
+    "    str x9, [sp, #160]\n"
+    "    mov x9, sp\n"
+    "    str x9, [x0]\n"
+    "    mov sp, x1\n"
+    "    ldp x19, x20, [sp, #0]\n"
+    "    ldp x21, x22, [sp, #16]\n"
+    "    ldp x23, x24, [sp, #32]\n"
+    "    ldp x25, x26, [sp, #48]\n"
+    "    ldp x27, x28, [sp, #64]\n"
+    "    ldp x29, x30, [sp, #80]\n"
+    "    ldp d8, d9, [sp, #96]\n"
+    "    ldp d10, d11, [sp, #112]\n"
+    "    ldp d12, d13, [sp, #128]\n"
+    "    ldp d14, d15, [sp, #144]\n"
+    "    ldr x9, [sp, #160]\n"
+    "    msr fpcr, x9\n"
+    "    add sp, sp, #176\n"
+    "    ret\n"
+    ".size fsched_switch_aarch64_aapcs,.-fsched_switch_aarch64_aapcs\n"
+    "\n"
+    ".globl fsched_trampoline_aarch64_aapcs\n"
+    ".hidden fsched_trampoline_aarch64_aapcs\n"
+    ".type fsched_trampoline_aarch64_aapcs,%function\n"
+    ".p2align 4\n"
+    "fsched_trampoline_aarch64_aapcs:\n"
+    "    .cfi_startproc\n"
+    // No caller above this frame: unwinders and debuggers stop here.
+    "    .cfi_undefined x30\n"
+    "    mov x0, x20\n"
+    "    blr x19\n"
+    // The entry function never returns; trap if it ever does.
+    "    brk #0\n"
+    "    .cfi_endproc\n"
+    ".size fsched_trampoline_aarch64_aapcs,.-fsched_trampoline_aarch64_aapcs\n");
+
+namespace fsched {
+namespace detail {
+
+const char* const backend_name = "asm-aarch64";
+
+struct Aarch64SwitchFrame {
+    void* x19_x28[10];
+    void* x29;
+    void* x30;
+    double d8_d15[8];
+    std::uint64_t fpcr;
+    std::uint64_t padding;
+};
+static_assert(offsetof(Aarch64SwitchFrame, x29) == 80, "layout drawn above the switch routine");
+static_assert(offsetof(Aarch64SwitchFrame, d8_d15) == 96, "d8 slot");
+static_assert(offsetof(Aarch64SwitchFrame, fpcr) == 160, "FPCR slot");
+static_assert(sizeof(Aarch64SwitchFrame) == 176, "the switch routine reserves 176 bytes");
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+    auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
+    // sp stays 16-byte aligned, as AAPCS64 requires at every access through it.
+    auto* frame = reinterpret_cast<Aarch64SwitchFrame*>(top - 16 - sizeof(Aarch64SwitchFrame));
+    *frame = Aarch64SwitchFrame{};
+    std::uint64_t fpcr = 0;
+    // A new fiber starts with the creating thread's floating-point modes.
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    frame->fpcr = fpcr;
+    frame->x19_x28[0] = reinterpret_cast<void*>(entry);
+    frame->x19_x28[1] = arg;
+    frame->x30 = reinterpret_cast<void*>(&fsched_trampoline_aarch64_aapcs);
+    ctx.sp = frame;
+}
+
+inline void switch_context(Context& from, Context& to) noexcept {
+    fsched_switch_aarch64_aapcs(&from.sp, to.sp);
+}
+
+}  // namespace detail
+}  // namespace fsched

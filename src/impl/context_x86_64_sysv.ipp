@@ -1,0 +1,133 @@
+// ---------------------------------------------------------------------------
+// Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
+//
+// Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word.
+// fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) pushes that state onto the
+// running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
+// A switched-out stack, from its saved sp upwards:
+//
+//   sp + 0   MXCSR (4 bytes) | x87 control word (2 bytes) | padding
+//   sp + 8   r15
+//   sp + 16  r14
+//   sp + 24  r13
+//   sp + 32  r12
+//   sp + 40  rbx
+//   sp + 48  rbp
+//   sp + 56  return address
+//
+// A fresh context holds the same frame with the trampoline as its return address,
+// the entry function in r12 and its argument in r13.
+// ---------------------------------------------------------------------------
+
+extern "C" {
+void fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) noexcept
+    __attribute__((visibility("hidden")));
+void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
+}
+
+#if defined(__CET__)
+#define FIBER_SCHED_ENDBR "endbr64\n"
+#else
+#define FIBER_SCHED_ENDBR ""
+#endif
+
+__asm__(
+    ".text\n"
+    ".globl fsched_switch_x86_64_sysv\n"
+    ".hidden fsched_switch_x86_64_sysv\n"
+    ".type fsched_switch_x86_64_sysv,@function\n"
+    ".p2align 4\n"
+    "fsched_switch_x86_64_sysv:\n"
+    FIBER_SCHED_ENDBR
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    subq $8, %rsp\n"
+    "    stmxcsr (%rsp)\n"
+    "    fnstcw 4(%rsp)\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    ldmxcsr (%rsp)\n"
+    "    fldcw 4(%rsp)\n"
+    "    addq $8, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size fsched_switch_x86_64_sysv,.-fsched_switch_x86_64_sysv\n"
+    "\n"
+    ".globl fsched_trampoline_x86_64_sysv\n"
+    ".hidden fsched_trampoline_x86_64_sysv\n"
+    ".type fsched_trampoline_x86_64_sysv,@function\n"
+    ".p2align 4\n"
+    "fsched_trampoline_x86_64_sysv:\n"
+    "    .cfi_startproc\n"
+    // No caller above this frame: unwinders and debuggers stop here.
+    "    .cfi_undefined rip\n"
+    FIBER_SCHED_ENDBR
+    "    movq %r13, %rdi\n"
+    "    callq *%r12\n"
+    // The entry function never returns; trap if it ever does.
+    "    ud2\n"
+    "    .cfi_endproc\n"
+    ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
+
+#undef FIBER_SCHED_ENDBR
+
+namespace fsched {
+namespace detail {
+
+const char* const backend_name = "asm-x86_64-sysv";
+
+struct X86_64SwitchFrame {
+    std::uint32_t mxcsr;
+    std::uint16_t x87_control;
+    std::uint16_t padding;
+    void* r15;
+    void* r14;
+    void* r13;
+    void* r12;
+    void* rbx;
+    void* rbp;
+    void* return_address;
+};
+static_assert(offsetof(X86_64SwitchFrame, r15) == 8, "layout drawn above the switch routine");
+static_assert(offsetof(X86_64SwitchFrame, r13) == 24, "entry argument slot");
+static_assert(offsetof(X86_64SwitchFrame, r12) == 32, "entry function slot");
+static_assert(offsetof(X86_64SwitchFrame, return_address) == 56, "return address slot");
+static_assert(sizeof(X86_64SwitchFrame) == 64, "the switch routine pops 64 bytes");
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+    auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
+    // 16 bytes above the frame hold a null "return address" for the trampoline's frame.
+    // After `ret` pops the frame, rsp = top - 16, 16-byte aligned, so the `call` in the
+    // trampoline enters the entry function with rsp % 16 == 8 as the ABI requires.
+    auto* frame = reinterpret_cast<X86_64SwitchFrame*>(top - 16 - sizeof(X86_64SwitchFrame));
+    reinterpret_cast<void**>(top - 16)[0] = nullptr;
+    reinterpret_cast<void**>(top - 16)[1] = nullptr;
+    std::uint32_t mxcsr = 0;
+    std::uint16_t x87_control = 0;
+    // A new fiber starts with the creating thread's floating-point modes.
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control));
+    frame->mxcsr = mxcsr;
+    frame->x87_control = x87_control;
+    frame->padding = 0;
+    frame->r15 = frame->r14 = frame->rbx = frame->rbp = nullptr;
+    frame->r13 = arg;
+    frame->r12 = reinterpret_cast<void*>(entry);
+    frame->return_address = reinterpret_cast<void*>(&fsched_trampoline_x86_64_sysv);
+    ctx.sp = frame;
+}
+
+inline void switch_context(Context& from, Context& to) noexcept {
+    fsched_switch_x86_64_sysv(&from.sp, to.sp);
+}
+
+}  // namespace detail
+}  // namespace fsched

@@ -1,0 +1,214 @@
+// ---------------------------------------------------------------------------
+// Implementation: the stack pool.
+//
+// A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two
+// kernel mappings. Linux allows vm.max_map_count (65,530 by default) mappings per process,
+// and malloc and thread stacks need some too, so at most a quarter of that many stacks
+// (half the mappings) get a guard page. Past that budget stacks are carved without a guard
+// from slabs of 64; neighbouring slabs with equal protection merge into one mapping, so
+// 100,000 fibers alive at once cost a few thousand mappings. stack_stats() counts both kinds.
+//
+// Freed stacks go to a small per-thread cache first (no lock on the create/destroy path),
+// then to the global pool, which keeps up to FIBER_SCHED_STACK_POOL_MAX of each size.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+class StackPool {
+public:
+    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {}
+
+    std::size_t usable_size(std::size_t requested) const noexcept {
+        std::size_t size = requested ? requested : static_cast<std::size_t>(FIBER_SCHED_DEFAULT_STACK_SIZE);
+        size = std::max(size, 4 * page_);
+        return (size + page_ - 1) / page_ * page_;
+    }
+
+    Stack acquire(std::size_t size) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        SizeClass& cls = size_class(size);
+        for (std::vector<Stack>* list : {&cls.guarded, &cls.unguarded}) {
+            if (!list->empty()) {
+                Stack stack = list->back();
+                list->pop_back();
+                pooled_.fetch_sub(1, std::memory_order_relaxed);
+                return stack;
+            }
+        }
+        if (guarded_.load(std::memory_order_relaxed) < guarded_limit_) {
+            Stack stack;
+            if (map_guarded(size, stack)) {
+                guarded_.fetch_add(1, std::memory_order_relaxed);
+                return stack;
+            }
+        }
+        return carve_unguarded(cls);
+    }
+
+    void release(const Stack& stack) noexcept {
+        std::lock_guard<std::mutex> lock(mutex_);
+        SizeClass& cls = size_class(stack.size);
+        std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
+        if (list.size() >= FIBER_SCHED_STACK_POOL_MAX) {
+            if (stack.guard) {
+                munmap(stack.base - stack.guard, stack.size + stack.guard);
+                guarded_.fetch_sub(1, std::memory_order_relaxed);
+                return;
+            }
+            // A carved stack cannot be unmapped without splitting its slab's mapping; give
+            // its memory back and keep the address range.
+            madvise(stack.base, stack.size, MADV_DONTNEED);
+        }
+        list.push_back(stack);
+        pooled_.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    StackStats stats() const noexcept {
+        StackStats s;
+        s.in_use = in_use.load(std::memory_order_relaxed);
+        s.pooled = pooled_.load(std::memory_order_relaxed);
+        s.guarded = guarded_.load(std::memory_order_relaxed);
+        s.unguarded = unguarded_.load(std::memory_order_relaxed);
+        s.guarded_limit = guarded_limit_;
+        return s;
+    }
+
+    // Counters are statistics only: nothing synchronises through them.
+    std::atomic<std::size_t> in_use{0};
+
+private:
+    struct SizeClass {
+        std::size_t size = 0;
+        std::vector<Stack> guarded;
+        std::vector<Stack> unguarded;
+        char* slab_next = nullptr;
+        std::size_t slab_left = 0;
+    };
+
+    static constexpr std::size_t slab_stacks = 64;
+
+    static std::size_t compute_guarded_limit() noexcept {
+        if (FIBER_SCHED_GUARDED_STACK_LIMIT != 0) return FIBER_SCHED_GUARDED_STACK_LIMIT;
+        std::size_t max_maps = 65530;
+        if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+            unsigned long value = 0;
+            if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
+            std::fclose(f);
+        }
+        return max_maps / 4;
+    }
+
+    static int map_flags() noexcept {
+        int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+#ifdef MAP_NORESERVE
+        // Reserve address space only; pages are committed when a fiber touches them.
+        flags |= MAP_NORESERVE;
+#endif
+#ifdef MAP_STACK
+        flags |= MAP_STACK;
+#endif
+        return flags;
+    }
+
+    SizeClass& size_class(std::size_t size) {
+        for (SizeClass& cls : classes_) {
+            if (cls.size == size) return cls;
+        }
+        classes_.emplace_back();
+        classes_.back().size = size;
+        return classes_.back();
+    }
+
+    bool map_guarded(std::size_t size, Stack& out) noexcept {
+        void* mem = mmap(nullptr, size + page_, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
+        if (mem == MAP_FAILED) return false;
+        if (mprotect(mem, page_, PROT_NONE) != 0) {
+            // ENOMEM here means the mapping budget is spent after all: the split needs one more.
+            munmap(mem, size + page_);
+            return false;
+        }
+        out.base = static_cast<char*>(mem) + page_;
+        out.size = size;
+        out.guard = page_;
+        return true;
+    }
+
+    Stack carve_unguarded(SizeClass& cls) {
+        if (cls.slab_left == 0) {
+            void* mem = mmap(nullptr, cls.size * slab_stacks, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
+            if (mem == MAP_FAILED) {
+                throw std::system_error(errno, std::generic_category(),
+                                        "fiber_sched: cannot map memory for fiber stacks");
+            }
+            cls.slab_next = static_cast<char*>(mem);
+            cls.slab_left = slab_stacks;
+        }
+        Stack stack;
+        stack.base = cls.slab_next;
+        stack.size = cls.size;
+        stack.guard = 0;
+        cls.slab_next += cls.size;
+        --cls.slab_left;
+        unguarded_.fetch_add(1, std::memory_order_relaxed);
+        return stack;
+    }
+
+    std::size_t page_;
+    std::size_t guarded_limit_;
+    std::mutex mutex_;
+    std::vector<SizeClass> classes_;
+    std::atomic<std::size_t> pooled_{0};
+    std::atomic<std::size_t> guarded_{0};
+    std::atomic<std::size_t> unguarded_{0};
+};
+
+inline StackPool& stack_pool() {
+    // Never destroyed: thread-exit flushes and late fiber destructors may still use it.
+    static StackPool* pool = new StackPool();
+    return *pool;
+}
+
+Stack acquire_stack(std::size_t requested) {
+    StackPool& pool = stack_pool();
+    std::size_t size = pool.usable_size(requested);
+    pool.in_use.fetch_add(1, std::memory_order_relaxed);
+    ThreadState* ts = thread_state();
+    for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
+        if (ts->cached_stacks[i].size == size) {
+            Stack stack = ts->cached_stacks[i];
+            ts->cached_stacks[i] = ts->cached_stacks[--ts->cached_stack_count];
+            return stack;
+        }
+    }
+    try {
+        return pool.acquire(size);
+    } catch (...) {
+        pool.in_use.fetch_sub(1, std::memory_order_relaxed);
+        throw;
+    }
+}
+
+void release_stack(Stack& stack) noexcept {
+    if (!stack.base) return;
+#if defined(FIBER_SCHED_ASAN)
+    // Frames abandoned on this stack (a finished or destroyed fiber never unwinds its
+    // last frames) leave poisoned redzones that the next owner must not trip over.
+    __asan_unpoison_memory_region(stack.base, stack.size);
+#endif
+    StackPool& pool = stack_pool();
+    pool.in_use.fetch_sub(1, std::memory_order_relaxed);
+    ThreadState* ts = thread_state();
+    if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
+        ts->cached_stacks[ts->cached_stack_count++] = stack;
+    } else {
+        pool.release(stack);
+    }
+    stack = Stack{};
+}
+
+}  // namespace detail
+
+StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
+
+}  // namespace fsched

@@ -1,0 +1,42 @@
+// ---------------------------------------------------------------------------
+// Fiber stacks: mmap'ed, a guard page below, pooled and reused.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+// Process-wide counts of fiber stacks, for diagnostics and tests.
+struct StackStats {
+    std::size_t in_use = 0;          // stacks owned by live fibers now
+    std::size_t pooled = 0;          // freed stacks kept for reuse (global pool, not thread caches)
+    std::size_t guarded = 0;         // mapped stacks with a guard page, in use or pooled
+    std::size_t unguarded = 0;       // stacks carved without a guard page (mapping budget spent)
+    std::size_t guarded_limit = 0;   // how many guarded stacks this process may map
+};
+
+// A snapshot of the stack counters.
+StackStats stack_stats() noexcept;
+
+// Opt-in: installs an alternate signal stack on each thread that runs fibers and a
+// SIGSEGV/SIGBUS handler that, when a fiber runs into its guard page, prints the fiber's
+// id and stack size and aborts; other faults go to the handler installed before.
+// Idempotent; call it once early in main().
+void install_stack_overflow_handler();
+
+namespace detail {
+
+// One fiber stack: usable memory [base, base + size), and `guard` bytes of PROT_NONE
+// directly below base (0 when the stack was carved without a guard page).
+struct Stack {
+    char* base = nullptr;
+    std::size_t size = 0;
+    std::size_t guard = 0;
+};
+
+// Returns a stack of at least `size` bytes (0: FIBER_SCHED_DEFAULT_STACK_SIZE), rounded up
+// to whole pages. Throws std::system_error when no memory can be mapped.
+Stack acquire_stack(std::size_t size);
+// Gives a stack back to the pool. The stack's contents are dead.
+void release_stack(Stack& stack) noexcept;
+
+}  // namespace detail
+}  // namespace fsched

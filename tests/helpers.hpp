@@ -1,0 +1,68 @@
+// Test helpers: run a piece of code in a forked child and collect how it ended.
+#pragma once
+
+#include <csignal>
+#include <ostream>  // doctest prints std types through it
+#include <cstdio>
+#include <string>
+
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace test {
+
+struct ChildResult {
+    bool exited = false;
+    int exit_code = -1;
+    bool signaled = false;
+    int signal = 0;
+    std::string err;  // everything the child wrote to stderr
+};
+
+// Forks, runs `body` in the child with stderr captured, and reports how the child ended.
+// A child still running after `seconds` is killed by SIGALRM.
+template <class Body>
+ChildResult run_in_child(Body&& body, unsigned seconds = 30) {
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) return {};
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pipe_fds[0]);
+        dup2(pipe_fds[1], STDERR_FILENO);
+        // doctest's crash handlers are inherited; the child must die of its own signals.
+        for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE}) std::signal(sig, SIG_DFL);
+        alarm(seconds);
+        body();
+        _exit(0);
+    }
+    close(pipe_fds[1]);
+    ChildResult result;
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0) result.err.append(buffer, static_cast<std::size_t>(n));
+    close(pipe_fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    result.exited = WIFEXITED(status);
+    result.exit_code = result.exited ? WEXITSTATUS(status) : -1;
+    result.signaled = WIFSIGNALED(status);
+    result.signal = result.signaled ? WTERMSIG(status) : 0;
+    return result;
+}
+
+// True when the child aborted and its stderr names `rule`.
+inline bool aborted_with(const ChildResult& r, const std::string& rule) {
+    return r.signaled && r.signal == SIGABRT && r.err.find(rule) != std::string::npos;
+}
+
+}  // namespace test
+
+#define FSCHED_CHECK_ABORTS_WITH(body, rule)                                        \
+    do {                                                                            \
+        ::test::ChildResult child_result_ = ::test::run_in_child(body);             \
+        INFO("child stderr: " << child_result_.err);                                \
+        CHECK(::test::aborted_with(child_result_, rule));                           \
+    } while (0)
