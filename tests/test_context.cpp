@@ -1,0 +1,328 @@
+// The context switch: callee-saved and floating-point state survive switches (FTL).
+#include "fiber_sched.hpp"
+#include "helpers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cfenv>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using fsched::Fiber;
+
+// call_with_marked_registers(fn, arg) loads a distinct marker into every callee-saved
+// register the ABI names, calls fn(arg), and returns how many registers came back changed.
+// fn resumes fibers that scribble over all of them, so a backend that forgets one fails.
+extern "C" int call_with_marked_registers(void (*fn)(void*), void* arg);
+
+#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV) || (defined(__x86_64__) && defined(FIBER_SCHED_BACKEND_UCONTEXT))
+#define TEST_HAVE_REGISTER_CHECK 1
+// rbx, rbp, r12-r15 get markers; after the call each is compared with its marker.
+__asm__(
+    ".text\n"
+    ".globl call_with_marked_registers\n"
+    ".type call_with_marked_registers,@function\n"
+    "call_with_marked_registers:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    subq $8, %rsp\n"
+    "    movabsq $0x1111111111111111, %rbx\n"
+    "    movabsq $0x2222222222222222, %rbp\n"
+    "    movabsq $0x3333333333333333, %r12\n"
+    "    movabsq $0x4444444444444444, %r13\n"
+    "    movabsq $0x5555555555555555, %r14\n"
+    "    movabsq $0x6666666666666666, %r15\n"
+    "    movq %rdi, %rax\n"
+    "    movq %rsi, %rdi\n"
+    "    callq *%rax\n"
+    "    xorl %eax, %eax\n"
+    "    movabsq $0x1111111111111111, %rcx\n"
+    "    cmpq %rcx, %rbx\n"
+    "    setne %cl\n"
+    "    movzbl %cl, %ecx\n"
+    "    addl %ecx, %eax\n"
+    "    movabsq $0x2222222222222222, %rcx\n"
+    "    cmpq %rcx, %rbp\n"
+    "    setne %cl\n"
+    "    movzbl %cl, %ecx\n"
+    "    addl %ecx, %eax\n"
+    "    movabsq $0x3333333333333333, %rcx\n"
+    "    cmpq %rcx, %r12\n"
+    "    setne %cl\n"
+    "    movzbl %cl, %ecx\n"
+    "    addl %ecx, %eax\n"
+    "    movabsq $0x4444444444444444, %rcx\n"
+    "    cmpq %rcx, %r13\n"
+    "    setne %cl\n"
+    "    movzbl %cl, %ecx\n"
+    "    addl %ecx, %eax\n"
+    "    movabsq $0x5555555555555555, %rcx\n"
+    "    cmpq %rcx, %r14\n"
+    "    setne %cl\n"
+    "    movzbl %cl, %ecx\n"
+    "    addl %ecx, %eax\n"
+    "    movabsq $0x6666666666666666, %rcx\n"
+    "    cmpq %rcx, %r15\n"
+    "    setne %cl\n"
+    "    movzbl %cl, %ecx\n"
+    "    addl %ecx, %eax\n"
+    "    addq $8, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size call_with_marked_registers,.-call_with_marked_registers\n");
+
+// Overwrites every callee-saved register with garbage, as arbitrary fiber code may.
+static void scribble_registers() {
+    __asm__ volatile(
+        "movq $-1, %%rbx\n\t"
+        "movq $-1, %%r12\n\t"
+        "movq $-1, %%r13\n\t"
+        "movq $-1, %%r14\n\t"
+        "movq $-1, %%r15\n\t"
+        :
+        :
+        : "rbx", "r12", "r13", "r14", "r15");
+}
+#elif defined(__aarch64__)
+#define TEST_HAVE_REGISTER_CHECK 1
+// x19-x29 and d8-d15 get markers (marker i = i * 0x0101010101010101 + 0x10).
+__asm__(
+    ".text\n"
+    ".globl call_with_marked_registers\n"
+    ".type call_with_marked_registers,%function\n"
+    "call_with_marked_registers:\n"
+    "    sub sp, sp, #176\n"
+    "    stp x19, x20, [sp, #0]\n"
+    "    stp x21, x22, [sp, #16]\n"
+    "    stp x23, x24, [sp, #32]\n"
+    "    stp x25, x26, [sp, #48]\n"
+    "    stp x27, x28, [sp, #64]\n"
+    "    stp x29, x30, [sp, #80]\n"
+    "    stp d8, d9, [sp, #96]\n"
+    "    stp d10, d11, [sp, #112]\n"
+    "    stp d12, d13, [sp, #128]\n"
+    "    stp d14, d15, [sp, #144]\n"
+    "    mov x9, x0\n"
+    "    mov x0, x1\n"
+    "    mov x10, #0x0101\n"
+    "    movk x10, #0x0101, lsl #16\n"
+    "    movk x10, #0x0101, lsl #32\n"
+    "    movk x10, #0x0101, lsl #48\n"
+    "    mov x19, #0x10\n"
+    "    add x20, x19, x10\n"
+    "    add x21, x20, x10\n"
+    "    add x22, x21, x10\n"
+    "    add x23, x22, x10\n"
+    "    add x24, x23, x10\n"
+    "    add x25, x24, x10\n"
+    "    add x26, x25, x10\n"
+    "    add x27, x26, x10\n"
+    "    add x28, x27, x10\n"
+    "    add x11, x28, x10\n"
+    "    fmov d8, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d9, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d10, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d11, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d12, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d13, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d14, x11\n"
+    "    add x11, x11, x10\n"
+    "    fmov d15, x11\n"
+    "    mov x29, #0\n"
+    "    blr x9\n"
+    // Recompute the markers in order and count mismatches in w0.
+    "    mov x10, #0x0101\n"
+    "    movk x10, #0x0101, lsl #16\n"
+    "    movk x10, #0x0101, lsl #32\n"
+    "    movk x10, #0x0101, lsl #48\n"
+    "    mov w0, #0\n"
+    "    mov x11, #0x10\n"
+    "    cmp x19, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x20, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x21, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x22, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x23, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x24, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x25, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x26, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x27, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    cmp x28, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d8\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d9\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d10\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d11\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d12\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d13\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d14\n    cmp x12, x11\n    cinc w0, w0, ne\n    add x11, x11, x10\n"
+    "    fmov x12, d15\n    cmp x12, x11\n    cinc w0, w0, ne\n"
+    "    ldp x19, x20, [sp, #0]\n"
+    "    ldp x21, x22, [sp, #16]\n"
+    "    ldp x23, x24, [sp, #32]\n"
+    "    ldp x25, x26, [sp, #48]\n"
+    "    ldp x27, x28, [sp, #64]\n"
+    "    ldp x29, x30, [sp, #80]\n"
+    "    ldp d8, d9, [sp, #96]\n"
+    "    ldp d10, d11, [sp, #112]\n"
+    "    ldp d12, d13, [sp, #128]\n"
+    "    ldp d14, d15, [sp, #144]\n"
+    "    add sp, sp, #176\n"
+    "    ret\n"
+    ".size call_with_marked_registers,.-call_with_marked_registers\n");
+
+static void scribble_registers() {
+    __asm__ volatile(
+        "mov x19, #-1\n\tmov x20, #-1\n\tmov x21, #-1\n\tmov x22, #-1\n\tmov x23, #-1\n\t"
+        "mov x24, #-1\n\tmov x25, #-1\n\tmov x26, #-1\n\tmov x27, #-1\n\tmov x28, #-1\n\t"
+        "fmov d8, xzr\n\tfmov d9, xzr\n\tfmov d10, xzr\n\tfmov d11, xzr\n\t"
+        "fmov d12, xzr\n\tfmov d13, xzr\n\tfmov d14, xzr\n\tfmov d15, xzr\n\t"
+        :
+        :
+        : "x19", "x20", "x21", "x22", "x23", "x24", "x25", "x26", "x27", "x28", "d8", "d9", "d10",
+          "d11", "d12", "d13", "d14", "d15");
+}
+#endif
+
+#if defined(TEST_HAVE_REGISTER_CHECK)
+namespace {
+
+struct Scribblers {
+    Fiber first{[] {
+        for (;;) {
+            scribble_registers();
+            Fiber::yield();
+        }
+    }};
+    Fiber second{[] {
+        for (;;) {
+            scribble_registers();
+            Fiber::yield();
+        }
+    }};
+};
+
+void resume_scribblers(void* arg) {
+    auto* s = static_cast<Scribblers*>(arg);
+    for (int i = 0; i < 3; ++i) {
+        s->first.resume();
+        s->second.resume();
+    }
+}
+
+}  // namespace
+
+TEST_CASE("callee-saved registers of the resumer survive fibers that overwrite them") {
+    // The scribblers never finish; their stacks are freed without unwinding.
+    Scribblers scribblers;
+    CHECK(call_with_marked_registers(&resume_scribblers, &scribblers) == 0);
+    // A fiber's own callee-saved registers survive its resumer overwriting them.
+    Fiber marked([] {
+        Scribblers inner;
+        for (int i = 0; i < 3; ++i) {
+            CHECK(call_with_marked_registers(&resume_scribblers, &inner) == 0);
+            Fiber::yield();
+        }
+    });
+    for (int i = 0; i < 3; ++i) {
+        marked.resume();
+        scribble_registers();
+    }
+}
+#endif
+
+namespace {
+
+// Keeps many doubles and integers live across each yield; at -O2 they sit in callee-saved
+// registers (aarch64's d8-d15) or spill, and either way must come back intact.
+double mix(int seed, int rounds, std::vector<double>& trace) {
+    double a = seed * 1.5, b = seed * 2.25, c = seed * 3.125, d = seed * 4.0625;
+    double e = seed + 0.5, f = seed + 0.25, g = seed + 0.125, h = seed + 0.0625;
+    long i1 = seed * 7, i2 = seed * 11, i3 = seed * 13, i4 = seed * 17;
+    for (int r = 0; r < rounds; ++r) {
+        Fiber::yield();
+        a += b * 0.5; b += c * 0.25; c += d * 0.125; d += e * 0.0625;
+        e += f; f += g; g += h; h += 1.0;
+        i1 += i2; i2 += i3; i3 += i4; i4 += 1;
+        trace.push_back(a + b + c + d + e + f + g + h + static_cast<double>(i1 + i2 + i3 + i4));
+    }
+    return a + b + c + d + e + f + g + h;
+}
+
+}  // namespace
+
+TEST_CASE("floating-point and integer values survive switches between interleaved fibers") {
+    constexpr int rounds = 20;
+    std::vector<double> expected[2];
+    double expected_result[2];
+    // Reference: each computation alone, switching only with a fiber that does nothing.
+    for (int k = 0; k < 2; ++k) {
+        Fiber solo([&, k] { expected_result[k] = mix(k + 3, rounds, expected[k]); });
+        while (solo.state() != Fiber::State::Term) solo.resume();
+    }
+    std::vector<double> trace[2];
+    double result[2] = {0, 0};
+    Fiber one([&] { result[0] = mix(3, rounds, trace[0]); });
+    Fiber two([&] { result[1] = mix(4, rounds, trace[1]); });
+    while (one.state() != Fiber::State::Term || two.state() != Fiber::State::Term) {
+        if (one.state() != Fiber::State::Term) one.resume();
+        if (two.state() != Fiber::State::Term) two.resume();
+    }
+    for (int k = 0; k < 2; ++k) {
+        CHECK(trace[k] == expected[k]);
+        CHECK(result[k] == expected_result[k]);
+    }
+}
+
+TEST_CASE("each fiber keeps its own floating-point rounding mode") {
+    const int original = std::fegetround();
+    std::fesetround(FE_UPWARD);
+    Fiber fiber([] {
+        // Created while the thread rounded upward: the fiber starts that way.
+        CHECK(std::fegetround() == FE_UPWARD);
+        std::fesetround(FE_DOWNWARD);
+        Fiber::yield();
+        CHECK(std::fegetround() == FE_DOWNWARD);
+        volatile double third = 1.0;
+        third /= 3.0;
+        std::fesetround(FE_UPWARD);
+        volatile double third_up = 1.0;
+        third_up /= 3.0;
+        CHECK(third < third_up);
+    });
+    std::fesetround(FE_TONEAREST);
+    fiber.resume();
+    CHECK(std::fegetround() == FE_TONEAREST);
+    std::fesetround(FE_TOWARDZERO);
+    fiber.resume();
+    CHECK(std::fegetround() == FE_TOWARDZERO);
+    CHECK(fiber.state() == Fiber::State::Term);
+    std::fesetround(original);
+}
+
+TEST_CASE("backend() names the backend compiled in") {
+    const char* name = fsched::backend();
+#if defined(FIBER_SCHED_USE_UCONTEXT)
+    CHECK(std::strcmp(name, "ucontext") == 0);
+#elif defined(__x86_64__)
+    CHECK(std::strcmp(name, "asm-x86_64-sysv") == 0);
+#elif defined(__aarch64__)
+    CHECK(std::strcmp(name, "asm-aarch64") == 0);
+#else
+    CHECK(std::strcmp(name, "ucontext") == 0);
+#endif
+}

@@ -1,0 +1,203 @@
+// Stacks: pooling, guard pages, the overflow handler, and very many fibers at once.
+#include "fiber_sched.hpp"
+#include "helpers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/mman.h>
+
+using fsched::Fiber;
+
+namespace {
+
+#if defined(FIBER_SCHED_TSAN)
+// TSan gives every fiber a context of its own with several mappings; fewer fibers keep
+// that within the mapping limit. The other variants run the full counts.
+constexpr std::size_t many_fibers = 4000;
+constexpr std::size_t most_fibers = 6000;
+#else
+constexpr std::size_t many_fibers = 20000;
+constexpr std::size_t most_fibers = 100000;
+#endif
+
+[[maybe_unused]] std::size_t count_mappings() {
+    std::ifstream maps("/proc/self/maps");
+    std::size_t lines = 0;
+    for (std::string line; std::getline(maps, line);) ++lines;
+    return lines;
+}
+
+// Recurses until the stack runs out (the limit is never reached); the volatile block keeps
+// every frame real.
+volatile int recursion_limit = 1 << 30;
+int recurse_deep(int depth) {
+    volatile char block[512];
+    block[0] = static_cast<char>(depth);
+    if (depth >= recursion_limit) return block[0];
+    return recurse_deep(depth + 1) + block[0];
+}
+void recurse_forever(int depth) { std::printf("%d\n", recurse_deep(depth)); }
+
+const char* stack_top_of_new_fiber(std::size_t size) {
+    const char* seen = nullptr;
+    Fiber fiber([&] {
+        char probe = 0;
+        seen = &probe;
+    }, size);
+    fiber.resume();
+    return seen;
+}
+
+}  // namespace
+
+TEST_CASE("a freed stack is reused by the next fiber of the same size") {
+    const char* first = stack_top_of_new_fiber(64 * 1024);
+    const char* second = stack_top_of_new_fiber(64 * 1024);
+    CHECK(first == second);
+    const char* other_size = stack_top_of_new_fiber(128 * 1024);
+    CHECK(std::labs(other_size - first) >= 64 * 1024);
+}
+
+TEST_CASE("stack_stats() counts stacks in use") {
+    const fsched::StackStats before = fsched::stack_stats();
+    {
+        Fiber a([] {});
+        Fiber b([] {});
+        CHECK(fsched::stack_stats().in_use == before.in_use + 2);
+    }
+    CHECK(fsched::stack_stats().in_use == before.in_use);
+    CHECK(before.guarded_limit > 0);
+}
+
+TEST_CASE("20,000 suspended fibers live at once and each resumes with its own state") {
+    std::vector<std::unique_ptr<Fiber>> fibers;
+    std::vector<std::size_t> results(many_fibers, 0);
+    fibers.reserve(many_fibers);
+    for (std::size_t i = 0; i < many_fibers; ++i) {
+        fibers.push_back(std::make_unique<Fiber>([&results, i] {
+            std::size_t local = i * 3;  // lives on the fiber's stack across the yield
+            Fiber::yield();
+            results[i] = local + 1;
+        }, 32 * 1024));
+        fibers.back()->resume();
+    }
+    CHECK(fsched::stack_stats().in_use >= many_fibers);
+    for (auto& f : fibers) f->resume();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < many_fibers; ++i) wrong += results[i] != i * 3 + 1;
+    CHECK(wrong == 0);
+}
+
+TEST_CASE("100,000 fibers are alive at once within the default mapping limit") {
+    std::vector<std::unique_ptr<Fiber>> fibers;
+    fibers.reserve(most_fibers);
+    std::size_t finished = 0;
+    for (std::size_t i = 0; i < most_fibers; ++i) {
+        fibers.push_back(std::make_unique<Fiber>([&finished] {
+            Fiber::yield();
+            ++finished;
+        }));  // default stack size
+        fibers.back()->resume();
+    }
+    const fsched::StackStats stats = fsched::stack_stats();
+    INFO("guarded " << stats.guarded << " of " << stats.guarded_limit << ", unguarded " << stats.unguarded);
+    CHECK(stats.in_use >= most_fibers);
+    CHECK(stats.guarded <= stats.guarded_limit);
+    CHECK(stats.guarded + stats.unguarded >= most_fibers);
+#if !defined(FIBER_SCHED_TSAN)  // TSan maps shadow beside every mapping of ours
+    // Room is left for the rest of the program: threads and malloc need mappings too.
+    CHECK(count_mappings() < 65530 * 3 / 4);
+#endif
+    std::thread other([] {});  // a new thread still gets its stack
+    other.join();
+    for (auto& f : fibers) f->resume();
+    CHECK(finished == most_fibers);
+}
+
+TEST_CASE("running off a guarded stack faults instead of corrupting memory") {
+    test::ChildResult r = test::run_in_child([] {
+        Fiber fiber([] { recurse_forever(0); }, 16 * 1024);
+        fiber.resume();
+    });
+    CHECK(r.signaled);
+    CHECK(r.signal == SIGSEGV);
+}
+
+#if !defined(FIBER_SCHED_TSAN)  // TSan defers signals; the fault handler test needs them direct
+TEST_CASE("the overflow handler names the fiber and its stack size, then aborts") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_stack_overflow_handler();
+        fsched::install_stack_overflow_handler();  // idempotent
+        Fiber fiber([] { recurse_forever(0); }, 16 * 1024);
+        std::fprintf(stderr, "id=%llu\n", static_cast<unsigned long long>(fiber.id()));
+        fiber.resume();
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.signaled);
+    CHECK(r.signal == SIGABRT);
+    const std::size_t id_at = r.err.find("id=");
+    REQUIRE(id_at != std::string::npos);
+    const std::string id = r.err.substr(id_at + 3, r.err.find('\n', id_at) - id_at - 3);
+    CHECK(r.err.find("stack overflow in fiber " + id + ":") != std::string::npos);
+    CHECK(r.err.find("its 16384-byte stack") != std::string::npos);
+}
+
+TEST_CASE("the overflow handler works on a thread that did not install it") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_stack_overflow_handler();
+        std::thread worker([] {
+            Fiber fiber([] { recurse_forever(0); }, 32 * 1024);
+            fiber.resume();
+        });
+        worker.join();
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.signal == SIGABRT);
+    CHECK(r.err.find("its 32768-byte stack") != std::string::npos);
+}
+
+namespace {
+// Faults on purpose, in a way the sanitizers do not intercept first.
+void touch_inaccessible_page() {
+    void* page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    *static_cast<volatile int*>(page) = 1;
+}
+
+void previous_handler(int) {
+    const char text[] = "previous handler ran\n";
+    ssize_t ignored = write(STDERR_FILENO, text, sizeof(text) - 1);
+    (void)ignored;
+    _exit(42);
+}
+}  // namespace
+
+TEST_CASE("faults outside a fiber's guard page go to the handler installed before") {
+    test::ChildResult r = test::run_in_child([] {
+        std::signal(SIGSEGV, &previous_handler);
+        fsched::install_stack_overflow_handler();
+        Fiber fiber([] { touch_inaccessible_page(); });  // a fault in a fiber, not in its guard page
+        fiber.resume();
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 42);
+    CHECK(r.err.find("previous handler ran") != std::string::npos);
+    CHECK(r.err.find("stack overflow") == std::string::npos);
+}
+
+TEST_CASE("with no handler before it, a stray fault still kills with SIGSEGV") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_stack_overflow_handler();
+        touch_inaccessible_page();
+    });
+    CHECK(r.signaled);
+    CHECK(r.signal == SIGSEGV);
+}
+#endif
