@@ -251,7 +251,10 @@ struct ThreadState {
     static constexpr unsigned stack_cache_capacity = 8;
     Stack cached_stacks[stack_cache_capacity];
     unsigned cached_stack_count = 0;
-    ThreadState() = default;
+    // Stacks acquired minus released by this thread. Written by this thread only (a plain
+    // load and store, no locked add), summed by stack_stats() under the registry lock.
+    std::atomic<long> stacks_in_use{0};
+    ThreadState();
     ThreadState(const ThreadState&) = delete;
     ThreadState& operator=(const ThreadState&) = delete;
     ~ThreadState();
@@ -464,7 +467,10 @@ __asm__(
     "    popq %r12\n"
     "    popq %rbx\n"
     "    popq %rbp\n"
-    "    ret\n"
+    // pop + jmp instead of ret: the return-stack predictor would guess the caller of this
+    // call, which is never where a switch returns, and mispredict every switch.
+    "    popq %rcx\n"
+    "    jmpq *%rcx\n"
     ".size fsched_switch_x86_64_sysv,.-fsched_switch_x86_64_sysv\n"
     "\n"
     ".globl fsched_trampoline_x86_64_sysv\n"
@@ -766,18 +772,33 @@ public:
         pooled_.fetch_add(1, std::memory_order_relaxed);
     }
 
-    StackStats stats() const noexcept {
+    void register_thread(ThreadState* ts) {
+        std::lock_guard<std::mutex> lock(threads_mutex_);
+        threads_.push_back(ts);
+    }
+
+    // Folds an exiting thread's count into the total of exited threads.
+    void unregister_thread(ThreadState* ts) noexcept {
+        std::lock_guard<std::mutex> lock(threads_mutex_);
+        exited_in_use_ += ts->stacks_in_use.load(std::memory_order_relaxed);
+        threads_.erase(std::find(threads_.begin(), threads_.end(), ts));
+    }
+
+    StackStats stats() noexcept {
         StackStats s;
-        s.in_use = in_use.load(std::memory_order_relaxed);
+        long in_use = 0;
+        {
+            std::lock_guard<std::mutex> lock(threads_mutex_);
+            in_use = exited_in_use_;
+            for (ThreadState* ts : threads_) in_use += ts->stacks_in_use.load(std::memory_order_relaxed);
+        }
+        s.in_use = in_use > 0 ? static_cast<std::size_t>(in_use) : 0;
         s.pooled = pooled_.load(std::memory_order_relaxed);
         s.guarded = guarded_.load(std::memory_order_relaxed);
         s.unguarded = unguarded_.load(std::memory_order_relaxed);
         s.guarded_limit = guarded_limit_;
         return s;
     }
-
-    // Counters are statistics only: nothing synchronises through them.
-    std::atomic<std::size_t> in_use{0};
 
 private:
     struct SizeClass {
@@ -860,9 +881,13 @@ private:
     std::size_t guarded_limit_;
     std::mutex mutex_;
     std::vector<SizeClass> classes_;
+    // Statistics only: nothing synchronises through these counters.
     std::atomic<std::size_t> pooled_{0};
     std::atomic<std::size_t> guarded_{0};
     std::atomic<std::size_t> unguarded_{0};
+    std::mutex threads_mutex_;
+    std::vector<ThreadState*> threads_;
+    long exited_in_use_ = 0;
 };
 
 inline StackPool& stack_pool() {
@@ -874,21 +899,18 @@ inline StackPool& stack_pool() {
 Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
-    pool.in_use.fetch_add(1, std::memory_order_relaxed);
     ThreadState* ts = thread_state();
     for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
         if (ts->cached_stacks[i].size == size) {
             Stack stack = ts->cached_stacks[i];
             ts->cached_stacks[i] = ts->cached_stacks[--ts->cached_stack_count];
+            ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
             return stack;
         }
     }
-    try {
-        return pool.acquire(size);
-    } catch (...) {
-        pool.in_use.fetch_sub(1, std::memory_order_relaxed);
-        throw;
-    }
+    Stack stack = pool.acquire(size);
+    ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return stack;
 }
 
 void release_stack(Stack& stack) noexcept {
@@ -898,13 +920,12 @@ void release_stack(Stack& stack) noexcept {
     // last frames) leave poisoned redzones that the next owner must not trip over.
     __asan_unpoison_memory_region(stack.base, stack.size);
 #endif
-    StackPool& pool = stack_pool();
-    pool.in_use.fetch_sub(1, std::memory_order_relaxed);
     ThreadState* ts = thread_state();
+    ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
     if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
         ts->cached_stacks[ts->cached_stack_count++] = stack;
     } else {
-        pool.release(stack);
+        stack_pool().release(stack);
     }
     stack = Stack{};
 }
@@ -1021,7 +1042,10 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     pass_to_previous_handler(sig, info, uctx);
 }
 
+ThreadState::ThreadState() { stack_pool().register_thread(this); }
+
 ThreadState::~ThreadState() {
+    stack_pool().unregister_thread(this);
     for (unsigned i = 0; i < cached_stack_count; ++i) stack_pool().release(cached_stacks[i]);
     cached_stack_count = 0;
     if (owned_altstack) {

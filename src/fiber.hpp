@@ -19,7 +19,10 @@ struct ThreadState {
     static constexpr unsigned stack_cache_capacity = 8;
     Stack cached_stacks[stack_cache_capacity];
     unsigned cached_stack_count = 0;
-    ThreadState() = default;
+    // Stacks acquired minus released by this thread. Written by this thread only (a plain
+    // load and store, no locked add), summed by stack_stats() under the registry lock.
+    std::atomic<long> stacks_in_use{0};
+    ThreadState();
     ThreadState(const ThreadState&) = delete;
     ThreadState& operator=(const ThreadState&) = delete;
     ~ThreadState();

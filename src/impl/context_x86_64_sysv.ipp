@@ -59,7 +59,10 @@ __asm__(
     "    popq %r12\n"
     "    popq %rbx\n"
     "    popq %rbp\n"
-    "    ret\n"
+    // pop + jmp instead of ret: the return-stack predictor would guess the caller of this
+    // call, which is never where a switch returns, and mispredict every switch.
+    "    popq %rcx\n"
+    "    jmpq *%rcx\n"
     ".size fsched_switch_x86_64_sysv,.-fsched_switch_x86_64_sysv\n"
     "\n"
     ".globl fsched_trampoline_x86_64_sysv\n"

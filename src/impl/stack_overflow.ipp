@@ -103,7 +103,10 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     pass_to_previous_handler(sig, info, uctx);
 }
 
+ThreadState::ThreadState() { stack_pool().register_thread(this); }
+
 ThreadState::~ThreadState() {
+    stack_pool().unregister_thread(this);
     for (unsigned i = 0; i < cached_stack_count; ++i) stack_pool().release(cached_stacks[i]);
     cached_stack_count = 0;
     if (owned_altstack) {

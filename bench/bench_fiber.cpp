@@ -1,0 +1,269 @@
+// bench_fiber.cpp — the cost of fsched::Fiber beside its baselines, measured in one run.
+//
+//   1. round trip: resume + yield of one fiber, ns per round trip.
+//      Baselines: POSIX ucontext (swapcontext both ways) and Boost.Context's
+//      boost::context::fiber (one resume in each direction), when available: once with
+//      the whole loop inlined (Boost's best case) and once through a non-inlined call on
+//      each side, as fsched::Fiber::resume() and yield() always are.
+//   2. create + run + destroy with a 64 KiB stack, fn returns at once.
+//      Baselines: ucontext on a malloc'd stack; Boost.Context fiber with fixedsize_stack
+//      (malloc, no guard), protected_fixedsize_stack (mmap + guard page, like ours) and
+//      pooled_fixedsize_stack (a reused pool, like ours), when available.
+//
+// Usage: bench_fiber [--quick] [--reps N] [--iters N] [--rep-ms MS] [--filter TEXT]
+// Results and how to reproduce them: BENCHMARKS.md.
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 600  // macOS declares the (deprecated) ucontext functions only with it
+#endif
+
+#define FIBER_SCHED_IMPLEMENTATION
+#include "fiber_sched.hpp"
+
+#include "bench_util.hpp"
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <utility>
+
+#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT) && FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+#include <boost/context/fiber.hpp>
+#include <boost/context/fixedsize_stack.hpp>
+#include <boost/context/pooled_fixedsize_stack.hpp>
+#include <boost/context/protected_fixedsize_stack.hpp>
+#include <boost/version.hpp>
+#define FIBER_SCHED_BENCH_BOOST 1
+#else
+#define FIBER_SCHED_BENCH_BOOST 0
+#endif
+
+namespace {
+
+using fsched_bench::Options;
+using fsched_bench::Result;
+using fsched_bench::measure;
+using fsched_bench::sink;
+
+constexpr std::size_t stack_size_64k = 64 * 1024;
+
+// ---------------------------------------------------------------------------------------
+// 1. round trip
+// ---------------------------------------------------------------------------------------
+
+Result round_trip_fsched(const Options& opt) {
+    bool stop = false;
+    std::uint64_t count = 0;
+    fsched::Fiber fiber([&] {
+        while (!stop) {
+            ++count;
+            fsched::Fiber::yield();
+        }
+    });
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) fiber.resume();
+    });
+    stop = true;
+    fiber.resume();  // lets fn return, so the fiber is Term when destroyed
+    sink = count;
+    return r;
+}
+
+// makecontext() passes only ints to the entry function, so the state travels in a global.
+struct UcontextLoop {
+    ucontext_t caller;
+    ucontext_t fiber;
+    bool stop = false;
+    std::uint64_t count = 0;
+};
+UcontextLoop* g_uc_loop = nullptr;
+
+void ucontext_loop_entry() {
+    UcontextLoop& s = *g_uc_loop;
+    while (!s.stop) {
+        ++s.count;
+        swapcontext(&s.fiber, &s.caller);
+    }
+    // returning switches to uc_link (the caller)
+}
+
+Result round_trip_ucontext(const Options& opt) {
+    UcontextLoop s;
+    g_uc_loop = &s;
+    std::unique_ptr<char[]> stack(new char[stack_size_64k]);
+    getcontext(&s.fiber);
+    s.fiber.uc_stack.ss_sp = stack.get();
+    s.fiber.uc_stack.ss_size = stack_size_64k;
+    s.fiber.uc_link = &s.caller;
+    makecontext(&s.fiber, ucontext_loop_entry, 0);
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) swapcontext(&s.caller, &s.fiber);
+    });
+    s.stop = true;
+    swapcontext(&s.caller, &s.fiber);
+    sink = s.count;
+    g_uc_loop = nullptr;
+    return r;
+}
+
+#if FIBER_SCHED_BENCH_BOOST
+namespace ctx = boost::context;
+
+Result round_trip_boost(const Options& opt) {
+    bool stop = false;
+    std::uint64_t count = 0;
+    ctx::fiber fiber{[&](ctx::fiber&& caller) {
+        while (!stop) {
+            ++count;
+            caller = std::move(caller).resume();
+        }
+        return std::move(caller);
+    }};
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) fiber = std::move(fiber).resume();
+    });
+    stop = true;
+    fiber = std::move(fiber).resume();  // the fiber returns; `fiber` becomes empty
+    sink = count;
+    return r;
+}
+
+// The loop above is inlined whole around jump_fcontext, so no `ret` ever crosses a switch.
+// fsched::Fiber::resume() and yield() are real calls into the implementation, and a call
+// whose `ret` lands after a switch is mispredicted (the CPU's return stack holds the other
+// stack's return address). This row calls Boost the same way, through one function that
+// is not inlined on each side.
+__attribute__((noinline)) ctx::fiber resume_out_of_line(ctx::fiber&& fiber) {
+    return std::move(fiber).resume();
+}
+
+Result round_trip_boost_out_of_line(const Options& opt) {
+    bool stop = false;
+    std::uint64_t count = 0;
+    ctx::fiber fiber{[&](ctx::fiber&& caller) {
+        while (!stop) {
+            ++count;
+            caller = resume_out_of_line(std::move(caller));
+        }
+        return std::move(caller);
+    }};
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) fiber = resume_out_of_line(std::move(fiber));
+    });
+    stop = true;
+    fiber = std::move(fiber).resume();
+    sink = count;
+    return r;
+}
+#endif
+
+// ---------------------------------------------------------------------------------------
+// 2. create + run + destroy, 64 KiB stack
+// ---------------------------------------------------------------------------------------
+
+Result create_fsched(const Options& opt) {
+    std::uint64_t count = 0;
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) {
+            fsched::Fiber fiber([&count] { ++count; }, stack_size_64k);
+            fiber.resume();
+        }
+    });
+    sink = count;
+    return r;
+}
+
+std::uint64_t* g_uc_count = nullptr;
+void ucontext_count_entry() { ++*g_uc_count; }
+
+Result create_ucontext(const Options& opt) {
+    std::uint64_t count = 0;
+    g_uc_count = &count;
+    ucontext_t caller;
+    ucontext_t fiber;
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) {
+            void* stack = std::malloc(stack_size_64k);
+            if (!stack) std::abort();
+            getcontext(&fiber);
+            fiber.uc_stack.ss_sp = stack;
+            fiber.uc_stack.ss_size = stack_size_64k;
+            fiber.uc_link = &caller;
+            makecontext(&fiber, ucontext_count_entry, 0);
+            swapcontext(&caller, &fiber);
+            std::free(stack);
+        }
+    });
+    sink = count;
+    g_uc_count = nullptr;
+    return r;
+}
+
+#if FIBER_SCHED_BENCH_BOOST
+template <class StackAllocator>
+Result create_boost(const Options& opt, StackAllocator salloc) {
+    std::uint64_t count = 0;
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) {
+            // The fiber keeps its own copy of the allocator (it frees the stack with it).
+            ctx::fiber fiber{std::allocator_arg, StackAllocator(salloc), [&count](ctx::fiber&& caller) {
+                                 ++count;
+                                 return std::move(caller);
+                             }};
+            fiber = std::move(fiber).resume();  // runs to the end; the stack is freed here
+        }
+    });
+    sink = count;
+    return r;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options opt;
+    if (!opt.parse(argc, argv)) return 2;
+
+    std::printf("bench_fiber: fiber_sched backend %s; %s", fsched::backend(),
+                fsched_bench::compiler_string().c_str());
+#if FIBER_SCHED_BENCH_BOOST
+    std::printf("; Boost %d.%d.%d", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100);
+#else
+    std::printf("; Boost.Context not found, its rows are skipped");
+#endif
+    std::printf("\n%s; %d repetitions per case, best and median shown\n",
+                opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run", opt.reps);
+
+    fsched_bench::Table table;
+    auto run = [&](const char* group, const char* impl, bool ours, auto&& fn) {
+        const std::string name = std::string(group) + "/" + impl;
+        if (!opt.selected(name)) return;
+        table.add(impl, fn(opt), ours);
+        std::fflush(stdout);
+    };
+
+    table.begin_group("round trip (resume + yield), ns per round trip");
+    run("round trip", "fsched::Fiber", true, round_trip_fsched);
+    run("round trip", "ucontext swapcontext", false, round_trip_ucontext);
+#if FIBER_SCHED_BENCH_BOOST
+    run("round trip", "boost::context::fiber", false, round_trip_boost);
+    run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
+#endif
+
+    table.begin_group("create + run + destroy, 64 KiB stack, ns per fiber");
+    run("create", "fsched::Fiber", true, create_fsched);
+    run("create", "ucontext + malloc", false, create_ucontext);
+#if FIBER_SCHED_BENCH_BOOST
+    run("create", "boost fixedsize_stack", false,
+        [](const Options& o) { return create_boost(o, ctx::fixedsize_stack(stack_size_64k)); });
+    run("create", "boost protected_fixedsize", false,
+        [](const Options& o) { return create_boost(o, ctx::protected_fixedsize_stack(stack_size_64k)); });
+    run("create", "boost pooled_fixedsize", false,
+        [](const Options& o) { return create_boost(o, ctx::pooled_fixedsize_stack(stack_size_64k)); });
+#endif
+
+    table.print();
+    return 0;
+}

@@ -1,0 +1,195 @@
+// bench_util.hpp — timing helpers shared by the fiber_sched benchmarks.
+//
+// Not part of the library. Each benchmark is one .cpp that defines
+// FIBER_SCHED_IMPLEMENTATION itself and includes this file for:
+//   - Options: the command line every benchmark understands (--quick, --reps, --iters, --filter);
+//   - measure(): warm up, calibrate an iteration count, time several repetitions, and
+//     return the best (min) and median nanoseconds per operation;
+//   - Table: a small aligned table that prints each result beside its baselines with the
+//     ratio ours / baseline.
+#ifndef FIBER_SCHED_BENCH_UTIL_HPP
+#define FIBER_SCHED_BENCH_UTIL_HPP
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace fsched_bench {
+
+// Written after every timed loop so the compiler must keep the work that produced it.
+inline volatile std::uint64_t sink = 0;
+
+// The command line shared by every benchmark.
+struct Options {
+    bool quick = false;         // tiny fixed counts: CTest checks that the benchmark runs
+    int reps = 15;              // timed repetitions per case
+    std::uint64_t iters = 0;    // fixed iterations per repetition; 0: calibrate
+    double rep_ms = 40.0;       // calibration target: milliseconds per repetition
+    std::string filter;         // run only cases whose "group/impl" name contains this
+
+    // Returns false (after printing usage) on a bad or --help argument.
+    bool parse(int argc, char** argv) {
+        for (int i = 1; i < argc; ++i) {
+            const char* a = argv[i];
+            const bool has_value = i + 1 < argc;
+            if (std::strcmp(a, "--quick") == 0) {
+                quick = true;
+            } else if (std::strcmp(a, "--reps") == 0 && has_value) {
+                reps = std::atoi(argv[++i]);
+            } else if (std::strcmp(a, "--iters") == 0 && has_value) {
+                iters = std::strtoull(argv[++i], nullptr, 10);
+            } else if (std::strcmp(a, "--rep-ms") == 0 && has_value) {
+                rep_ms = std::atof(argv[++i]);
+            } else if (std::strcmp(a, "--filter") == 0 && has_value) {
+                filter = argv[++i];
+            } else {
+                usage(argv[0]);
+                return false;
+            }
+        }
+        if (quick) {
+            reps = std::min(reps, 3);
+            if (iters == 0) iters = 1000;
+        }
+        if (reps < 1) reps = 1;
+        return true;
+    }
+
+    bool selected(const std::string& name) const {
+        return filter.empty() || name.find(filter) != std::string::npos;
+    }
+
+    static void usage(const char* prog) {
+        std::fprintf(stderr,
+                     "usage: %s [--quick] [--reps N] [--iters N] [--rep-ms MS] [--filter TEXT]\n"
+                     "  --quick       tiny fixed iteration counts (a smoke test, numbers are noise)\n"
+                     "  --reps N      timed repetitions per case (default 15; the best and median are shown)\n"
+                     "  --iters N     fixed operations per repetition, no warm-up or calibration\n"
+                     "                (for instruction counting under callgrind)\n"
+                     "  --rep-ms MS   calibration target per repetition (default 40)\n"
+                     "  --filter TEXT run only cases whose \"group/impl\" name contains TEXT\n",
+                     prog);
+    }
+};
+
+struct Result {
+    double min_ns = 0;     // best repetition, ns per operation
+    double median_ns = 0;  // median repetition, ns per operation
+    std::uint64_t iters = 0;
+};
+
+using Clock = std::chrono::steady_clock;
+
+// Times body(n), which must perform n operations, and returns ns per operation.
+// Without --iters it first warms up by doubling n until one call takes about a tenth of
+// rep_ms, then scales n so that a repetition takes about rep_ms.
+template <class Body>
+Result measure(const Options& opt, Body&& body) {
+    auto time_ns = [&](std::uint64_t n) {
+        const auto t0 = Clock::now();
+        body(n);
+        const auto t1 = Clock::now();
+        return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    };
+
+    std::uint64_t n = opt.iters;
+    if (n == 0) {
+        const double target_ns = opt.rep_ms * 1e6;
+        n = 1;
+        double t = time_ns(n);
+        while (t < target_ns / 10 && n < (std::uint64_t(1) << 40)) {
+            n *= 2;
+            t = time_ns(n);
+        }
+        const double per_op = t / static_cast<double>(n);
+        n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(target_ns / std::max(per_op, 0.01)));
+        time_ns(n);  // one more warm-up at the final size
+    }
+
+    std::vector<double> per_op;
+    per_op.reserve(static_cast<std::size_t>(opt.reps));
+    for (int r = 0; r < opt.reps; ++r) per_op.push_back(time_ns(n) / static_cast<double>(n));
+    std::sort(per_op.begin(), per_op.end());
+
+    Result res;
+    res.iters = n;
+    res.min_ns = per_op.front();
+    const std::size_t mid = per_op.size() / 2;
+    res.median_ns = per_op.size() % 2 ? per_op[mid] : (per_op[mid - 1] + per_op[mid]) / 2;
+    return res;
+}
+
+// Rows grouped by benchmark. One row per group is marked as fiber_sched's ("ours"); every
+// row then shows ours / this row, for the best and for the median ("-" when --filter left
+// ours out).
+class Table {
+public:
+    void begin_group(std::string title) { groups_.push_back(Group{std::move(title), {}, -1}); }
+
+    void add(std::string impl, const Result& r, bool ours = false) {
+        if (groups_.empty()) begin_group("");
+        Group& g = groups_.back();
+        if (ours) g.ours = static_cast<int>(g.rows.size());
+        g.rows.push_back(Row{std::move(impl), r});
+    }
+
+    void print(std::FILE* out = stdout) const {
+        std::size_t w = std::strlen("implementation");
+        for (const Group& g : groups_)
+            for (const Row& row : g.rows) w = std::max(w, row.impl.size());
+        const int iw = static_cast<int>(w);
+        for (const Group& g : groups_) {
+            if (g.rows.empty()) continue;
+            std::fprintf(out, "\n%s\n", g.title.c_str());
+            std::fprintf(out, "  %-*s  %10s  %10s  %11s  %11s  %12s\n", iw, "implementation", "min ns/op",
+                         "median ns", "ours/x min", "ours/x med", "iters/rep");
+            std::fprintf(out, "  %s\n", std::string(static_cast<std::size_t>(iw) + 64, '-').c_str());
+            for (const Row& row : g.rows) {
+                char ratio_min[32] = "-", ratio_med[32] = "-";
+                if (g.ours >= 0) {
+                    const Result& ours = g.rows[static_cast<std::size_t>(g.ours)].r;
+                    std::snprintf(ratio_min, sizeof ratio_min, "%.2f", ours.min_ns / row.r.min_ns);
+                    std::snprintf(ratio_med, sizeof ratio_med, "%.2f", ours.median_ns / row.r.median_ns);
+                }
+                std::fprintf(out, "  %-*s  %10.1f  %10.1f  %11s  %11s  %12llu\n", iw, row.impl.c_str(),
+                             row.r.min_ns, row.r.median_ns, ratio_min, ratio_med,
+                             static_cast<unsigned long long>(row.r.iters));
+            }
+        }
+        std::fprintf(out, "\nours/x < 1: fiber_sched is faster than x; > 1: slower.\n");
+    }
+
+private:
+    struct Row {
+        std::string impl;
+        Result r;
+    };
+    struct Group {
+        std::string title;
+        std::vector<Row> rows;
+        int ours;  // index of fiber_sched's row, -1 when filtered out
+    };
+    std::vector<Group> groups_;
+};
+
+// One line describing the build, printed above every table.
+inline std::string compiler_string() {
+#if defined(__clang__)
+    std::string s = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+    std::string s = std::string("g++ ") + __VERSION__;
+#else
+    std::string s = "unknown compiler";
+#endif
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+}
+
+}  // namespace fsched_bench
+
+#endif  // FIBER_SCHED_BENCH_UTIL_HPP
