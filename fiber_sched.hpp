@@ -58,12 +58,16 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define FIBER_SCHED_HPP_INCLUDED
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 // ---- begin src/config.hpp ----
 // ---------------------------------------------------------------------------
@@ -237,13 +241,34 @@ void release_stack(Stack& stack) noexcept;
 namespace fsched {
 
 class Fiber;
+class Scheduler;
 
 namespace detail {
+
+class Worker;
+
+// Fiber::State plus one internal state. A fiber moves between them so (arrows name who):
+//
+//   Ready ----resume/claim----> Running ---switch-out done (resumer)---> Suspended / Term
+//   Suspended --resume/claim--> Running
+//   Running ---schedule() of a fiber still running (claim_or_defer)---> RunningResumePending
+//   RunningResumePending ---switch-out done (resumer)---> Suspended, and the resumer
+//                                                         re-enqueues it: resumed once, later
+//
+// Only the resumer leaves Running, and only after the switch-out has completed, so whoever
+// sees Suspended may resume the fiber at once on any thread.
+enum class FiberState : std::uint8_t { Ready, Running, Suspended, Term, RunningResumePending };
+
+// How a resume ended, for the scheduler.
+enum class SwitchOutcome { Returned, Parked, Yielded };
 
 // Per-thread state. Read only through thread_state(): fibers move between threads, and a
 // compiler may keep a thread-local's address in a register across a context switch.
 struct ThreadState {
     Fiber* current = nullptr;          // the fiber running on this thread, innermost first
+    Scheduler* scheduler = nullptr;    // the scheduler this thread works for, while it does
+    Worker* worker = nullptr;          // and which of its workers it is
+    Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
@@ -299,7 +324,10 @@ public:
     void reset(std::function<void()> fn);
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
-    State state() const noexcept { return state_.load(std::memory_order_acquire); }
+    State state() const noexcept {
+        detail::FiberState s = state_.load(std::memory_order_acquire);
+        return s == detail::FiberState::RunningResumePending ? State::Running : static_cast<State>(s);
+    }
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
     // Usable bytes of stack.
@@ -316,26 +344,172 @@ private:
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
     void prepare_context() noexcept;
+    // Runs a fiber already moved to Running; rethrows what its function threw.
+    detail::SwitchOutcome run_claimed();
 
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame
     detail::Stack stack_;
     std::function<void()> fn_;
     std::exception_ptr exception_;
-    // Written by the resumer's thread only; read by anyone. Release when it becomes
-    // Suspended/Term, so a thread that sees that also sees the saved context.
-    std::atomic<State> state_{State::Ready};
+    // See detail::FiberState. Leaving Running is an acq_rel exchange by the resumer, so a
+    // thread that sees Suspended/Term also sees the saved context, and a concurrent
+    // claim_or_defer() either claims before or is seen by the resumer.
+    std::atomic<detail::FiberState> state_{detail::FiberState::Ready};
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
     // fiber has fully switched out (the scheduler's race-free park, see scheduler.hpp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
+    // Where a deferred resume (RunningResumePending) goes, and the worker a parked task
+    // fiber is pinned to. Written before the state change that publishes them.
+    Scheduler* resume_scheduler_ = nullptr;
+    int resume_thread_ = -1;
     detail::SwitchShadow shadow_;
 };
 
 }  // namespace fsched
 // ---- end src/fiber.hpp ----
+// ---- begin src/scheduler.hpp ----
+// ---------------------------------------------------------------------------
+// ScheduleTask and Scheduler: N fibers on M threads (sylar's Scheduler, fixed).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+// What a Scheduler queues: a fiber to resume, or a callback to run in a pooled fiber.
+struct ScheduleTask {
+    Fiber::ptr fiber;
+    std::function<void()> cb;
+    int thread = -1;  // worker index to run on; -1: any worker
+};
+
+namespace detail {
+class SchedulerCore;
+}
+
+class Scheduler {
+public:
+    // A scheduler of `threads` workers (at least 1). With use_caller the constructing
+    // thread is worker 0 and runs tasks inside stop(); threads - 1 threads are started.
+    explicit Scheduler(std::size_t threads = 1, bool use_caller = true, std::string name = "Scheduler");
+    // Calls stop() if it has not been called (from the constructing thread with use_caller).
+    ~Scheduler();
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Starts the worker threads. Calling it again does nothing.
+    void start();
+    // Waits until every scheduled task has finished (sleeping and blocked ones, and work
+    // scheduled meanwhile, included), then joins the workers. Harmless when called twice.
+    // With use_caller: call it from the constructing thread, which runs tasks meanwhile.
+    void stop();
+
+    // Queues a Fiber::ptr, a callable `void()` or a ScheduleTask, on worker `thread`
+    // (-1: any; -1 .. thread_count()-1). From any thread, also before start() and in stop().
+    template <class FiberOrCb>
+    void schedule(FiberOrCb fc, int thread = -1) {
+        submit(make_task(std::move(fc), thread));
+    }
+    // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
+    template <class InputIt>
+    void schedule(InputIt first, InputIt last) {
+        std::vector<ScheduleTask> batch;
+        for (; first != last; ++first) batch.push_back(make_task(*first, -1));
+        submit_batch(batch);
+    }
+
+    // The name given at construction.
+    const std::string& name() const noexcept { return name_; }
+    // Workers, the caller included when use_caller.
+    std::size_t thread_count() const noexcept { return thread_count_; }
+
+    // The scheduler whose worker runs this code, else nullptr.
+    static Scheduler* current() noexcept;
+    // This thread's worker index in current(), else -1.
+    static int worker_index() noexcept;
+
+    // Receives every exception that escapes a task. Default: print it and std::terminate().
+    void set_exception_handler(std::function<void(std::exception_ptr)> handler);
+
+private:
+    friend class detail::SchedulerCore;
+
+    template <class FiberOrCb>
+    static ScheduleTask make_task(FiberOrCb&& fc, int thread) {
+        using T = std::decay_t<FiberOrCb>;
+        ScheduleTask task;
+        if constexpr (std::is_same_v<T, ScheduleTask>) {
+            task = std::forward<FiberOrCb>(fc);
+            if (thread != -1) task.thread = thread;
+        } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
+            task.fiber = std::forward<FiberOrCb>(fc);
+            task.thread = thread;
+        } else {
+            static_assert(std::is_convertible_v<T, std::function<void()>>,
+                          "schedule(): expects a Fiber::ptr, a callable void() or a ScheduleTask");
+            task.cb = std::forward<FiberOrCb>(fc);
+            task.thread = thread;
+        }
+        return task;
+    }
+
+    void submit(ScheduleTask task);
+    void submit_batch(std::vector<ScheduleTask>& tasks);
+
+    std::string name_;
+    std::size_t thread_count_;
+    std::unique_ptr<detail::SchedulerCore> core_;
+};
+
+namespace detail {
+// Parks the running scheduler task fiber. Once it has fully switched out, on_parked(fiber,
+// arg) runs on the worker; the fiber runs again after someone passes it to wake().
+// Precondition: in_scheduler_task().
+void park(void (*on_parked)(Fiber*, void*), void* arg);
+// Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
+void wake(Fiber::ptr fiber);
+// True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
+bool in_scheduler_task() noexcept;
+void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
+}  // namespace detail
+
+namespace this_fiber {
+
+// In a scheduler task: go to the back of the queue and run again soon (Tars yield(true)).
+// Elsewhere: std::this_thread::yield().
+void yield();
+
+// In a scheduler task: park for `d`, freeing the worker (Tars sleep). Elsewhere: sleep the thread.
+template <class Rep, class Period>
+void sleep_for(const std::chrono::duration<Rep, Period>& d) {
+    using std::chrono::steady_clock;
+    const auto now = steady_clock::now();
+    if (d <= d.zero()) return detail::sleep_until_steady(now);
+    // Saturate instead of overflowing for durations like hours::max().
+    const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
+    detail::sleep_until_steady(std::chrono::duration<double>(d) >= room
+                                   ? steady_clock::time_point::max()
+                                   : now + std::chrono::duration_cast<steady_clock::duration>(d));
+}
+
+// sleep_for(t - Clock::now()).
+template <class Clock, class Duration>
+void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
+    if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+        detail::sleep_until_steady(std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t));
+    } else {
+        sleep_for(t - Clock::now());
+    }
+}
+
+// Fiber::current()->id(); 0 outside fibers.
+std::uint64_t id();
+
+}  // namespace this_fiber
+}  // namespace fsched
+// ---- end src/scheduler.hpp ----
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -344,6 +518,10 @@ private:
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <queue>
+#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -352,6 +530,7 @@ private:
 #include <system_error>
 #include <vector>
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -396,9 +575,61 @@ __attribute__((noinline)) ThreadState* thread_state() noexcept {
     return p;
 }
 
+// Re-enqueues a fiber whose resume was deferred while it was still switching out.
+void resume_deferred(Fiber& fiber);
+
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
+
+    static Scheduler* resume_scheduler(const Fiber& f) noexcept { return f.resume_scheduler_; }
+    static int resume_thread(const Fiber& f) noexcept { return f.resume_thread_; }
+
+    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running or
+    // switching out, marks it so its resumer re-enqueues it once switched out (false).
+    static bool claim_or_defer(Fiber& f, Scheduler& scheduler, int thread) {
+        FiberState state = f.state_.load(std::memory_order_acquire);
+        for (;;) {
+            switch (state) {
+            case FiberState::Ready:
+            case FiberState::Suspended:
+                if (f.state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
+                                                   std::memory_order_acquire)) {
+                    f.resume_scheduler_ = &scheduler;
+                    f.resume_thread_ = thread;
+                    return true;
+                }
+                break;
+            case FiberState::Running:
+                // Published by the release half of the exchange below; the resumer reads
+                // them after its acq_rel exchange observes RunningResumePending.
+                f.resume_scheduler_ = &scheduler;
+                f.resume_thread_ = thread;
+                if (f.state_.compare_exchange_weak(state, FiberState::RunningResumePending,
+                                                   std::memory_order_acq_rel, std::memory_order_acquire)) {
+                    return false;
+                }
+                break;
+            case FiberState::RunningResumePending:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
+                return false;
+            case FiberState::Term:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
+                return false;
+            }
+        }
+    }
+
+    static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
+
+    // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
+    // stack once the switch is complete.
+    static void park_current(void (*on_parked)(Fiber*, void*), void* arg) noexcept {
+        Fiber* self = thread_state()->current;
+        self->after_switch_ = on_parked;
+        self->after_switch_arg_ = arg;
+        self->switch_to_resumer(false);
+    }
 };
 
 }  // namespace detail
@@ -1116,8 +1347,7 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
 }
 
 Fiber::~Fiber() {
-    FIBER_SCHED_ASSERT(state_.load(std::memory_order_acquire) != State::Running &&
-                       "~Fiber(): a running fiber must not be destroyed");
+    FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
 #if defined(FIBER_SCHED_TSAN)
     __tsan_destroy_fiber(shadow_.tsan_fiber);
 #endif
@@ -1130,9 +1360,17 @@ void Fiber::prepare_context() noexcept {
 }
 
 void Fiber::resume() {
-    State state = state_.load(std::memory_order_acquire);
-    FIBER_SCHED_ASSERT(state != State::Running && "resume(): fiber is already running");
-    FIBER_SCHED_ASSERT(state != State::Term && "resume(): fiber has terminated; reset() it first");
+    using detail::FiberState;
+    FiberState state = state_.load(std::memory_order_acquire);
+    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                       "resume(): fiber is already running");
+    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+    state_.store(FiberState::Running, std::memory_order_relaxed);
+    run_claimed();
+}
+
+detail::SwitchOutcome Fiber::run_claimed() {
+    using detail::FiberState;
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
         detail::install_altstack(ts);
@@ -1140,7 +1378,6 @@ void Fiber::resume() {
     Fiber* resumer = ts->current;
     detail::Context resumer_context;
     resumer_context_ = &resumer_context;
-    state_.store(State::Running, std::memory_order_relaxed);
     ts->current = this;
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
@@ -1162,15 +1399,20 @@ void Fiber::resume() {
     if (returned_) {
         std::exception_ptr exception = std::move(exception_);
         exception_ = nullptr;
-        state_.store(State::Term, std::memory_order_release);
+        FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
+        FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
+                           "schedule(): the fiber returned before the scheduled resume could run");
         if (exception) std::rethrow_exception(exception);
-        return;
+        return detail::SwitchOutcome::Returned;
     }
-    // Release: the saved context and every write the fiber made before switching out
-    // happen-before any resume() that observes Suspended.
-    state_.store(State::Suspended, std::memory_order_release);
+    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
     // From here on another thread may resume, or destroy, this fiber.
-    if (after_switch) after_switch(this, after_switch_arg);
+    if (after_switch) {
+        after_switch(this, after_switch_arg);
+        return detail::SwitchOutcome::Parked;
+    }
+    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
+    return detail::SwitchOutcome::Yielded;
 }
 
 void Fiber::yield() {
@@ -1217,7 +1459,7 @@ void Fiber::entry(void* arg) noexcept {
 }
 
 void Fiber::reset(std::function<void()> fn) {
-    State state = state_.load(std::memory_order_acquire);
+    State state = this->state();
     FIBER_SCHED_ASSERT(state != State::Running && "reset(): fiber is running");
     FIBER_SCHED_ASSERT(state != State::Suspended &&
                        "reset(): fiber is suspended; only a Ready or Term fiber can be reset");
@@ -1229,7 +1471,7 @@ void Fiber::reset(std::function<void()> fn) {
         __asan_unpoison_memory_region(stack_.base, stack_.size);
 #endif
         prepare_context();
-        state_.store(State::Ready, std::memory_order_relaxed);
+        state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
     }
 }
 
@@ -1242,6 +1484,558 @@ Fiber::ptr Fiber::current_ptr() {
 
 }  // namespace fsched
 // ---- end src/impl/fiber.ipp ----
+// ---- begin src/impl/scheduler.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the scheduler.
+//
+// Each worker owns a run queue (a deque under the worker's own mutex) and a deque of tasks
+// pinned to it. A worker takes from its own queues first, then steals from the back of the
+// other workers' run queues; pinned deques are never stolen from. Tasks scheduled inside a
+// worker go to its own queue; tasks from other threads go round-robin across the workers.
+// Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
+//
+// Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
+// Worker::wait_for_work(), the one place a worker blocks, until notified or until its
+// earliest timer is due. New work wakes one sleeping worker, and only when no worker is
+// spinning already (a spinner will find it); pinned work wakes its own worker.
+//
+// The lost-wake-up argument: a worker going to sleep sets `sleeping` and increments
+// `sleepers` (seq_cst), then checks every queue once more; a submitter pushes (under the
+// queue lock), then issues a seq_cst fence and reads `spinning`/`sleepers`/`sleeping`.
+// Either the worker's re-check sees the task or the submitter sees the sleeper and wakes it.
+// The same pairing covers `outstanding` reaching zero during stop().
+//
+// Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
+// after_switch_); resume() runs the hook on the worker only after the switch is complete,
+// so whoever the hook hands the fiber to may resume it at once: no fiber is ever queued
+// while still running on another worker (sylar's RUNNING-in-the-queue race cannot happen).
+// schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
+// the one case where a fiber can be found Running: claim_or_defer() then marks it
+// RunningResumePending and the resumer re-enqueues it after the switch (see FiberState).
+//
+// Timers: each worker keeps a heap of sleeping fibers that parked on it, touched only by
+// that worker, and its idle wait ends at the earliest deadline.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+struct Timer {
+    std::chrono::steady_clock::time_point deadline;
+    std::uint64_t sequence;  // FIFO among equal deadlines
+    Fiber::ptr fiber;
+    bool operator>(const Timer& other) const noexcept {
+        return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
+    }
+};
+
+class alignas(64) Worker {
+public:
+    Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {}
+
+    SchedulerCore& core;
+    const int index;
+    std::thread thread;
+
+    std::mutex queue_mutex;
+    std::deque<ScheduleTask> tasks;    // stealable, under queue_mutex
+    std::deque<ScheduleTask> pinned;   // this worker only, under queue_mutex
+    // tasks.size() + pinned.size() and tasks.size(), updated under queue_mutex and read
+    // without it as hints: a stale read only costs a needless lock or a later look.
+    std::atomic<std::size_t> queued{0};
+    std::atomic<std::size_t> stealable{0};
+
+    // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
+    // or the worker itself), and that one decrements core.sleepers. seq_cst: see above.
+    std::atomic<bool> sleeping{false};
+    std::mutex idle_mutex;
+    std::condition_variable idle_cv;
+    bool notified = false;  // under idle_mutex
+
+    // Only this worker's thread touches these.
+    std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
+    std::uint64_t timer_sequence = 0;
+    std::vector<Fiber::ptr> spare_fibers;
+    unsigned steal_start = 0;
+
+    void push(ScheduleTask&& task, bool own_pinned) {
+        std::lock_guard<std::mutex> lock(queue_mutex);
+        if (own_pinned) {
+            pinned.push_back(std::move(task));
+        } else {
+            tasks.push_back(std::move(task));
+            stealable.store(tasks.size(), std::memory_order_relaxed);
+        }
+        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+    }
+
+    bool pop(ScheduleTask& out) {
+        if (queued.load(std::memory_order_relaxed) == 0) return false;
+        std::lock_guard<std::mutex> lock(queue_mutex);
+        std::deque<ScheduleTask>& from = !pinned.empty() ? pinned : tasks;
+        if (from.empty()) return false;
+        out = std::move(from.front());
+        from.pop_front();
+        stealable.store(tasks.size(), std::memory_order_relaxed);
+        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        return true;
+    }
+
+    // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
+    bool steal_into(Worker& thief, ScheduleTask& first) {
+        if (stealable.load(std::memory_order_relaxed) == 0) return false;
+        std::vector<ScheduleTask> taken;
+        {
+            std::lock_guard<std::mutex> lock(queue_mutex);
+            std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
+            if (n == 0) return false;
+            taken.reserve(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                taken.push_back(std::move(tasks.back()));
+                tasks.pop_back();
+            }
+            stealable.store(tasks.size(), std::memory_order_relaxed);
+            queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        }
+        first = std::move(taken.back());
+        taken.pop_back();
+        if (!taken.empty()) {
+            std::lock_guard<std::mutex> lock(thief.queue_mutex);
+            // Oldest first, as they stood in the victim's queue.
+            for (auto it = taken.rbegin(); it != taken.rend(); ++it) thief.tasks.push_back(std::move(*it));
+            thief.stealable.store(thief.tasks.size(), std::memory_order_relaxed);
+            thief.queued.store(thief.tasks.size() + thief.pinned.size(), std::memory_order_relaxed);
+        }
+        return true;
+    }
+
+    void notify() {
+        {
+            std::lock_guard<std::mutex> lock(idle_mutex);
+            notified = true;
+        }
+        idle_cv.notify_one();
+    }
+
+    // The idle wait: blocks until notify() or `deadline`. The IO layer replaces this body
+    // with epoll_wait on the same terms.
+    void wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
+        std::unique_lock<std::mutex> lock(idle_mutex);
+        if (deadline) {
+            idle_cv.wait_until(lock, *deadline, [this] { return notified; });
+        } else {
+            idle_cv.wait(lock, [this] { return notified; });
+        }
+        notified = false;
+    }
+
+    void run_loop();
+    bool find_task(ScheduleTask& out);
+    void fire_due_timers();
+    void run_task(ScheduleTask& task);
+    Fiber::ptr fiber_for(std::function<void()>&& cb);
+};
+
+class SchedulerCore {
+public:
+    SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
+        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()) {
+        FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
+        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
+    }
+
+    Scheduler& owner;
+    const bool use_caller;
+    const std::thread::id caller_thread;
+    std::vector<std::unique_ptr<Worker>> workers;
+
+    std::mutex lifecycle_mutex;  // start() and stop()
+    bool started = false;  // under lifecycle_mutex
+    // Set once stop() has joined the workers; read by schedule() to refuse new work.
+    std::atomic<bool> stopped{false};
+    // Set by stop(); workers read it to know they may exit once outstanding is zero.
+    std::atomic<bool> stopping{false};
+    // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
+    // before a task is queued, decremented when it finishes; seq_cst pairs with `sleeping`.
+    std::atomic<std::int64_t> outstanding{0};
+    // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument.
+    std::atomic<int> spinning{0};
+    std::atomic<int> sleepers{0};
+    // Round-robin target for tasks from threads outside the scheduler; relaxed, a hint.
+    std::atomic<unsigned> next_worker{0};
+
+    std::mutex handler_mutex;
+    std::function<void(std::exception_ptr)> handler;
+
+    static SchedulerCore& of(Scheduler& s) noexcept { return *s.core_; }
+
+    Worker* current_worker() const noexcept {
+        ThreadState* ts = thread_state();
+        return ts->scheduler == &owner ? ts->worker : nullptr;
+    }
+
+    bool finished() const noexcept {
+        return stopping.load(std::memory_order_seq_cst) && outstanding.load(std::memory_order_seq_cst) == 0;
+    }
+
+    // Queues a task that is already counted in `outstanding`.
+    void enqueue(ScheduleTask&& task) {
+        Worker* here = current_worker();
+        Worker* target;
+        if (task.thread >= 0) {
+            target = workers[static_cast<std::size_t>(task.thread)].get();
+        } else if (here) {
+            target = here;
+        } else {
+            target = workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()].get();
+        }
+        const bool pinned = task.thread >= 0;
+        target->push(std::move(task), pinned);
+        after_push(*target, pinned, 1);
+    }
+
+    // Wakes whoever should take newly queued work; `count` tasks went to `target`.
+    void after_push(Worker& target, bool pinned, std::size_t count) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (wake(target)) {
+            if (pinned || --count == 0) return;
+        } else if (pinned) {
+            return;  // its own worker is awake and will see it
+        }
+        if (spinning.load(std::memory_order_seq_cst) > 0) return;
+        for (std::size_t i = 0; count > 0 && sleepers.load(std::memory_order_seq_cst) > 0 && i < workers.size(); ++i) {
+            if (wake(*workers[i])) --count;
+        }
+    }
+
+    // Wakes `w` if it sleeps; true if this call claimed that.
+    bool wake(Worker& w) {
+        bool expected = true;
+        if (!w.sleeping.load(std::memory_order_seq_cst) ||
+            !w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
+            return false;
+        }
+        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        w.notify();
+        return true;
+    }
+
+    void wake_all() {
+        for (auto& w : workers) wake(*w);
+    }
+
+    void task_finished() {
+        if (outstanding.fetch_sub(1, std::memory_order_seq_cst) == 1 && stopping.load(std::memory_order_seq_cst)) {
+            wake_all();
+        }
+    }
+
+    void report(std::exception_ptr error) {
+        std::function<void(std::exception_ptr)> h;
+        {
+            std::lock_guard<std::mutex> lock(handler_mutex);
+            h = handler;
+        }
+        if (h) {
+            h(error);
+            return;
+        }
+        try {
+            std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s': %s\n",
+                         owner.name().c_str(), e.what());
+        } catch (...) {
+            std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s'\n",
+                         owner.name().c_str());
+        }
+        std::terminate();
+    }
+
+    void check_task(const ScheduleTask& task) const {
+        FIBER_SCHED_ASSERT((task.fiber || task.cb) && "schedule(): the task has neither a fiber nor a callback");
+        FIBER_SCHED_ASSERT(!(task.fiber && task.cb) && "schedule(): the task has both a fiber and a callback");
+        FIBER_SCHED_ASSERT(task.thread >= -1 && task.thread < static_cast<int>(workers.size()) &&
+                           "schedule(): thread index out of range");
+        FIBER_SCHED_ASSERT((!task.fiber || task.fiber->state() != Fiber::State::Term) &&
+                           "schedule(): fiber has terminated");
+        FIBER_SCHED_ASSERT(!stopped.load(std::memory_order_acquire) && "schedule(): scheduler has stopped");
+    }
+};
+
+inline void Worker::run_loop() {
+    ThreadState* ts = thread_state();
+    ts->scheduler = &core.owner;
+    ts->worker = this;
+    ScheduleTask task;
+    for (;;) {
+        if (find_task(task)) {
+            run_task(task);
+            continue;
+        }
+        // Spin a few microseconds before paying for a sleep and a wake-up.
+        core.spinning.fetch_add(1, std::memory_order_seq_cst);
+        bool found = false;
+        for (int i = 0; i < 64 && !found; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ volatile("yield");
+#endif
+            found = find_task(task);
+        }
+        core.spinning.fetch_sub(1, std::memory_order_seq_cst);
+        if (found) {
+            run_task(task);
+            continue;
+        }
+        sleeping.store(true, std::memory_order_seq_cst);
+        core.sleepers.fetch_add(1, std::memory_order_seq_cst);
+        if (find_task(task) || core.finished()) {
+            bool expected = true;
+            if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
+                core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+            }  // else a submitter claimed the wake-up: its notify() only makes a later wait return early
+            if (task.fiber || task.cb) {
+                run_task(task);
+                continue;
+            }
+            break;  // finished
+        }
+        if (timers.empty()) {
+            wait_for_work(nullptr);
+        } else {
+            const auto deadline = timers.top().deadline;
+            wait_for_work(&deadline);
+        }
+        bool expected = true;
+        if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
+            core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        }
+    }
+    ts->scheduler = nullptr;
+    ts->worker = nullptr;
+}
+
+inline void Worker::fire_due_timers() {
+    if (timers.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    while (!timers.empty() && timers.top().deadline <= now) {
+        Fiber::ptr fiber = std::move(const_cast<Timer&>(timers.top()).fiber);
+        timers.pop();
+        wake(std::move(fiber));
+    }
+}
+
+inline bool Worker::find_task(ScheduleTask& out) {
+    fire_due_timers();
+    if (pop(out)) return true;
+    const std::size_t n = core.workers.size();
+    for (std::size_t i = 1; i < n; ++i) {
+        Worker& victim = *core.workers[(index + steal_start + i) % n];
+        if (victim.steal_into(*this, out)) {
+            ++steal_start;
+            return true;
+        }
+    }
+    return false;
+}
+
+inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
+    if (!spare_fibers.empty()) {
+        Fiber::ptr fiber = std::move(spare_fibers.back());
+        spare_fibers.pop_back();
+        fiber->reset(std::move(cb));
+        return fiber;
+    }
+    return std::make_shared<Fiber>(std::move(cb));
+}
+
+inline void Worker::run_task(ScheduleTask& task) {
+    const bool pooled = !task.fiber;
+    Fiber::ptr fiber = pooled ? fiber_for(std::move(task.cb)) : std::move(task.fiber);
+    const int thread = task.thread;
+    task = ScheduleTask{};
+    if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) return;
+    ThreadState* ts = thread_state();
+    ts->task_fiber = fiber.get();
+    SwitchOutcome outcome;
+    try {
+        outcome = FiberAccess::run(*fiber);
+    } catch (...) {
+        outcome = SwitchOutcome::Returned;
+        ts->task_fiber = nullptr;
+        core.report(std::current_exception());
+    }
+    ts->task_fiber = nullptr;
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake() queues it again
+    // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && spare_fibers.size() < 64) {
+        spare_fibers.push_back(std::move(fiber));
+    }
+    fiber.reset();
+    core.task_finished();
+}
+
+void resume_deferred(Fiber& fiber) {
+    Scheduler* scheduler = FiberAccess::resume_scheduler(fiber);
+    ScheduleTask task;
+    task.fiber = fiber.shared_from_this();
+    task.thread = FiberAccess::resume_thread(fiber);
+    SchedulerCore::of(*scheduler).enqueue(std::move(task));
+}
+
+void park(void (*on_parked)(Fiber*, void*), void* arg) {
+    FIBER_SCHED_ASSERT(in_scheduler_task() && "park(): only a scheduler task fiber can park");
+    FiberAccess::park_current(on_parked, arg);
+}
+
+void wake(Fiber::ptr fiber) {
+    Scheduler* scheduler = FiberAccess::resume_scheduler(*fiber);
+    ScheduleTask task;
+    task.thread = FiberAccess::resume_thread(*fiber);
+    task.fiber = std::move(fiber);
+    SchedulerCore::of(*scheduler).enqueue(std::move(task));
+}
+
+bool in_scheduler_task() noexcept {
+    ThreadState* ts = thread_state();
+    return ts->task_fiber && ts->current == ts->task_fiber;
+}
+
+void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
+    if (!in_scheduler_task()) {
+        std::this_thread::sleep_until(deadline);
+        return;
+    }
+    park([](Fiber* fiber, void* arg) {
+        // On the worker the fiber parked from; only that worker touches its heap.
+        Worker* worker = thread_state()->worker;
+        worker->timers.push(Timer{*static_cast<std::chrono::steady_clock::time_point*>(arg),
+                                  worker->timer_sequence++, fiber->shared_from_this()});
+    }, &deadline);
+}
+
+}  // namespace detail
+
+Scheduler::Scheduler(std::size_t threads, bool use_caller, std::string name)
+    : name_(std::move(name)), thread_count_(threads),
+      core_(std::make_unique<detail::SchedulerCore>(*this, threads, use_caller)) {}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::start() {
+    detail::SchedulerCore& core = *core_;
+    std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
+    if (core.started) return;
+    core.started = true;
+    for (std::size_t i = core.use_caller ? 1 : 0; i < core.workers.size(); ++i) {
+        detail::Worker* worker = core.workers[i].get();
+        worker->thread = std::thread([this, worker] {
+#if defined(__linux__)
+            std::string thread_name = name_.substr(0, 11) + "-" + std::to_string(worker->index);
+            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
+#endif
+            worker->run_loop();
+        });
+    }
+}
+
+void Scheduler::stop() {
+    detail::SchedulerCore& core = *core_;
+    FIBER_SCHED_ASSERT(current() != this && "stop(): called from inside one of the scheduler's own tasks");
+    FIBER_SCHED_ASSERT((!core.use_caller || std::this_thread::get_id() == core.caller_thread) &&
+                       "stop(): with use_caller, call stop() from the thread that constructed the scheduler");
+    start();
+    std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
+    if (core.stopped.load(std::memory_order_relaxed)) return;
+    core.stopping.store(true, std::memory_order_seq_cst);
+    core.wake_all();
+    if (core.use_caller) core.workers[0]->run_loop();
+    for (auto& worker : core.workers) {
+        if (worker->thread.joinable()) worker->thread.join();
+    }
+    core.stopped.store(true, std::memory_order_release);
+}
+
+void Scheduler::submit(ScheduleTask task) {
+    detail::SchedulerCore& core = *core_;
+    core.check_task(task);
+    core.outstanding.fetch_add(1, std::memory_order_seq_cst);
+    core.enqueue(std::move(task));
+}
+
+void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
+    detail::SchedulerCore& core = *core_;
+    if (tasks.empty()) return;
+    for (const ScheduleTask& task : tasks) core.check_task(task);
+    core.outstanding.fetch_add(static_cast<std::int64_t>(tasks.size()), std::memory_order_seq_cst);
+    // One lock per worker: group pinned tasks by worker, deal the rest out in runs.
+    const std::size_t n = core.workers.size();
+    std::vector<std::vector<ScheduleTask>> pinned(n), unpinned(n);
+    detail::Worker* here = core.current_worker();
+    std::size_t next = here ? static_cast<std::size_t>(here->index)
+                            : core.next_worker.fetch_add(1, std::memory_order_relaxed) % n;
+    std::size_t free_count = 0;
+    for (const ScheduleTask& task : tasks) free_count += task.thread < 0;
+    const std::size_t run = here ? free_count : (free_count + n - 1) / n;
+    std::size_t in_run = 0;
+    for (ScheduleTask& task : tasks) {
+        if (task.thread >= 0) {
+            pinned[static_cast<std::size_t>(task.thread)].push_back(std::move(task));
+            continue;
+        }
+        unpinned[next].push_back(std::move(task));
+        if (++in_run == run) {
+            in_run = 0;
+            next = (next + 1) % n;
+        }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        detail::Worker& w = *core.workers[i];
+        if (pinned[i].empty() && unpinned[i].empty()) continue;
+        {
+            std::lock_guard<std::mutex> lock(w.queue_mutex);
+            for (ScheduleTask& t : pinned[i]) w.pinned.push_back(std::move(t));
+            for (ScheduleTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
+            w.stealable.store(w.tasks.size(), std::memory_order_relaxed);
+            w.queued.store(w.tasks.size() + w.pinned.size(), std::memory_order_relaxed);
+        }
+        if (!pinned[i].empty()) core.after_push(w, true, 1);
+        if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
+    }
+}
+
+Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
+
+int Scheduler::worker_index() noexcept {
+    detail::Worker* worker = detail::thread_state()->worker;
+    return worker ? worker->index : -1;
+}
+
+void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> handler) {
+    std::lock_guard<std::mutex> lock(core_->handler_mutex);
+    core_->handler = std::move(handler);
+}
+
+namespace this_fiber {
+
+void yield() {
+    if (!detail::in_scheduler_task()) {
+        std::this_thread::yield();
+        return;
+    }
+    detail::park([](Fiber* fiber, void*) { detail::wake(fiber->shared_from_this()); }, nullptr);
+}
+
+std::uint64_t id() {
+    Fiber* fiber = Fiber::current();
+    return fiber ? fiber->id() : 0;
+}
+
+}  // namespace this_fiber
+}  // namespace fsched
+// ---- end src/impl/scheduler.ipp ----
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

@@ -5,13 +5,34 @@
 namespace fsched {
 
 class Fiber;
+class Scheduler;
 
 namespace detail {
+
+class Worker;
+
+// Fiber::State plus one internal state. A fiber moves between them so (arrows name who):
+//
+//   Ready ----resume/claim----> Running ---switch-out done (resumer)---> Suspended / Term
+//   Suspended --resume/claim--> Running
+//   Running ---schedule() of a fiber still running (claim_or_defer)---> RunningResumePending
+//   RunningResumePending ---switch-out done (resumer)---> Suspended, and the resumer
+//                                                         re-enqueues it: resumed once, later
+//
+// Only the resumer leaves Running, and only after the switch-out has completed, so whoever
+// sees Suspended may resume the fiber at once on any thread.
+enum class FiberState : std::uint8_t { Ready, Running, Suspended, Term, RunningResumePending };
+
+// How a resume ended, for the scheduler.
+enum class SwitchOutcome { Returned, Parked, Yielded };
 
 // Per-thread state. Read only through thread_state(): fibers move between threads, and a
 // compiler may keep a thread-local's address in a register across a context switch.
 struct ThreadState {
     Fiber* current = nullptr;          // the fiber running on this thread, innermost first
+    Scheduler* scheduler = nullptr;    // the scheduler this thread works for, while it does
+    Worker* worker = nullptr;          // and which of its workers it is
+    Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
@@ -67,7 +88,10 @@ public:
     void reset(std::function<void()> fn);
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
-    State state() const noexcept { return state_.load(std::memory_order_acquire); }
+    State state() const noexcept {
+        detail::FiberState s = state_.load(std::memory_order_acquire);
+        return s == detail::FiberState::RunningResumePending ? State::Running : static_cast<State>(s);
+    }
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
     // Usable bytes of stack.
@@ -84,21 +108,28 @@ private:
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
     void prepare_context() noexcept;
+    // Runs a fiber already moved to Running; rethrows what its function threw.
+    detail::SwitchOutcome run_claimed();
 
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame
     detail::Stack stack_;
     std::function<void()> fn_;
     std::exception_ptr exception_;
-    // Written by the resumer's thread only; read by anyone. Release when it becomes
-    // Suspended/Term, so a thread that sees that also sees the saved context.
-    std::atomic<State> state_{State::Ready};
+    // See detail::FiberState. Leaving Running is an acq_rel exchange by the resumer, so a
+    // thread that sees Suspended/Term also sees the saved context, and a concurrent
+    // claim_or_defer() either claims before or is seen by the resumer.
+    std::atomic<detail::FiberState> state_{detail::FiberState::Ready};
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
     // fiber has fully switched out (the scheduler's race-free park, see scheduler.hpp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
+    // Where a deferred resume (RunningResumePending) goes, and the worker a parked task
+    // fiber is pinned to. Written before the state change that publishes them.
+    Scheduler* resume_scheduler_ = nullptr;
+    int resume_thread_ = -1;
     detail::SwitchShadow shadow_;
 };
 

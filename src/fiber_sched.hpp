@@ -56,17 +56,22 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define FIBER_SCHED_HPP_INCLUDED
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "config.hpp"
 #include "context.hpp"
 #include "stack.hpp"
 #include "fiber.hpp"
+#include "scheduler.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -75,6 +80,10 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <queue>
+#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -83,6 +92,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <system_error>
 #include <vector>
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -106,6 +116,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
+#include "impl/scheduler.ipp"
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

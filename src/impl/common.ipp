@@ -29,9 +29,61 @@ __attribute__((noinline)) ThreadState* thread_state() noexcept {
     return p;
 }
 
+// Re-enqueues a fiber whose resume was deferred while it was still switching out.
+void resume_deferred(Fiber& fiber);
+
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
+
+    static Scheduler* resume_scheduler(const Fiber& f) noexcept { return f.resume_scheduler_; }
+    static int resume_thread(const Fiber& f) noexcept { return f.resume_thread_; }
+
+    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running or
+    // switching out, marks it so its resumer re-enqueues it once switched out (false).
+    static bool claim_or_defer(Fiber& f, Scheduler& scheduler, int thread) {
+        FiberState state = f.state_.load(std::memory_order_acquire);
+        for (;;) {
+            switch (state) {
+            case FiberState::Ready:
+            case FiberState::Suspended:
+                if (f.state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
+                                                   std::memory_order_acquire)) {
+                    f.resume_scheduler_ = &scheduler;
+                    f.resume_thread_ = thread;
+                    return true;
+                }
+                break;
+            case FiberState::Running:
+                // Published by the release half of the exchange below; the resumer reads
+                // them after its acq_rel exchange observes RunningResumePending.
+                f.resume_scheduler_ = &scheduler;
+                f.resume_thread_ = thread;
+                if (f.state_.compare_exchange_weak(state, FiberState::RunningResumePending,
+                                                   std::memory_order_acq_rel, std::memory_order_acquire)) {
+                    return false;
+                }
+                break;
+            case FiberState::RunningResumePending:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
+                return false;
+            case FiberState::Term:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
+                return false;
+            }
+        }
+    }
+
+    static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
+
+    // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
+    // stack once the switch is complete.
+    static void park_current(void (*on_parked)(Fiber*, void*), void* arg) noexcept {
+        Fiber* self = thread_state()->current;
+        self->after_switch_ = on_parked;
+        self->after_switch_arg_ = arg;
+        self->switch_to_resumer(false);
+    }
 };
 
 }  // namespace detail

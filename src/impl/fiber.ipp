@@ -36,8 +36,7 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
 }
 
 Fiber::~Fiber() {
-    FIBER_SCHED_ASSERT(state_.load(std::memory_order_acquire) != State::Running &&
-                       "~Fiber(): a running fiber must not be destroyed");
+    FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
 #if defined(FIBER_SCHED_TSAN)
     __tsan_destroy_fiber(shadow_.tsan_fiber);
 #endif
@@ -50,9 +49,17 @@ void Fiber::prepare_context() noexcept {
 }
 
 void Fiber::resume() {
-    State state = state_.load(std::memory_order_acquire);
-    FIBER_SCHED_ASSERT(state != State::Running && "resume(): fiber is already running");
-    FIBER_SCHED_ASSERT(state != State::Term && "resume(): fiber has terminated; reset() it first");
+    using detail::FiberState;
+    FiberState state = state_.load(std::memory_order_acquire);
+    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                       "resume(): fiber is already running");
+    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+    state_.store(FiberState::Running, std::memory_order_relaxed);
+    run_claimed();
+}
+
+detail::SwitchOutcome Fiber::run_claimed() {
+    using detail::FiberState;
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
         detail::install_altstack(ts);
@@ -60,7 +67,6 @@ void Fiber::resume() {
     Fiber* resumer = ts->current;
     detail::Context resumer_context;
     resumer_context_ = &resumer_context;
-    state_.store(State::Running, std::memory_order_relaxed);
     ts->current = this;
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
@@ -82,15 +88,20 @@ void Fiber::resume() {
     if (returned_) {
         std::exception_ptr exception = std::move(exception_);
         exception_ = nullptr;
-        state_.store(State::Term, std::memory_order_release);
+        FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
+        FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
+                           "schedule(): the fiber returned before the scheduled resume could run");
         if (exception) std::rethrow_exception(exception);
-        return;
+        return detail::SwitchOutcome::Returned;
     }
-    // Release: the saved context and every write the fiber made before switching out
-    // happen-before any resume() that observes Suspended.
-    state_.store(State::Suspended, std::memory_order_release);
+    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
     // From here on another thread may resume, or destroy, this fiber.
-    if (after_switch) after_switch(this, after_switch_arg);
+    if (after_switch) {
+        after_switch(this, after_switch_arg);
+        return detail::SwitchOutcome::Parked;
+    }
+    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
+    return detail::SwitchOutcome::Yielded;
 }
 
 void Fiber::yield() {
@@ -137,7 +148,7 @@ void Fiber::entry(void* arg) noexcept {
 }
 
 void Fiber::reset(std::function<void()> fn) {
-    State state = state_.load(std::memory_order_acquire);
+    State state = this->state();
     FIBER_SCHED_ASSERT(state != State::Running && "reset(): fiber is running");
     FIBER_SCHED_ASSERT(state != State::Suspended &&
                        "reset(): fiber is suspended; only a Ready or Term fiber can be reset");
@@ -149,7 +160,7 @@ void Fiber::reset(std::function<void()> fn) {
         __asan_unpoison_memory_region(stack_.base, stack_.size);
 #endif
         prepare_context();
-        state_.store(State::Ready, std::memory_order_relaxed);
+        state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
     }
 }
 

@@ -1,0 +1,137 @@
+// ---------------------------------------------------------------------------
+// ScheduleTask and Scheduler: N fibers on M threads (sylar's Scheduler, fixed).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+// What a Scheduler queues: a fiber to resume, or a callback to run in a pooled fiber.
+struct ScheduleTask {
+    Fiber::ptr fiber;
+    std::function<void()> cb;
+    int thread = -1;  // worker index to run on; -1: any worker
+};
+
+namespace detail {
+class SchedulerCore;
+}
+
+class Scheduler {
+public:
+    // A scheduler of `threads` workers (at least 1). With use_caller the constructing
+    // thread is worker 0 and runs tasks inside stop(); threads - 1 threads are started.
+    explicit Scheduler(std::size_t threads = 1, bool use_caller = true, std::string name = "Scheduler");
+    // Calls stop() if it has not been called (from the constructing thread with use_caller).
+    ~Scheduler();
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Starts the worker threads. Calling it again does nothing.
+    void start();
+    // Waits until every scheduled task has finished (sleeping and blocked ones, and work
+    // scheduled meanwhile, included), then joins the workers. Harmless when called twice.
+    // With use_caller: call it from the constructing thread, which runs tasks meanwhile.
+    void stop();
+
+    // Queues a Fiber::ptr, a callable `void()` or a ScheduleTask, on worker `thread`
+    // (-1: any; -1 .. thread_count()-1). From any thread, also before start() and in stop().
+    template <class FiberOrCb>
+    void schedule(FiberOrCb fc, int thread = -1) {
+        submit(make_task(std::move(fc), thread));
+    }
+    // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
+    template <class InputIt>
+    void schedule(InputIt first, InputIt last) {
+        std::vector<ScheduleTask> batch;
+        for (; first != last; ++first) batch.push_back(make_task(*first, -1));
+        submit_batch(batch);
+    }
+
+    // The name given at construction.
+    const std::string& name() const noexcept { return name_; }
+    // Workers, the caller included when use_caller.
+    std::size_t thread_count() const noexcept { return thread_count_; }
+
+    // The scheduler whose worker runs this code, else nullptr.
+    static Scheduler* current() noexcept;
+    // This thread's worker index in current(), else -1.
+    static int worker_index() noexcept;
+
+    // Receives every exception that escapes a task. Default: print it and std::terminate().
+    void set_exception_handler(std::function<void(std::exception_ptr)> handler);
+
+private:
+    friend class detail::SchedulerCore;
+
+    template <class FiberOrCb>
+    static ScheduleTask make_task(FiberOrCb&& fc, int thread) {
+        using T = std::decay_t<FiberOrCb>;
+        ScheduleTask task;
+        if constexpr (std::is_same_v<T, ScheduleTask>) {
+            task = std::forward<FiberOrCb>(fc);
+            if (thread != -1) task.thread = thread;
+        } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
+            task.fiber = std::forward<FiberOrCb>(fc);
+            task.thread = thread;
+        } else {
+            static_assert(std::is_convertible_v<T, std::function<void()>>,
+                          "schedule(): expects a Fiber::ptr, a callable void() or a ScheduleTask");
+            task.cb = std::forward<FiberOrCb>(fc);
+            task.thread = thread;
+        }
+        return task;
+    }
+
+    void submit(ScheduleTask task);
+    void submit_batch(std::vector<ScheduleTask>& tasks);
+
+    std::string name_;
+    std::size_t thread_count_;
+    std::unique_ptr<detail::SchedulerCore> core_;
+};
+
+namespace detail {
+// Parks the running scheduler task fiber. Once it has fully switched out, on_parked(fiber,
+// arg) runs on the worker; the fiber runs again after someone passes it to wake().
+// Precondition: in_scheduler_task().
+void park(void (*on_parked)(Fiber*, void*), void* arg);
+// Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
+void wake(Fiber::ptr fiber);
+// True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
+bool in_scheduler_task() noexcept;
+void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
+}  // namespace detail
+
+namespace this_fiber {
+
+// In a scheduler task: go to the back of the queue and run again soon (Tars yield(true)).
+// Elsewhere: std::this_thread::yield().
+void yield();
+
+// In a scheduler task: park for `d`, freeing the worker (Tars sleep). Elsewhere: sleep the thread.
+template <class Rep, class Period>
+void sleep_for(const std::chrono::duration<Rep, Period>& d) {
+    using std::chrono::steady_clock;
+    const auto now = steady_clock::now();
+    if (d <= d.zero()) return detail::sleep_until_steady(now);
+    // Saturate instead of overflowing for durations like hours::max().
+    const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
+    detail::sleep_until_steady(std::chrono::duration<double>(d) >= room
+                                   ? steady_clock::time_point::max()
+                                   : now + std::chrono::duration_cast<steady_clock::duration>(d));
+}
+
+// sleep_for(t - Clock::now()).
+template <class Clock, class Duration>
+void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
+    if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+        detail::sleep_until_steady(std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t));
+    } else {
+        sleep_for(t - Clock::now());
+    }
+}
+
+// Fiber::current()->id(); 0 outside fibers.
+std::uint64_t id();
+
+}  // namespace this_fiber
+}  // namespace fsched
