@@ -1,0 +1,593 @@
+// Scheduler: the API of ../shared/API.md at 1, 2, 4 and 8 workers, use_caller on and off.
+#include "fiber_sched.hpp"
+#include "helpers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+
+using fsched::Fiber;
+using fsched::ScheduleTask;
+using fsched::Scheduler;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Config {
+    std::size_t threads;
+    bool use_caller;
+};
+
+std::vector<Config> all_configs() {
+    std::vector<Config> configs;
+    for (std::size_t threads : {1u, 2u, 4u, 8u}) {
+        for (bool use_caller : {true, false}) configs.push_back({threads, use_caller});
+    }
+    return configs;
+}
+
+// Runs `body` once per configuration, each in its own doctest subcase.
+template <class Body>
+void for_each_config(Body&& body) {
+    for (const Config& c : all_configs()) {
+        SUBCASE((std::to_string(c.threads) + (c.use_caller ? " workers, use_caller" : " workers")).c_str()) {
+            body(c);
+        }
+    }
+}
+
+long thread_id() { return syscall(SYS_gettid); }
+
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+}  // namespace
+
+TEST_CASE("every scheduled callback runs exactly once") {
+    for_each_config([](Config c) {
+        constexpr int tasks = 2000;
+        std::vector<std::atomic<int>> runs(tasks);
+        Scheduler s(c.threads, c.use_caller, "once");
+        s.start();
+        for (int i = 0; i < tasks; ++i) s.schedule([&runs, i] { runs[static_cast<std::size_t>(i)]++; });
+        s.stop();
+        int wrong = 0;
+        for (auto& r : runs) wrong += r.load() != 1;
+        CHECK(wrong == 0);
+    });
+}
+
+TEST_CASE("name, thread_count, current and worker_index") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller, "named");
+        CHECK(s.name() == "named");
+        CHECK(s.thread_count() == c.threads);
+        CHECK(Scheduler::current() == nullptr);
+        CHECK(Scheduler::worker_index() == -1);
+        std::mutex m;
+        std::set<int> indexes;
+        bool all_current = true;
+        s.start();
+        for (int i = 0; i < 200; ++i) {
+            s.schedule([&] {
+                std::lock_guard<std::mutex> lock(m);
+                all_current = all_current && Scheduler::current() == &s;
+                indexes.insert(Scheduler::worker_index());
+                CHECK(Fiber::current() != nullptr);
+            });
+        }
+        s.stop();
+        CHECK(all_current);
+        CHECK(!indexes.empty());
+        CHECK(*indexes.begin() >= 0);
+        CHECK(*indexes.rbegin() < static_cast<int>(c.threads));
+        CHECK(Scheduler::current() == nullptr);
+    });
+}
+
+TEST_CASE("tasks scheduled before start() run; with use_caller and 1 thread only inside stop()") {
+    std::atomic<int> count{0};
+    Scheduler s(1, true);
+    for (int i = 0; i < 10; ++i) s.schedule([&] { count++; });
+    s.start();  // no threads to start: the caller is the only worker
+    std::this_thread::sleep_for(10ms);
+    CHECK(count == 0);
+    s.stop();
+    CHECK(count == 10);
+}
+
+TEST_CASE("use_caller: the constructing thread is worker 0 and runs its tasks inside stop()") {
+    for (std::size_t threads : {1u, 2u, 4u}) {
+        const long caller = thread_id();
+        long ran_on = 0;
+        int index = -2;
+        Scheduler s(threads, true);
+        s.start();
+        s.schedule([&] {
+            ran_on = thread_id();
+            index = Scheduler::worker_index();
+        }, 0);
+        s.stop();
+        CHECK(ran_on == caller);
+        CHECK(index == 0);
+    }
+}
+
+TEST_CASE("pinned tasks run on their worker, also after yielding and sleeping") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        std::atomic<int> wrong{0};
+        std::atomic<int> done{0};
+        s.start();
+        for (int k = 0; k < static_cast<int>(c.threads); ++k) {
+            for (int j = 0; j < 5; ++j) {
+                s.schedule([&, k] {
+                    wrong += Scheduler::worker_index() != k;
+                    fsched::this_fiber::yield();
+                    wrong += Scheduler::worker_index() != k;
+                    fsched::this_fiber::sleep_for(1ms);
+                    wrong += Scheduler::worker_index() != k;
+                    done++;
+                }, k);
+            }
+        }
+        s.stop();
+        CHECK(wrong == 0);
+        CHECK(done == static_cast<int>(c.threads) * 5);
+    });
+}
+
+TEST_CASE("ScheduleTask and batches: fibers, callbacks and pins in one call") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        std::atomic<int> callbacks{0};
+        std::atomic<int> wrong_worker{0};
+        std::atomic<int> fiber_runs{0};
+        std::vector<ScheduleTask> batch;
+        for (int i = 0; i < 300; ++i) {
+            ScheduleTask t;
+            if (i % 3 == 0) {
+                t.fiber = std::make_shared<Fiber>([&] { fiber_runs++; });
+            } else {
+                const int pin = i % 2 == 0 ? i % static_cast<int>(c.threads) : -1;
+                t.cb = [&, pin] {
+                    callbacks++;
+                    if (pin >= 0 && Scheduler::worker_index() != pin) wrong_worker++;
+                };
+                t.thread = pin;
+            }
+            batch.push_back(std::move(t));
+        }
+        std::vector<std::function<void()>> plain(50, [&] { callbacks++; });
+        s.schedule(batch.begin(), batch.end());
+        s.start();
+        s.schedule(plain.begin(), plain.end());
+        s.schedule(ScheduleTask{nullptr, [&] { callbacks++; }, -1});
+        s.stop();
+        CHECK(fiber_runs == 100);
+        CHECK(callbacks == 200 + 50 + 1);
+        CHECK(wrong_worker == 0);
+    });
+}
+
+TEST_CASE("a fiber that calls Fiber::yield() leaves the scheduler; schedule(fiber) puts it back") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        std::atomic<int> step{0};
+        auto fiber = std::make_shared<Fiber>([&] {
+            step = 1;
+            Fiber::yield();  // Tars' yield(false): no automatic wake-up
+            step = 2;
+        });
+        std::atomic<int> step_seen_by_putter{0};
+        s.start();
+        s.schedule(fiber);
+        // Another task waits until the fiber's task is over, then puts it back (Tars' put).
+        s.schedule([&] {
+            while (fiber->state() != Fiber::State::Suspended) fsched::this_fiber::yield();
+            step_seen_by_putter = step.load();
+            Scheduler::current()->schedule(fiber);
+        });
+        s.stop();
+        CHECK(step_seen_by_putter == 1);
+        CHECK(step == 2);
+        CHECK(fiber->state() == Fiber::State::Term);
+    });
+}
+
+TEST_CASE("schedule() of a fiber still switching out resumes it exactly once, after the switch") {
+    for (std::size_t threads : {1u, 2u, 4u}) {
+        Scheduler s(threads, false);
+        constexpr int fibers = 300;
+        std::vector<std::atomic<int>> resumed(fibers);
+        std::mutex published_mutex;
+        std::vector<Fiber*> published;
+        std::vector<Fiber::ptr> all;
+        for (int i = 0; i < fibers; ++i) {
+            all.push_back(std::make_shared<Fiber>([&, i] {
+                {
+                    std::lock_guard<std::mutex> lock(published_mutex);
+                    published.push_back(Fiber::current());
+                }
+                // Linger so that the putter's schedule() often lands while this fiber is
+                // still running or switching out, and another worker tries to resume it.
+                const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(i % 4 * 40);
+                while (std::chrono::steady_clock::now() < until) {
+                }
+                Fiber::yield();  // another thread schedules us as soon as it sees the pointer
+                resumed[static_cast<std::size_t>(i)]++;
+            }));
+        }
+        s.start();
+        std::thread putter([&] {
+            for (int put = 0; put < fibers;) {
+                Fiber* f = nullptr;
+                {
+                    std::lock_guard<std::mutex> lock(published_mutex);
+                    if (!published.empty()) {
+                        f = published.back();
+                        published.pop_back();
+                    }
+                }
+                if (!f) continue;
+                s.schedule(f->shared_from_this());
+                ++put;
+            }
+        });
+        for (auto& f : all) s.schedule(f);
+        putter.join();
+        s.stop();
+        int wrong = 0;
+        for (int i = 0; i < fibers; ++i) wrong += resumed[static_cast<std::size_t>(i)] != 1;
+        CHECK(wrong == 0);
+        for (auto& f : all) CHECK(f->state() == Fiber::State::Term);
+    }
+}
+
+TEST_CASE("a fiber that schedules itself and then yields is resumed exactly once") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        constexpr int fibers = 200;
+        constexpr int rounds = 5;
+        std::vector<std::atomic<int>> resumed(fibers);
+        s.start();
+        for (int i = 0; i < fibers; ++i) {
+            s.schedule(std::make_shared<Fiber>([&, i] {
+                for (int r = 0; r < rounds; ++r) {
+                    // Put ourselves back while still running (Tars' put + yield(false)); an
+                    // idle worker may pick the task up before the switch-out completes.
+                    Scheduler::current()->schedule(Fiber::current_ptr());
+                    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(i % 3 * 20);
+                    while (std::chrono::steady_clock::now() < until) {
+                    }
+                    Fiber::yield();
+                    resumed[static_cast<std::size_t>(i)]++;
+                }
+            }));
+        }
+        s.stop();
+        int wrong = 0;
+        for (auto& r : resumed) wrong += r.load() != rounds;
+        CHECK(wrong == 0);
+    });
+}
+
+TEST_CASE("this_fiber::yield goes to the back of the queue") {
+    Scheduler s(1, false);
+    std::vector<std::string> log;
+    for (const char* name : {"a", "b"}) {
+        s.schedule([&log, name] {
+            for (int i = 1; i <= 3; ++i) {
+                log.push_back(std::string(name) + std::to_string(i));
+                fsched::this_fiber::yield();
+            }
+        });
+    }
+    s.start();
+    s.stop();
+    CHECK(log == std::vector<std::string>{"a1", "b1", "a2", "b2", "a3", "b3"});
+}
+
+TEST_CASE("sleeping fibers wake in deadline order, not before their deadline") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        std::mutex m;
+        std::vector<int> order;
+        std::atomic<int> early{0};
+        s.start();
+        for (int ms : {30, 10, 20}) {
+            s.schedule([&, ms] {
+                const auto start = std::chrono::steady_clock::now();
+                fsched::this_fiber::sleep_for(std::chrono::milliseconds(ms));
+                if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(ms)) early++;
+                std::lock_guard<std::mutex> lock(m);
+                order.push_back(ms);
+            }, 0);
+        }
+        s.stop();
+        CHECK(early == 0);
+        CHECK(order == std::vector<int>{10, 20, 30});
+    });
+}
+
+TEST_CASE("a sleeping scheduler wakes at the next deadline, not later") {
+    for (bool use_caller : {true, false}) {
+        Scheduler s(2, use_caller);
+        std::vector<double> lateness_ms;
+        s.start();
+        s.schedule([&] {
+            for (int i = 0; i < 10; ++i) {
+                const auto deadline = std::chrono::steady_clock::now() + 5ms;
+                fsched::this_fiber::sleep_until(deadline);
+                lateness_ms.push_back(
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - deadline).count());
+            }
+        });
+        s.stop();
+        std::sort(lateness_ms.begin(), lateness_ms.end());
+        CHECK(lateness_ms.front() >= 0.0);
+        // Median: a worker sleeping in the kernel wakes within a few milliseconds of the deadline.
+        CHECK(lateness_ms[lateness_ms.size() / 2] < 20.0);
+    }
+}
+
+TEST_CASE("sleep_until with system_clock and sleep_for with odd durations") {
+    Scheduler s(2, false);
+    std::atomic<int> done{0};
+    s.start();
+    s.schedule([&] {
+        fsched::this_fiber::sleep_until(std::chrono::system_clock::now() + 2ms);
+        fsched::this_fiber::sleep_for(std::chrono::duration<double, std::milli>(1.5));
+        fsched::this_fiber::sleep_for(-5ms);  // in the past: returns soon
+        fsched::this_fiber::sleep_for(0s);
+        done++;
+    });
+    s.stop();
+    CHECK(done == 1);
+}
+
+TEST_CASE("outside scheduler tasks this_fiber yields and sleeps the thread") {
+    CHECK(fsched::this_fiber::id() == 0);
+    fsched::this_fiber::yield();
+    auto start = std::chrono::steady_clock::now();
+    fsched::this_fiber::sleep_for(5ms);
+    CHECK(std::chrono::steady_clock::now() - start >= 5ms);
+
+    // A hand-resumed fiber is not a scheduler task: its sleep blocks the thread and it
+    // stays Running throughout.
+    std::uint64_t seen_id = 0;
+    Fiber fiber([&] {
+        seen_id = fsched::this_fiber::id();
+        fsched::this_fiber::sleep_for(2ms);
+        fsched::this_fiber::yield();
+    });
+    fiber.resume();
+    CHECK(fiber.state() == Fiber::State::Term);
+    CHECK(seen_id == fiber.id());
+
+    // The use_caller thread outside stop() is a plain thread too.
+    Scheduler s(2, true);
+    s.start();
+    start = std::chrono::steady_clock::now();
+    fsched::this_fiber::sleep_for(2ms);
+    CHECK(std::chrono::steady_clock::now() - start >= 2ms);
+    s.stop();
+}
+
+TEST_CASE("stop() waits for queued, sleeping, parked and newly scheduled work") {
+    for_each_config([](Config c) {
+        std::atomic<int> done{0};
+        {
+            Scheduler s(c.threads, c.use_caller);
+            s.start();
+            for (int i = 0; i < 20; ++i) {
+                s.schedule([&] {
+                    fsched::this_fiber::sleep_for(5ms);
+                    // Work scheduled by a task while stop() runs.
+                    Scheduler::current()->schedule([&] {
+                        fsched::this_fiber::sleep_for(2ms);
+                        done++;
+                    });
+                    done++;
+                });
+            }
+            s.stop();
+            CHECK(done == 40);
+            s.stop();  // twice is harmless
+            CHECK(done == 40);
+        }
+        // The destructor stops a scheduler that was never stopped (or even started).
+        {
+            Scheduler s(c.threads, c.use_caller);
+            s.schedule([&] { done++; });
+        }
+        CHECK(done == 41);
+    });
+}
+
+TEST_CASE("exceptions escaping tasks go to the exception handler") {
+    for_each_config([](Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        std::mutex m;
+        std::vector<std::string> messages;
+        s.set_exception_handler([&](std::exception_ptr e) {
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& ex) {
+                std::lock_guard<std::mutex> lock(m);
+                messages.push_back(ex.what());
+            }
+        });
+        std::atomic<int> after{0};
+        s.start();
+        s.schedule([] { throw std::runtime_error("from a callback"); });
+        s.schedule(std::make_shared<Fiber>([] {
+            fsched::this_fiber::yield();
+            throw std::logic_error("from a fiber");
+        }));
+        s.schedule([&] { after++; });
+        s.stop();
+        std::sort(messages.begin(), messages.end());
+        CHECK(messages == std::vector<std::string>{"from a callback", "from a fiber"});
+        CHECK(after == 1);
+    });
+}
+
+TEST_CASE("the default exception handler prints the exception and terminates") {
+    test::ChildResult r = test::run_in_child([] {
+        Scheduler s(2, false, "loud");
+        s.schedule([] { throw std::runtime_error("unhandled in a task"); });
+        s.stop();
+    });
+    CHECK(r.signaled);
+    CHECK(r.signal == SIGABRT);
+    CHECK(r.err.find("unhandled in a task") != std::string::npos);
+    CHECK(r.err.find("loud") != std::string::npos);
+}
+
+TEST_CASE("Fiber::current, Scheduler::current and worker_index stay right as a fiber changes threads") {
+    for (std::size_t threads : {2u, 4u, 8u}) {
+        Scheduler s(threads, false);
+        // Learn which thread is which worker with pinned probes.
+        std::mutex m;
+        std::map<long, int> worker_of_thread;
+        s.start();
+        for (int k = 0; k < static_cast<int>(threads); ++k) {
+            s.schedule([&, k] {
+                std::lock_guard<std::mutex> lock(m);
+                worker_of_thread[thread_id()] = k;
+            }, k);
+        }
+        while (true) {
+            std::this_thread::sleep_for(1ms);
+            std::lock_guard<std::mutex> lock(m);
+            if (worker_of_thread.size() == threads) break;
+        }
+        std::atomic<int> wrong{0};
+        std::atomic<int> moves{0};
+        for (int f = 0; f < 16; ++f) {
+            s.schedule([&] {
+                Fiber* self = Fiber::current();
+                long last = thread_id();
+                for (int i = 0; i < 200; ++i) {
+                    fsched::this_fiber::yield();
+                    const long now = thread_id();
+                    moves += now != last;
+                    last = now;
+                    int expected;
+                    {
+                        std::lock_guard<std::mutex> lock(m);
+                        expected = worker_of_thread.at(now);
+                    }
+                    wrong += Fiber::current() != self;
+                    wrong += Scheduler::current() != &s;
+                    wrong += Scheduler::worker_index() != expected;
+                }
+            });
+        }
+        s.stop();
+        CHECK(wrong == 0);
+        INFO("thread changes seen: " << moves.load());
+        CHECK(moves > 0);  // the test is only meaningful if fibers really moved
+    }
+}
+
+TEST_CASE("an idle scheduler uses no CPU") {
+    for (bool use_caller : {false, true}) {
+        Scheduler s(2, use_caller);
+        s.start();
+        std::atomic<int> done{0};
+        s.schedule([&] { done++; });
+        while (done == 0) std::this_thread::sleep_for(1ms);
+        const double before = process_cpu_seconds();
+        std::this_thread::sleep_for(300ms);
+        const double used = process_cpu_seconds() - before;
+        INFO("CPU seconds used while idle for 0.3 s: " << used);
+        CHECK(used < 0.03);  // a busy-waiting idle (sylar's) would use 0.3-0.6 s here
+        s.stop();
+    }
+}
+
+TEST_CASE("new work wakes a sleeping worker promptly") {
+    Scheduler s(2, false);
+    s.start();
+    std::vector<double> latency_ms;
+    for (int i = 0; i < 20; ++i) {
+        std::this_thread::sleep_for(2ms);  // let the workers fall asleep
+        std::atomic<bool> ran{false};
+        const auto start = std::chrono::steady_clock::now();
+        s.schedule([&] { ran = true; });
+        while (!ran) std::this_thread::yield();
+        latency_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    s.stop();
+    std::sort(latency_ms.begin(), latency_ms.end());
+    INFO("median wake-up latency " << latency_ms[latency_ms.size() / 2] << " ms");
+    CHECK(latency_ms[latency_ms.size() / 2] < 10.0);
+}
+
+TEST_CASE("misuse of the Scheduler is a FIBER_SCHED_ASSERT naming the rule") {
+    SUBCASE("stop() from another thread with use_caller") {
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(2, true);
+            std::thread other([&] { s.stop(); });
+            other.join();
+        }, "stop(): with use_caller, call stop() from the thread that constructed the scheduler");
+    }
+    SUBCASE("stop() from one of its own tasks") {
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(2, false);
+            s.schedule([&] { s.stop(); });
+            s.stop();
+        }, "stop(): called from inside one of the scheduler's own tasks");
+    }
+    SUBCASE("a worker index out of range") {
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(2, false);
+            s.schedule([] {}, 2);
+        }, "schedule(): thread index out of range");
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(2, false);
+            s.schedule([] {}, -2);
+        }, "schedule(): thread index out of range");
+    }
+    SUBCASE("scheduling a terminated fiber") {
+        FSCHED_CHECK_ABORTS_WITH([] {
+            auto fiber = std::make_shared<Fiber>([] {});
+            fiber->resume();
+            Scheduler s(1, false);
+            s.schedule(fiber);
+        }, "schedule(): fiber has terminated");
+    }
+    SUBCASE("an empty task") {
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(1, false);
+            s.schedule(std::function<void()>{});
+        }, "schedule(): the task has neither a fiber nor a callback");
+    }
+    SUBCASE("zero threads") {
+        FSCHED_CHECK_ABORTS_WITH([] { Scheduler s(0, false); }, "Scheduler(): threads must be at least 1");
+    }
+    SUBCASE("scheduling after stop()") {
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(1, false);
+            s.stop();
+            s.schedule([] {});
+        }, "schedule(): scheduler has stopped");
+    }
+}
