@@ -480,26 +480,34 @@ TEST_CASE("Fiber::current, Scheduler::current and worker_index stay right as a f
         }
         std::atomic<int> wrong{0};
         std::atomic<int> moves{0};
-        for (int f = 0; f < 16; ++f) {
-            s.schedule([&] {
-                Fiber* self = Fiber::current();
-                long last = thread_id();
-                for (int i = 0; i < 200; ++i) {
-                    fsched::this_fiber::yield();
-                    const long now = thread_id();
-                    moves += now != last;
-                    last = now;
-                    int expected;
-                    {
-                        std::lock_guard<std::mutex> lock(m);
-                        expected = worker_of_thread.at(now);
+        // All fibers start in worker 0's queue; the other workers steal them (and the
+        // fibers they yield) so fibers do change threads between yields.
+        s.schedule([&] {
+            for (int f = 0; f < 16; ++f) {
+                Scheduler::current()->schedule([&] {
+                    Fiber* self = Fiber::current();
+                    long last = thread_id();
+                    for (int i = 0; i < 200; ++i) {
+                        if (i % 20 == 0) {
+                            fsched::this_fiber::sleep_for(100us);
+                        } else {
+                            fsched::this_fiber::yield();
+                        }
+                        const long now = thread_id();
+                        moves += now != last;
+                        last = now;
+                        int expected;
+                        {
+                            std::lock_guard<std::mutex> lock(m);
+                            expected = worker_of_thread.at(now);
+                        }
+                        wrong += Fiber::current() != self;
+                        wrong += Scheduler::current() != &s;
+                        wrong += Scheduler::worker_index() != expected;
                     }
-                    wrong += Fiber::current() != self;
-                    wrong += Scheduler::current() != &s;
-                    wrong += Scheduler::worker_index() != expected;
-                }
-            });
-        }
+                });
+            }
+        }, 0);
         s.stop();
         CHECK(wrong == 0);
         INFO("thread changes seen: " << moves.load());

@@ -12,11 +12,13 @@
 // earliest timer is due. New work wakes one sleeping worker, and only when no worker is
 // spinning already (a spinner will find it); pinned work wakes its own worker.
 //
-// The lost-wake-up argument: a worker going to sleep sets `sleeping` and increments
-// `sleepers` (seq_cst), then checks every queue once more; a submitter pushes (under the
-// queue lock), then issues a seq_cst fence and reads `spinning`/`sleepers`/`sleeping`.
-// Either the worker's re-check sees the task or the submitter sees the sleeper and wakes it.
-// The same pairing covers `outstanding` reaching zero during stop().
+// The lost-wake-up argument: a worker going to sleep sets `sleeping`, increments `sleepers`
+// and then checks every queue once more; a submitter pushes (under the queue lock), then
+// reads `sleepers` and `spinning` with read-modify-writes (fetch_add(0)). RMWs on one atomic
+// form a chain, so either the submitter's RMW comes later and sees the sleeper (and wakes
+// it), or the sleeper's RMW comes later and acquires the submitter's push, so its re-check
+// finds the task. (RMWs rather than a seq_cst fence: the argument is the same, and TSan
+// understands it.) `outstanding` reaching zero during stop() pairs the same way.
 //
 // Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
 // after_switch_); resume() runs the hook on the worker only after the switch is complete,
@@ -209,14 +211,14 @@ public:
 
     // Wakes whoever should take newly queued work; `count` tasks went to `target`.
     void after_push(Worker& target, bool pinned, std::size_t count) {
-        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (sleepers.fetch_add(0, std::memory_order_seq_cst) == 0) return;  // no one to wake
         if (wake(target)) {
             if (pinned || --count == 0) return;
         } else if (pinned) {
             return;  // its own worker is awake and will see it
         }
-        if (spinning.load(std::memory_order_seq_cst) > 0) return;
-        for (std::size_t i = 0; count > 0 && sleepers.load(std::memory_order_seq_cst) > 0 && i < workers.size(); ++i) {
+        if (spinning.fetch_add(0, std::memory_order_seq_cst) > 0) return;  // a spinner will find it
+        for (std::size_t i = 0; count > 0 && i < workers.size(); ++i) {
             if (wake(*workers[i])) --count;
         }
     }
@@ -224,8 +226,7 @@ public:
     // Wakes `w` if it sleeps; true if this call claimed that.
     bool wake(Worker& w) {
         bool expected = true;
-        if (!w.sleeping.load(std::memory_order_seq_cst) ||
-            !w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
+        if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
             return false;
         }
         sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -344,8 +345,10 @@ inline bool Worker::find_task(ScheduleTask& out) {
     fire_due_timers();
     if (pop(out)) return true;
     const std::size_t n = core.workers.size();
-    for (std::size_t i = 1; i < n; ++i) {
-        Worker& victim = *core.workers[(index + steal_start + i) % n];
+    // Every other worker once, starting somewhere new each time a steal succeeds.
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+        const std::size_t offset = 1 + (steal_start + i) % (n - 1);
+        Worker& victim = *core.workers[(static_cast<std::size_t>(index) + offset) % n];
         if (victim.steal_into(*this, out)) {
             ++steal_start;
             return true;
