@@ -59,12 +59,17 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -510,6 +515,354 @@ std::uint64_t id();
 }  // namespace this_fiber
 }  // namespace fsched
 // ---- end src/scheduler.hpp ----
+// ---- begin src/sync.hpp ----
+// ---------------------------------------------------------------------------
+// Fiber-aware synchronisation: Mutex, ConditionVariable, WaitGroup, Channel<T>.
+//
+// Blocking parks a scheduler task fiber and frees its worker; anywhere else (a plain
+// thread, a hand-resumed fiber, the use_caller thread outside stop()) it blocks the thread.
+// Each object keeps its waiters in a FIFO list under a small spin lock. A fiber adds itself
+// to the list and parks; the spin lock is released by the park's after-switch hook, on the
+// worker, so a notifier (who must take that lock) can only wake a fiber that has fully
+// switched out. A waiter is woken once: notifier and timeout race on its status with a CAS.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// A lock for a few instructions of bookkeeping; never held across a park or a syscall
+// (the park hook releases it after the switch).
+class SpinLock {
+public:
+    void lock() noexcept {
+        // Acquire pairs with unlock()'s release: the list and counters it guards.
+        while (locked_.exchange(true, std::memory_order_acquire)) {
+            for (int spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
+                if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+                    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+                    __asm__ volatile("yield");
+#endif
+                } else {
+                    std::this_thread::yield();
+                }
+            }
+        }
+    }
+    bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+    std::atomic<bool> locked_{false};
+};
+
+enum WaitStatus : int { waiting = 0, notified = 1, timed_out = 2 };
+
+// How one blocked fiber or thread is woken.
+struct WaitState {
+    // waiting -> notified (a notifier's CAS) or waiting -> timed_out (the timer's or the
+    // waiting thread's CAS); acq_rel: the winner's writes (a handed-over value) are seen.
+    std::atomic<int> status{waiting};
+    Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
+    struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
+};
+
+// A blocked thread sleeps on this, on its own stack.
+struct ThreadSignal {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool set = false;
+};
+
+// A node in a wait list, on the waiter's stack.
+struct Waiter {
+    Waiter() noexcept : state(&local) {}
+    Waiter(const Waiter&) = delete;
+    Waiter& operator=(const Waiter&) = delete;
+
+    Waiter* prev = nullptr;
+    Waiter* next = nullptr;
+    bool linked = false;               // in a list; under the owning object's lock
+    WaitState* state;                  // the stack's own `local`, or a shared one (timed waits)
+    WaitState local;
+    std::shared_ptr<WaitState> shared; // keeps a timed fiber wait's state alive for its timer
+    const void* owner = nullptr;       // Mutex: who will own it after a hand-off
+    void* slot = nullptr;              // Channel: where the value comes from or goes to
+    bool ok = false;                   // Channel: the transfer happened (false: closed)
+};
+
+// FIFO of waiters; the owning object's lock guards it.
+class WaitList {
+public:
+    bool empty() const noexcept { return head_ == nullptr; }
+    void push_back(Waiter* w) noexcept {
+        w->prev = tail_;
+        w->next = nullptr;
+        (tail_ ? tail_->next : head_) = w;
+        tail_ = w;
+        w->linked = true;
+    }
+    Waiter* pop_front() noexcept {
+        Waiter* w = head_;
+        if (w) remove(w);
+        return w;
+    }
+    void remove(Waiter* w) noexcept {
+        (w->prev ? w->prev->next : head_) = w->next;
+        (w->next ? w->next->prev : tail_) = w->prev;
+        w->prev = w->next = nullptr;
+        w->linked = false;
+    }
+
+private:
+    Waiter* head_ = nullptr;
+    Waiter* tail_ = nullptr;
+};
+
+// Blocks the caller, whose Waiter `w` is already in a list guarded by `lock` (held), until
+// it is notified (true) or `deadline` passes (false; it is then unlinked). Releases `lock`.
+bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline);
+// Claims a waiter taken off its list; false if it already timed out. Call under the lock.
+inline bool claim(Waiter& w) noexcept {
+    int expected = waiting;
+    return w.state->status.compare_exchange_strong(expected, notified, std::memory_order_acq_rel);
+}
+// Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
+void wake_claimed(Waiter& w);
+
+// Who is asking: the running fiber, or the thread.
+inline const void* caller_identity() noexcept {
+    if (Fiber* f = Fiber::current()) return f;
+    return thread_state();
+}
+
+}  // namespace detail
+
+// A mutual-exclusion lock for fibers and threads; works with std::lock_guard/unique_lock.
+// Waiters get the lock in arrival order (it is handed to the next waiter on unlock).
+class Mutex {
+public:
+    Mutex() = default;
+    // Precondition: not locked.
+    ~Mutex();
+    Mutex(const Mutex&) = delete;
+    Mutex& operator=(const Mutex&) = delete;
+
+    // Blocks (parks a fiber) until the lock is acquired. Not recursive.
+    void lock();
+    // Acquires the lock if it is free; never blocks.
+    bool try_lock();
+    // Releases the lock. Precondition: held by the calling fiber (or thread).
+    void unlock();
+
+private:
+    detail::SpinLock lock_;
+    bool locked_ = false;
+    const void* owner_ = nullptr;  // a Fiber* or a thread's ThreadState*
+    detail::WaitList waiters_;
+};
+
+// A condition variable over std::unique_lock<Mutex>, like std::condition_variable.
+class ConditionVariable {
+public:
+    ConditionVariable() = default;
+    ~ConditionVariable() = default;
+    ConditionVariable(const ConditionVariable&) = delete;
+    ConditionVariable& operator=(const ConditionVariable&) = delete;
+
+    // Wakes the longest waiter, if any.
+    void notify_one();
+    // Wakes every waiter.
+    void notify_all();
+
+    // Unlocks `lock`, waits for a notify, relocks. Precondition: lock owns its mutex.
+    void wait(std::unique_lock<Mutex>& lock);
+    // Waits until pred() holds.
+    template <class Predicate>
+    void wait(std::unique_lock<Mutex>& lock, Predicate pred) {
+        while (!pred()) wait(lock);
+    }
+    // As wait(), but gives up at `t`: std::cv_status::timeout then.
+    template <class Clock, class Duration>
+    std::cv_status wait_until(std::unique_lock<Mutex>& lock, const std::chrono::time_point<Clock, Duration>& t) {
+        return wait_until_steady(lock, to_steady(t));
+    }
+    // Waits until pred() holds or `t` passes; returns pred().
+    template <class Clock, class Duration, class Predicate>
+    bool wait_until(std::unique_lock<Mutex>& lock, const std::chrono::time_point<Clock, Duration>& t, Predicate pred) {
+        while (!pred()) {
+            if (wait_until(lock, t) == std::cv_status::timeout) return pred();
+        }
+        return true;
+    }
+    // wait_until(lock, now + d).
+    template <class Rep, class Period>
+    std::cv_status wait_for(std::unique_lock<Mutex>& lock, const std::chrono::duration<Rep, Period>& d) {
+        return wait_until_steady(lock, deadline_after(d));
+    }
+    template <class Rep, class Period, class Predicate>
+    bool wait_for(std::unique_lock<Mutex>& lock, const std::chrono::duration<Rep, Period>& d, Predicate pred) {
+        return wait_until(lock, deadline_after(d), std::move(pred));
+    }
+
+private:
+    template <class Rep, class Period>
+    static std::chrono::steady_clock::time_point deadline_after(const std::chrono::duration<Rep, Period>& d) {
+        using std::chrono::steady_clock;
+        const auto now = steady_clock::now();
+        if (d <= d.zero()) return now;
+        const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
+        return std::chrono::duration<double>(d) >= room ? steady_clock::time_point::max()
+                                                        : now + std::chrono::duration_cast<steady_clock::duration>(d);
+    }
+    template <class Clock, class Duration>
+    static std::chrono::steady_clock::time_point to_steady(const std::chrono::time_point<Clock, Duration>& t) {
+        if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+            return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
+        } else {
+            return deadline_after(t - Clock::now());
+        }
+    }
+    std::cv_status wait_until_steady(std::unique_lock<Mutex>& lock, std::chrono::steady_clock::time_point deadline);
+
+    detail::SpinLock lock_;
+    detail::WaitList waiters_;
+};
+
+// Go's sync.WaitGroup: wait() blocks until the counter, moved by add() and done(), is zero.
+class WaitGroup {
+public:
+    // Starts the counter at `initial` (>= 0).
+    explicit WaitGroup(std::int64_t initial = 0);
+    WaitGroup(const WaitGroup&) = delete;
+    WaitGroup& operator=(const WaitGroup&) = delete;
+
+    // Adds n (may be negative); waking the waiters when it reaches zero. The counter must
+    // not go below zero.
+    void add(std::int64_t n = 1);
+    // add(-1).
+    void done() { add(-1); }
+    // Blocks until the counter is zero.
+    void wait();
+
+private:
+    detail::SpinLock lock_;
+    std::int64_t count_ = 0;
+    detail::WaitList waiters_;
+};
+
+// A typed FIFO channel, Go style. Capacity 0: every send meets a receive (rendezvous).
+// Senders and receivers are served in arrival order.
+template <class T>
+class Channel {
+public:
+    // A channel that buffers up to `capacity` values.
+    explicit Channel(std::size_t capacity = 0) : capacity_(capacity) {}
+    Channel(const Channel&) = delete;
+    Channel& operator=(const Channel&) = delete;
+    ~Channel() = default;
+
+    // Sends `value`, blocking while the buffer is full (or, unbuffered, until a receiver
+    // takes it). Returns false, dropping the value, once the channel is closed.
+    bool send(T value) {
+        lock_.lock();
+        if (closed_) {
+            lock_.unlock();
+            return false;
+        }
+        while (detail::Waiter* receiver = receivers_.pop_front()) {
+            if (!detail::claim(*receiver)) continue;
+            *static_cast<std::optional<T>*>(receiver->slot) = std::move(value);
+            receiver->ok = true;
+            lock_.unlock();
+            detail::wake_claimed(*receiver);
+            return true;
+        }
+        if (buffer_.size() < capacity_) {
+            buffer_.push_back(std::move(value));
+            lock_.unlock();
+            return true;
+        }
+        detail::Waiter self;
+        self.slot = &value;
+        senders_.push_back(&self);
+        detail::block(lock_, senders_, self, nullptr);
+        return self.ok;
+    }
+
+    // Receives the oldest value, blocking while there is none. Returns std::nullopt once
+    // the channel is closed and drained.
+    std::optional<T> receive() {
+        lock_.lock();
+        if (!buffer_.empty()) {
+            std::optional<T> value(std::move(buffer_.front()));
+            buffer_.pop_front();
+            // A sender blocked on a full buffer moves its value in behind.
+            detail::Waiter* sender = pop_claimed(senders_);
+            if (sender) {
+                buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
+                sender->ok = true;
+            }
+            lock_.unlock();
+            if (sender) detail::wake_claimed(*sender);
+            return value;
+        }
+        if (detail::Waiter* sender = pop_claimed(senders_)) {
+            std::optional<T> value(std::move(*static_cast<T*>(sender->slot)));
+            sender->ok = true;
+            lock_.unlock();
+            detail::wake_claimed(*sender);
+            return value;
+        }
+        if (closed_) {
+            lock_.unlock();
+            return std::nullopt;
+        }
+        std::optional<T> slot;
+        detail::Waiter self;
+        self.slot = &slot;
+        receivers_.push_back(&self);
+        detail::block(lock_, receivers_, self, nullptr);
+        return slot;
+    }
+
+    // Closes the channel: later sends fail; receives drain the buffer, then get nullopt.
+    // Wakes every blocked sender (false) and receiver (nullopt). Closing twice is harmless.
+    void close() {
+        std::vector<detail::Waiter*> woken;
+        lock_.lock();
+        closed_ = true;
+        for (detail::WaitList* list : {&senders_, &receivers_}) {
+            while (detail::Waiter* w = list->pop_front()) {
+                if (detail::claim(*w)) woken.push_back(w);
+            }
+        }
+        lock_.unlock();
+        for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+    }
+
+    // The capacity given at construction.
+    std::size_t capacity() const noexcept { return capacity_; }
+
+private:
+    static detail::Waiter* pop_claimed(detail::WaitList& list) {
+        while (detail::Waiter* w = list.pop_front()) {
+            if (detail::claim(*w)) return w;
+        }
+        return nullptr;
+    }
+
+    detail::SpinLock lock_;
+    std::deque<T> buffer_;
+    const std::size_t capacity_;
+    bool closed_ = false;
+    detail::WaitList senders_;
+    detail::WaitList receivers_;
+};
+
+}  // namespace fsched
+// ---- end src/sync.hpp ----
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -1525,7 +1878,9 @@ namespace detail {
 struct Timer {
     std::chrono::steady_clock::time_point deadline;
     std::uint64_t sequence;  // FIFO among equal deadlines
-    Fiber::ptr fiber;
+    Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
+    // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
+    std::shared_ptr<WaitState> wait;
     bool operator>(const Timer& other) const noexcept {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
@@ -1822,8 +2177,15 @@ inline void Worker::fire_due_timers() {
     if (timers.empty()) return;
     const auto now = std::chrono::steady_clock::now();
     while (!timers.empty() && timers.top().deadline <= now) {
-        Fiber::ptr fiber = std::move(const_cast<Timer&>(timers.top()).fiber);
+        Timer& top = const_cast<Timer&>(timers.top());  // popped right below
+        Fiber::ptr fiber = std::move(top.fiber);
+        std::shared_ptr<WaitState> wait = std::move(top.wait);
         timers.pop();
+        if (wait) {
+            int expected = waiting;
+            if (!wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
+            fiber = std::move(wait->fiber);
+        }
         wake(std::move(fiber));
     }
 }
@@ -1915,7 +2277,7 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
         // On the worker the fiber parked from; only that worker touches its heap.
         Worker* worker = thread_state()->worker;
         worker->timers.push(Timer{*static_cast<std::chrono::steady_clock::time_point*>(arg),
-                                  worker->timer_sequence++, fiber->shared_from_this()});
+                                  worker->timer_sequence++, fiber->shared_from_this(), nullptr});
     }, &deadline);
 }
 
@@ -2039,6 +2401,203 @@ std::uint64_t id() {
 }  // namespace this_fiber
 }  // namespace fsched
 // ---- end src/impl/scheduler.ipp ----
+// ---- begin src/impl/sync.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: blocking and waking for the synchronisation primitives.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+namespace {
+
+struct ParkArgs {
+    SpinLock* lock;
+    const std::chrono::steady_clock::time_point* deadline;
+    std::shared_ptr<WaitState>* shared;
+};
+
+void release_after_park(Fiber*, void* arg) {
+    auto* args = static_cast<ParkArgs*>(arg);
+    if (args->deadline) {
+        // On the worker the fiber parked from; only that worker touches its timer heap.
+        Worker* worker = thread_state()->worker;
+        worker->timers.push(Timer{*args->deadline, worker->timer_sequence++, nullptr, *args->shared});
+    }
+    args->lock->unlock();  // only now may a notifier find and wake the fiber
+}
+
+}  // namespace
+
+bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+    if (in_scheduler_task()) {
+        if (deadline) {
+            // The timer may outlive this frame: the state it races for lives on the heap.
+            w.shared = std::make_shared<WaitState>();
+            w.state = w.shared.get();
+        }
+        w.state->fiber = Fiber::current_ptr();
+        ParkArgs args{&lock, deadline, &w.shared};
+        park(&release_after_park, &args);
+        if (w.state->status.load(std::memory_order_acquire) == notified) return true;
+        std::lock_guard<SpinLock> guard(lock);
+        if (w.linked) list.remove(&w);
+        return false;
+    }
+    ThreadSignal signal;
+    w.state->thread = &signal;
+    lock.unlock();
+    std::unique_lock<std::mutex> signal_lock(signal.mutex);
+    if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
+        int expected = waiting;
+        if (w.state->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) {
+            signal_lock.unlock();
+            std::lock_guard<SpinLock> guard(lock);
+            if (w.linked) list.remove(&w);
+            return false;
+        }
+        // A notifier claimed us just as the deadline passed: take its signal.
+    }
+    signal.cv.wait(signal_lock, [&] { return signal.set; });
+    return true;
+}
+
+void wake_claimed(Waiter& w) {
+    WaitState& state = *w.state;
+    if (state.fiber) {
+        wake(std::move(state.fiber));
+        return;
+    }
+    ThreadSignal& signal = *state.thread;
+    // Notify under the lock: the waiter may return, destroying `signal`, once it sees `set`.
+    std::lock_guard<std::mutex> guard(signal.mutex);
+    signal.set = true;
+    signal.cv.notify_one();
+}
+
+}  // namespace detail
+
+Mutex::~Mutex() { FIBER_SCHED_ASSERT(!locked_ && "~Mutex(): the mutex is still locked"); }
+
+void Mutex::lock() {
+    const void* me = detail::caller_identity();
+    lock_.lock();
+    if (!locked_) {
+        locked_ = true;
+        owner_ = me;
+        lock_.unlock();
+        return;
+    }
+    FIBER_SCHED_ASSERT(owner_ != me && "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
+    detail::Waiter self;
+    self.owner = me;
+    waiters_.push_back(&self);
+    detail::block(lock_, waiters_, self, nullptr);
+    // unlock() handed the mutex to us: locked_ stayed true and owner_ is `me`.
+}
+
+bool Mutex::try_lock() {
+    const void* me = detail::caller_identity();
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    if (locked_) return false;
+    locked_ = true;
+    owner_ = me;
+    return true;
+}
+
+void Mutex::unlock() {
+    const void* me = detail::caller_identity();
+    lock_.lock();
+    FIBER_SCHED_ASSERT(locked_ && owner_ == me && "Mutex::unlock(): the mutex is not held by the caller");
+    // Hand the lock to the longest waiter, so no waiter can be overtaken forever.
+    while (detail::Waiter* next = waiters_.pop_front()) {
+        if (!detail::claim(*next)) continue;
+        owner_ = next->owner;
+        lock_.unlock();
+        detail::wake_claimed(*next);
+        return;
+    }
+    locked_ = false;
+    owner_ = nullptr;
+    lock_.unlock();
+}
+
+void ConditionVariable::notify_one() {
+    lock_.lock();
+    while (detail::Waiter* w = waiters_.pop_front()) {
+        if (!detail::claim(*w)) continue;
+        lock_.unlock();
+        detail::wake_claimed(*w);
+        return;
+    }
+    lock_.unlock();
+}
+
+void ConditionVariable::notify_all() {
+    std::vector<detail::Waiter*> woken;
+    lock_.lock();
+    while (detail::Waiter* w = waiters_.pop_front()) {
+        if (detail::claim(*w)) woken.push_back(w);
+    }
+    lock_.unlock();
+    for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+}
+
+void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
+    FIBER_SCHED_ASSERT(lock.owns_lock() && "ConditionVariable::wait(): the lock does not own its mutex");
+    detail::Waiter self;
+    lock_.lock();
+    waiters_.push_back(&self);
+    // Released while our lock is held: a notify in between finds us in the list.
+    lock.mutex()->unlock();
+    detail::block(lock_, waiters_, self, nullptr);
+    lock.mutex()->lock();
+}
+
+std::cv_status ConditionVariable::wait_until_steady(std::unique_lock<Mutex>& lock,
+                                                    std::chrono::steady_clock::time_point deadline) {
+    FIBER_SCHED_ASSERT(lock.owns_lock() && "ConditionVariable::wait_until(): the lock does not own its mutex");
+    detail::Waiter self;
+    lock_.lock();
+    waiters_.push_back(&self);
+    lock.mutex()->unlock();
+    const bool woken = detail::block(lock_, waiters_, self, &deadline);
+    lock.mutex()->lock();
+    return woken ? std::cv_status::no_timeout : std::cv_status::timeout;
+}
+
+WaitGroup::WaitGroup(std::int64_t initial) : count_(initial) {
+    FIBER_SCHED_ASSERT(initial >= 0 && "WaitGroup(): the counter must not start below zero");
+}
+
+void WaitGroup::add(std::int64_t n) {
+    std::vector<detail::Waiter*> woken;
+    lock_.lock();
+    const bool below_zero = count_ + n < 0;
+    if (!below_zero) count_ += n;
+    if (!below_zero && count_ == 0) {
+        while (detail::Waiter* w = waiters_.pop_front()) {
+            if (detail::claim(*w)) woken.push_back(w);
+        }
+    }
+    lock_.unlock();
+    FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");
+    for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+}
+
+void WaitGroup::wait() {
+    lock_.lock();
+    if (count_ == 0) {
+        lock_.unlock();
+        return;
+    }
+    detail::Waiter self;
+    waiters_.push_back(&self);
+    detail::block(lock_, waiters_, self, nullptr);
+}
+
+}  // namespace fsched
+// ---- end src/impl/sync.ipp ----
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

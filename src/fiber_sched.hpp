@@ -57,12 +57,17 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -72,6 +77,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "stack.hpp"
 #include "fiber.hpp"
 #include "scheduler.hpp"
+#include "sync.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -117,6 +123,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
 #include "impl/scheduler.ipp"
+#include "impl/sync.ipp"
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

@@ -38,7 +38,9 @@ namespace detail {
 struct Timer {
     std::chrono::steady_clock::time_point deadline;
     std::uint64_t sequence;  // FIFO among equal deadlines
-    Fiber::ptr fiber;
+    Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
+    // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
+    std::shared_ptr<WaitState> wait;
     bool operator>(const Timer& other) const noexcept {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
@@ -335,8 +337,15 @@ inline void Worker::fire_due_timers() {
     if (timers.empty()) return;
     const auto now = std::chrono::steady_clock::now();
     while (!timers.empty() && timers.top().deadline <= now) {
-        Fiber::ptr fiber = std::move(const_cast<Timer&>(timers.top()).fiber);
+        Timer& top = const_cast<Timer&>(timers.top());  // popped right below
+        Fiber::ptr fiber = std::move(top.fiber);
+        std::shared_ptr<WaitState> wait = std::move(top.wait);
         timers.pop();
+        if (wait) {
+            int expected = waiting;
+            if (!wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
+            fiber = std::move(wait->fiber);
+        }
         wake(std::move(fiber));
     }
 }
@@ -428,7 +437,7 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
         // On the worker the fiber parked from; only that worker touches its heap.
         Worker* worker = thread_state()->worker;
         worker->timers.push(Timer{*static_cast<std::chrono::steady_clock::time_point*>(arg),
-                                  worker->timer_sequence++, fiber->shared_from_this()});
+                                  worker->timer_sequence++, fiber->shared_from_this(), nullptr});
     }, &deadline);
 }
 
