@@ -274,6 +274,7 @@ struct ThreadState {
     Scheduler* scheduler = nullptr;    // the scheduler this thread works for, while it does
     Worker* worker = nullptr;          // and which of its workers it is
     Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
+    std::uint64_t identity;            // unique among threads and fiber ids (Mutex ownership)
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
@@ -587,7 +588,7 @@ struct Waiter {
     WaitState* state;                  // the stack's own `local`, or a shared one (timed waits)
     WaitState local;
     std::shared_ptr<WaitState> shared; // keeps a timed fiber wait's state alive for its timer
-    const void* owner = nullptr;       // Mutex: who will own it after a hand-off
+    std::uint64_t owner = 0;           // Mutex: who will own it after a hand-off
     void* slot = nullptr;              // Channel: where the value comes from or goes to
     bool ok = false;                   // Channel: the transfer happened (false: closed)
 };
@@ -631,10 +632,10 @@ inline bool claim(Waiter& w) noexcept {
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
 void wake_claimed(Waiter& w);
 
-// Who is asking: the running fiber, or the thread.
-inline const void* caller_identity() noexcept {
-    if (Fiber* f = Fiber::current()) return f;
-    return thread_state();
+// Who is asking: the running fiber's id, or the thread's token (drawn from the same counter).
+inline std::uint64_t caller_identity() noexcept {
+    if (Fiber* f = Fiber::current()) return f->id();
+    return thread_state()->identity;
 }
 
 }  // namespace detail
@@ -659,7 +660,7 @@ public:
 private:
     detail::SpinLock lock_;
     bool locked_ = false;
-    const void* owner_ = nullptr;  // a Fiber* or a thread's ThreadState*
+    std::uint64_t owner_ = 0;  // detail::caller_identity() of the holder; 0: none
     detail::WaitList waiters_;
 };
 
@@ -907,6 +908,10 @@ namespace detail {
 
 int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept { return 0; }
 
+// Hands out fiber ids (and thread identities); relaxed: only uniqueness matters, and
+// fetch_add keeps them increasing.
+std::atomic<std::uint64_t> next_fiber_id{1};
+
 void assert_failed(const char* expr, const char* file, int line) noexcept {
     // Every library check reads `cond && "rule"`: print the rule first, where a user looks.
     const char* rule = std::strchr(expr, '"');
@@ -974,6 +979,12 @@ struct FiberAccess {
     }
 
     static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
+
+    // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
+    static void reuse(Fiber& f, std::function<void()>&& fn) {
+        f.reset(std::move(fn));
+        f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+    }
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
     // stack once the switch is complete.
@@ -1626,7 +1637,9 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     pass_to_previous_handler(sig, info, uctx);
 }
 
-ThreadState::ThreadState() { stack_pool().register_thread(this); }
+ThreadState::ThreadState() : identity(next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
+    stack_pool().register_thread(this);
+}
 
 ThreadState::~ThreadState() {
     stack_pool().unregister_thread(this);
@@ -1679,12 +1692,6 @@ void install_stack_overflow_handler() {
 // ---------------------------------------------------------------------------
 
 namespace fsched {
-namespace detail {
-
-// Hands out fiber ids; relaxed: only uniqueness matters, and fetch_add keeps them increasing.
-std::atomic<std::uint64_t> next_fiber_id{1};
-
-}  // namespace detail
 
 const char* backend() noexcept { return detail::backend_name; }
 
@@ -2210,7 +2217,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
         spare_fibers.pop_back();
-        fiber->reset(std::move(cb));
+        FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
     return std::make_shared<Fiber>(std::move(cb));
@@ -2480,7 +2487,7 @@ void wake_claimed(Waiter& w) {
 Mutex::~Mutex() { FIBER_SCHED_ASSERT(!locked_ && "~Mutex(): the mutex is still locked"); }
 
 void Mutex::lock() {
-    const void* me = detail::caller_identity();
+    const std::uint64_t me = detail::caller_identity();
     lock_.lock();
     if (!locked_) {
         locked_ = true;
@@ -2497,7 +2504,7 @@ void Mutex::lock() {
 }
 
 bool Mutex::try_lock() {
-    const void* me = detail::caller_identity();
+    const std::uint64_t me = detail::caller_identity();
     std::lock_guard<detail::SpinLock> guard(lock_);
     if (locked_) return false;
     locked_ = true;
@@ -2506,7 +2513,7 @@ bool Mutex::try_lock() {
 }
 
 void Mutex::unlock() {
-    const void* me = detail::caller_identity();
+    const std::uint64_t me = detail::caller_identity();
     lock_.lock();
     FIBER_SCHED_ASSERT(locked_ && owner_ == me && "Mutex::unlock(): the mutex is not held by the caller");
     // Hand the lock to the longest waiter, so no waiter can be overtaken forever.
@@ -2518,7 +2525,7 @@ void Mutex::unlock() {
         return;
     }
     locked_ = false;
-    owner_ = nullptr;
+    owner_ = 0;
     lock_.unlock();
 }
 

@@ -69,7 +69,7 @@ struct Waiter {
     WaitState* state;                  // the stack's own `local`, or a shared one (timed waits)
     WaitState local;
     std::shared_ptr<WaitState> shared; // keeps a timed fiber wait's state alive for its timer
-    const void* owner = nullptr;       // Mutex: who will own it after a hand-off
+    std::uint64_t owner = 0;           // Mutex: who will own it after a hand-off
     void* slot = nullptr;              // Channel: where the value comes from or goes to
     bool ok = false;                   // Channel: the transfer happened (false: closed)
 };
@@ -113,10 +113,10 @@ inline bool claim(Waiter& w) noexcept {
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
 void wake_claimed(Waiter& w);
 
-// Who is asking: the running fiber, or the thread.
-inline const void* caller_identity() noexcept {
-    if (Fiber* f = Fiber::current()) return f;
-    return thread_state();
+// Who is asking: the running fiber's id, or the thread's token (drawn from the same counter).
+inline std::uint64_t caller_identity() noexcept {
+    if (Fiber* f = Fiber::current()) return f->id();
+    return thread_state()->identity;
 }
 
 }  // namespace detail
@@ -141,7 +141,7 @@ public:
 private:
     detail::SpinLock lock_;
     bool locked_ = false;
-    const void* owner_ = nullptr;  // a Fiber* or a thread's ThreadState*
+    std::uint64_t owner_ = 0;  // detail::caller_identity() of the holder; 0: none
     detail::WaitList waiters_;
 };
 

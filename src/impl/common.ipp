@@ -8,6 +8,10 @@ namespace detail {
 
 int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept { return 0; }
 
+// Hands out fiber ids (and thread identities); relaxed: only uniqueness matters, and
+// fetch_add keeps them increasing.
+std::atomic<std::uint64_t> next_fiber_id{1};
+
 void assert_failed(const char* expr, const char* file, int line) noexcept {
     // Every library check reads `cond && "rule"`: print the rule first, where a user looks.
     const char* rule = std::strchr(expr, '"');
@@ -75,6 +79,12 @@ struct FiberAccess {
     }
 
     static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
+
+    // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
+    static void reuse(Fiber& f, std::function<void()>&& fn) {
+        f.reset(std::move(fn));
+        f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+    }
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
     // stack once the switch is complete.

@@ -15,12 +15,6 @@
 // ---------------------------------------------------------------------------
 
 namespace fsched {
-namespace detail {
-
-// Hands out fiber ids; relaxed: only uniqueness matters, and fetch_add keeps them increasing.
-std::atomic<std::uint64_t> next_fiber_id{1};
-
-}  // namespace detail
 
 const char* backend() noexcept { return detail::backend_name; }
 

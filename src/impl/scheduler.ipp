@@ -370,7 +370,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
         spare_fibers.pop_back();
-        fiber->reset(std::move(cb));
+        FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
     return std::make_shared<Fiber>(std::move(cb));

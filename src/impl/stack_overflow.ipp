@@ -103,7 +103,9 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     pass_to_previous_handler(sig, info, uctx);
 }
 
-ThreadState::ThreadState() { stack_pool().register_thread(this); }
+ThreadState::ThreadState() : identity(next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
+    stack_pool().register_thread(this);
+}
 
 ThreadState::~ThreadState() {
     stack_pool().unregister_thread(this);

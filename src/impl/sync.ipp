@@ -76,7 +76,7 @@ void wake_claimed(Waiter& w) {
 Mutex::~Mutex() { FIBER_SCHED_ASSERT(!locked_ && "~Mutex(): the mutex is still locked"); }
 
 void Mutex::lock() {
-    const void* me = detail::caller_identity();
+    const std::uint64_t me = detail::caller_identity();
     lock_.lock();
     if (!locked_) {
         locked_ = true;
@@ -93,7 +93,7 @@ void Mutex::lock() {
 }
 
 bool Mutex::try_lock() {
-    const void* me = detail::caller_identity();
+    const std::uint64_t me = detail::caller_identity();
     std::lock_guard<detail::SpinLock> guard(lock_);
     if (locked_) return false;
     locked_ = true;
@@ -102,7 +102,7 @@ bool Mutex::try_lock() {
 }
 
 void Mutex::unlock() {
-    const void* me = detail::caller_identity();
+    const std::uint64_t me = detail::caller_identity();
     lock_.lock();
     FIBER_SCHED_ASSERT(locked_ && owner_ == me && "Mutex::unlock(): the mutex is not held by the caller");
     // Hand the lock to the longest waiter, so no waiter can be overtaken forever.
@@ -114,7 +114,7 @@ void Mutex::unlock() {
         return;
     }
     locked_ = false;
-    owner_ = nullptr;
+    owner_ = 0;
     lock_.unlock();
 }
 
