@@ -33,6 +33,7 @@ struct ThreadState {
     Scheduler* scheduler = nullptr;    // the scheduler this thread works for, while it does
     Worker* worker = nullptr;          // and which of its workers it is
     Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
+    std::shared_ptr<Fiber>* task_ref = nullptr;  // the worker's reference to task_fiber
     std::uint64_t identity;            // unique among threads and fiber ids (Mutex ownership)
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit

@@ -94,6 +94,8 @@ namespace detail {
 // arg) runs on the worker; the fiber runs again after someone passes it to wake().
 // Precondition: in_scheduler_task().
 void park(void (*on_parked)(Fiber*, void*), void* arg);
+// Inside a park hook only: the worker's reference to the fiber that just parked.
+Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
 void wake(Fiber::ptr fiber);
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).

@@ -78,6 +78,10 @@ struct FiberAccess {
         }
     }
 
+    // A fiber coming back from a park is Suspended and reachable only through the task
+    // that woke it: no one can race for it, so a plain store claims it.
+    static void claim_woken(Fiber& f) noexcept { f.state_.store(FiberState::Running, std::memory_order_relaxed); }
+
     static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.

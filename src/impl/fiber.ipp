@@ -88,12 +88,16 @@ detail::SwitchOutcome Fiber::run_claimed() {
         if (exception) std::rethrow_exception(exception);
         return detail::SwitchOutcome::Returned;
     }
-    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
-    // From here on another thread may resume, or destroy, this fiber.
     if (after_switch) {
+        // A parked fiber is reachable only through what its hook publishes, so no
+        // claim_or_defer() can race this store (scheduling a parked fiber is misuse).
+        state_.store(FiberState::Suspended, std::memory_order_release);
+        // From here on another thread may resume, or destroy, this fiber.
         after_switch(this, after_switch_arg);
         return detail::SwitchOutcome::Parked;
     }
+    // A fiber that yielded may have been handed to schedule() by its own code first.
+    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
     if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
     return detail::SwitchOutcome::Yielded;
 }

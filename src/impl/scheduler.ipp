@@ -12,14 +12,16 @@
 // earliest timer is due. New work wakes one sleeping worker, and only when no worker is
 // spinning already (a spinner will find it); pinned work wakes its own worker.
 //
-// The lost-wake-up argument: a worker going to sleep sets `sleeping`, increments `sleepers`
-// and then checks every queue once more; a submitter pushes (under the queue lock), then
-// reads `sleepers` and `spinning` with read-modify-writes (fetch_add(0)). RMWs on one atomic
-// form a chain, so either the submitter's RMW comes later and sees the sleeper (and wakes
-// it), or the sleeper's RMW comes later and acquires the submitter's push, so its re-check
-// finds the task. (RMWs rather than a seq_cst fence: the argument is the same, and TSan
-// understands it.) `outstanding` reaching zero during stop() pairs the same way.
-//
+// The lost-wake-up argument: a worker going to sleep sets `sleeping`, increments `sleepers`,
+// then looks at every queue once more, taking each queue's lock (not trusting the size
+// hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`. The
+// two lock the same queue in some order: if the submitter's lock comes second, the sleeper's
+// increment happens-before the submitter's load, which sees the sleeper and wakes it; if the
+// sleeper's lock comes second, the push happens-before its look, which finds the task. So a
+// submitter needs no read-modify-write, and on x86 its check is two plain loads. A spinner
+// that stops spinning goes to sleep by the same path. `outstanding` reaching zero during
+// stop() pairs through seq_cst operations on `outstanding`, `stopping` and `sleeping`.
+
 // Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
 // after_switch_); resume() runs the hook on the worker only after the switch is complete,
 // so whoever the hook hands the fiber to may resume it at once: no fiber is ever queued
@@ -46,6 +48,15 @@ struct Timer {
     }
 };
 
+// What the queues hold: a ScheduleTask, plus whether its fiber is one of ours coming back
+// from a park (then it is certainly Suspended and owned by this task: no claim needed).
+struct QueuedTask {
+    Fiber::ptr fiber;
+    std::function<void()> cb;
+    int thread = -1;
+    bool woken = false;
+};
+
 class alignas(64) Worker {
 public:
     Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {}
@@ -54,11 +65,12 @@ public:
     const int index;
     std::thread thread;
 
-    std::mutex queue_mutex;
-    std::deque<ScheduleTask> tasks;    // stealable, under queue_mutex
-    std::deque<ScheduleTask> pinned;   // this worker only, under queue_mutex
-    // tasks.size() + pinned.size() and tasks.size(), updated under queue_mutex and read
-    // without it as hints: a stale read only costs a needless lock or a later look.
+    SpinLock queue_lock;
+    std::deque<QueuedTask> tasks;    // stealable, under queue_lock
+    std::deque<QueuedTask> pinned;   // this worker only, under queue_lock
+    // tasks.size() + pinned.size() and tasks.size(), updated under queue_lock and read
+    // without it as hints: a stale read only costs a needless lock or a later look. The
+    // last look before sleeping ignores them and takes every lock (see run_loop).
     std::atomic<std::size_t> queued{0};
     std::atomic<std::size_t> stealable{0};
 
@@ -74,9 +86,10 @@ public:
     std::uint64_t timer_sequence = 0;
     std::vector<Fiber::ptr> spare_fibers;
     unsigned steal_start = 0;
+    Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
 
-    void push(ScheduleTask&& task, bool own_pinned) {
-        std::lock_guard<std::mutex> lock(queue_mutex);
+    void push(QueuedTask&& task, bool own_pinned) {
+        std::lock_guard<SpinLock> lock(queue_lock);
         if (own_pinned) {
             pinned.push_back(std::move(task));
         } else {
@@ -86,10 +99,10 @@ public:
         queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
     }
 
-    bool pop(ScheduleTask& out) {
-        if (queued.load(std::memory_order_relaxed) == 0) return false;
-        std::lock_guard<std::mutex> lock(queue_mutex);
-        std::deque<ScheduleTask>& from = !pinned.empty() ? pinned : tasks;
+    bool pop(QueuedTask& out, bool trust_hint) {
+        if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
+        std::lock_guard<SpinLock> lock(queue_lock);
+        std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
         if (from.empty()) return false;
         out = std::move(from.front());
         from.pop_front();
@@ -99,11 +112,11 @@ public:
     }
 
     // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
-    bool steal_into(Worker& thief, ScheduleTask& first) {
-        if (stealable.load(std::memory_order_relaxed) == 0) return false;
-        std::vector<ScheduleTask> taken;
+    bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
+        if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
+        std::vector<QueuedTask> taken;
         {
-            std::lock_guard<std::mutex> lock(queue_mutex);
+            std::lock_guard<SpinLock> lock(queue_lock);
             std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             if (n == 0) return false;
             taken.reserve(n);
@@ -117,7 +130,7 @@ public:
         first = std::move(taken.back());
         taken.pop_back();
         if (!taken.empty()) {
-            std::lock_guard<std::mutex> lock(thief.queue_mutex);
+            std::lock_guard<SpinLock> lock(thief.queue_lock);
             // Oldest first, as they stood in the victim's queue.
             for (auto it = taken.rbegin(); it != taken.rend(); ++it) thief.tasks.push_back(std::move(*it));
             thief.stealable.store(thief.tasks.size(), std::memory_order_relaxed);
@@ -147,9 +160,12 @@ public:
     }
 
     void run_loop();
-    bool find_task(ScheduleTask& out);
+    void requeue_yielded(QueuedTask& next);
+    // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
+    // lock instead of trusting the size hints (the look before sleeping).
+    bool find_task(QueuedTask& out, bool thorough = false);
     void fire_due_timers();
-    void run_task(ScheduleTask& task);
+    void run_task(QueuedTask& task);
     Fiber::ptr fiber_for(std::function<void()>&& cb);
 };
 
@@ -196,7 +212,7 @@ public:
     }
 
     // Queues a task that is already counted in `outstanding`.
-    void enqueue(ScheduleTask&& task) {
+    void enqueue(QueuedTask&& task) {
         Worker* here = current_worker();
         Worker* target;
         if (task.thread >= 0) {
@@ -213,13 +229,13 @@ public:
 
     // Wakes whoever should take newly queued work; `count` tasks went to `target`.
     void after_push(Worker& target, bool pinned, std::size_t count) {
-        if (sleepers.fetch_add(0, std::memory_order_seq_cst) == 0) return;  // no one to wake
+        if (sleepers.load(std::memory_order_seq_cst) == 0) return;  // no one to wake
         if (wake(target)) {
             if (pinned || --count == 0) return;
         } else if (pinned) {
             return;  // its own worker is awake and will see it
         }
-        if (spinning.fetch_add(0, std::memory_order_seq_cst) > 0) return;  // a spinner will find it
+        if (spinning.load(std::memory_order_seq_cst) > 0) return;  // a spinner will find it
         for (std::size_t i = 0; count > 0 && i < workers.size(); ++i) {
             if (wake(*workers[i])) --count;
         }
@@ -283,8 +299,13 @@ inline void Worker::run_loop() {
     ThreadState* ts = thread_state();
     ts->scheduler = &core.owner;
     ts->worker = this;
-    ScheduleTask task;
+    QueuedTask task;
     for (;;) {
+        if (yielded) {
+            requeue_yielded(task);
+            run_task(task);
+            continue;
+        }
         if (find_task(task)) {
             run_task(task);
             continue;
@@ -307,7 +328,7 @@ inline void Worker::run_loop() {
         }
         sleeping.store(true, std::memory_order_seq_cst);
         core.sleepers.fetch_add(1, std::memory_order_seq_cst);
-        if (find_task(task) || core.finished()) {
+        if (find_task(task, true) || core.finished()) {
             bool expected = true;
             if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
                 core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -333,6 +354,28 @@ inline void Worker::run_loop() {
     ts->worker = nullptr;
 }
 
+// Puts the fiber that yielded at the back of its queue and takes the front task, under one
+// lock; the queue's length does not change, so no one needs waking. Timers come first.
+inline void Worker::requeue_yielded(QueuedTask& next) {
+    fire_due_timers();
+    QueuedTask back;
+    back.thread = FiberAccess::resume_thread(*yielded);
+    back.woken = true;
+    back.fiber = std::move(yielded);
+    const bool own_pinned = back.thread >= 0;
+    std::lock_guard<SpinLock> lock(queue_lock);
+    if (pinned.empty() && tasks.empty()) {
+        next = std::move(back);  // nothing else to run: straight back to it
+        return;
+    }
+    (own_pinned ? pinned : tasks).push_back(std::move(back));
+    std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
+    next = std::move(from.front());
+    from.pop_front();
+    stealable.store(tasks.size(), std::memory_order_relaxed);
+    queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+}
+
 inline void Worker::fire_due_timers() {
     if (timers.empty()) return;
     const auto now = std::chrono::steady_clock::now();
@@ -350,15 +393,15 @@ inline void Worker::fire_due_timers() {
     }
 }
 
-inline bool Worker::find_task(ScheduleTask& out) {
+inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     fire_due_timers();
-    if (pop(out)) return true;
+    if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
     // Every other worker once, starting somewhere new each time a steal succeeds.
     for (std::size_t i = 0; i + 1 < n; ++i) {
         const std::size_t offset = 1 + (steal_start + i) % (n - 1);
         Worker& victim = *core.workers[(static_cast<std::size_t>(index) + offset) % n];
-        if (victim.steal_into(*this, out)) {
+        if (victim.steal_into(*this, out, !thorough)) {
             ++steal_start;
             return true;
         }
@@ -376,14 +419,20 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
     return std::make_shared<Fiber>(std::move(cb));
 }
 
-inline void Worker::run_task(ScheduleTask& task) {
+inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
     Fiber::ptr fiber = pooled ? fiber_for(std::move(task.cb)) : std::move(task.fiber);
     const int thread = task.thread;
-    task = ScheduleTask{};
-    if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) return;
+    const bool woken = task.woken;
+    task = QueuedTask{};
+    if (woken) {
+        FiberAccess::claim_woken(*fiber);
+    } else if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) {
+        return;
+    }
     ThreadState* ts = thread_state();
     ts->task_fiber = fiber.get();
+    ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
     SwitchOutcome outcome;
     try {
         outcome = FiberAccess::run(*fiber);
@@ -393,6 +442,7 @@ inline void Worker::run_task(ScheduleTask& task) {
         core.report(std::current_exception());
     }
     ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
     if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
     if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && spare_fibers.size() < 64) {
@@ -404,10 +454,16 @@ inline void Worker::run_task(ScheduleTask& task) {
 
 void resume_deferred(Fiber& fiber) {
     Scheduler* scheduler = FiberAccess::resume_scheduler(fiber);
-    ScheduleTask task;
+    QueuedTask task;
+    task.woken = true;  // Suspended now, and this task is its only way back
     task.fiber = fiber.shared_from_this();
     task.thread = FiberAccess::resume_thread(fiber);
     SchedulerCore::of(*scheduler).enqueue(std::move(task));
+}
+
+Fiber::ptr take_task_ref() noexcept {
+    // Moves the worker's own reference instead of counting a new one: no atomic add/sub.
+    return std::move(*thread_state()->task_ref);
 }
 
 void park(void (*on_parked)(Fiber*, void*), void* arg) {
@@ -417,7 +473,8 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 
 void wake(Fiber::ptr fiber) {
     Scheduler* scheduler = FiberAccess::resume_scheduler(*fiber);
-    ScheduleTask task;
+    QueuedTask task;
+    task.woken = true;
     task.thread = FiberAccess::resume_thread(*fiber);
     task.fiber = std::move(fiber);
     SchedulerCore::of(*scheduler).enqueue(std::move(task));
@@ -433,11 +490,11 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
         std::this_thread::sleep_until(deadline);
         return;
     }
-    park([](Fiber* fiber, void* arg) {
+    park([](Fiber*, void* arg) {
         // On the worker the fiber parked from; only that worker touches its heap.
         Worker* worker = thread_state()->worker;
         worker->timers.push(Timer{*static_cast<std::chrono::steady_clock::time_point*>(arg),
-                                  worker->timer_sequence++, fiber->shared_from_this(), nullptr});
+                                  worker->timer_sequence++, take_task_ref(), nullptr});
     }, &deadline);
 }
 
@@ -487,7 +544,7 @@ void Scheduler::submit(ScheduleTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
     core.outstanding.fetch_add(1, std::memory_order_seq_cst);
-    core.enqueue(std::move(task));
+    core.enqueue(detail::QueuedTask{std::move(task.fiber), std::move(task.cb), task.thread, false});
 }
 
 void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
@@ -497,7 +554,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     core.outstanding.fetch_add(static_cast<std::int64_t>(tasks.size()), std::memory_order_seq_cst);
     // One lock per worker: group pinned tasks by worker, deal the rest out in runs.
     const std::size_t n = core.workers.size();
-    std::vector<std::vector<ScheduleTask>> pinned(n), unpinned(n);
+    std::vector<std::vector<detail::QueuedTask>> pinned(n), unpinned(n);
     detail::Worker* here = core.current_worker();
     std::size_t next = here ? static_cast<std::size_t>(here->index)
                             : core.next_worker.fetch_add(1, std::memory_order_relaxed) % n;
@@ -506,11 +563,12 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     const std::size_t run = here ? free_count : (free_count + n - 1) / n;
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
-        if (task.thread >= 0) {
-            pinned[static_cast<std::size_t>(task.thread)].push_back(std::move(task));
+        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, false};
+        if (queued.thread >= 0) {
+            pinned[static_cast<std::size_t>(queued.thread)].push_back(std::move(queued));
             continue;
         }
-        unpinned[next].push_back(std::move(task));
+        unpinned[next].push_back(std::move(queued));
         if (++in_run == run) {
             in_run = 0;
             next = (next + 1) % n;
@@ -520,9 +578,9 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         detail::Worker& w = *core.workers[i];
         if (pinned[i].empty() && unpinned[i].empty()) continue;
         {
-            std::lock_guard<std::mutex> lock(w.queue_mutex);
-            for (ScheduleTask& t : pinned[i]) w.pinned.push_back(std::move(t));
-            for (ScheduleTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
+            std::lock_guard<detail::SpinLock> lock(w.queue_lock);
+            for (detail::QueuedTask& t : pinned[i]) w.pinned.push_back(std::move(t));
+            for (detail::QueuedTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
             w.stealable.store(w.tasks.size(), std::memory_order_relaxed);
             w.queued.store(w.tasks.size() + w.pinned.size(), std::memory_order_relaxed);
         }
@@ -550,7 +608,8 @@ void yield() {
         std::this_thread::yield();
         return;
     }
-    detail::park([](Fiber* fiber, void*) { detail::wake(fiber->shared_from_this()); }, nullptr);
+    // The worker puts the fiber back and takes the next task under one lock (run_loop).
+    detail::park([](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr);
 }
 
 std::uint64_t id() {

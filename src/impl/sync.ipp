@@ -8,6 +8,7 @@ namespace detail {
 namespace {
 
 struct ParkArgs {
+    WaitState* state;
     SpinLock* lock;
     const std::chrono::steady_clock::time_point* deadline;
     std::shared_ptr<WaitState>* shared;
@@ -15,6 +16,7 @@ struct ParkArgs {
 
 void release_after_park(Fiber*, void* arg) {
     auto* args = static_cast<ParkArgs*>(arg);
+    args->state->fiber = take_task_ref();
     if (args->deadline) {
         // On the worker the fiber parked from; only that worker touches its timer heap.
         Worker* worker = thread_state()->worker;
@@ -32,8 +34,7 @@ bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_
             w.shared = std::make_shared<WaitState>();
             w.state = w.shared.get();
         }
-        w.state->fiber = Fiber::current_ptr();
-        ParkArgs args{&lock, deadline, &w.shared};
+        ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
         if (w.state->status.load(std::memory_order_acquire) == notified) return true;
         std::lock_guard<SpinLock> guard(lock);
