@@ -155,6 +155,15 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/config.hpp ----
+
+#if defined(FIBER_SCHED_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(FIBER_SCHED_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 // ---- begin src/context.hpp ----
 // ---------------------------------------------------------------------------
 // Execution contexts. Each backend provides the same internal trio:
@@ -189,6 +198,27 @@ struct Context {
     // onto its own stack by the switch routine.
     void* sp = nullptr;
 };
+#endif
+
+// Saves the running context into `from` and continues `to`.
+#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
+}  // namespace detail
+}  // namespace fsched
+extern "C" void fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) noexcept
+    __attribute__((visibility("hidden")));
+namespace fsched {
+namespace detail {
+inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_x86_64_sysv(&from.sp, to.sp); }
+#elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)
+}  // namespace detail
+}  // namespace fsched
+extern "C" void fsched_switch_aarch64_aapcs(void** save_sp, void* load_sp) noexcept
+    __attribute__((visibility("hidden")));
+namespace fsched {
+namespace detail {
+inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_aarch64_aapcs(&from.sp, to.sp); }
+#else
+void switch_context(Context& from, Context& to) noexcept;
 #endif
 
 }  // namespace detail
@@ -275,7 +305,8 @@ struct ThreadState {
     Worker* worker = nullptr;          // and which of its workers it is
     Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
     std::shared_ptr<Fiber>* task_ref = nullptr;  // the worker's reference to task_fiber
-    std::uint64_t identity;            // unique among threads and fiber ids (Mutex ownership)
+    std::uint64_t identity = 0;        // unique among threads and fiber ids; 0 until needed
+    bool registered = false;           // known to the stack statistics, cleaned up at exit
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
@@ -286,11 +317,12 @@ struct ThreadState {
     // Stacks acquired minus released by this thread. Written by this thread only (a plain
     // load and store, no locked add), summed by stack_stats() under the registry lock.
     std::atomic<long> stacks_in_use{0};
-    ThreadState();
-    ThreadState(const ThreadState&) = delete;
-    ThreadState& operator=(const ThreadState&) = delete;
-    ~ThreadState();
+    // Constant-initialised and trivially destructible, so reading it costs one load with no
+    // guard; register_thread() arranges the clean-up at thread exit when there is any.
 };
+
+// Lets stack_stats() see this thread and frees its cached stacks and signal stack at exit.
+void register_thread(ThreadState* ts);
 
 // This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
 ThreadState* thread_state() noexcept;
@@ -351,8 +383,9 @@ private:
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
     void prepare_context() noexcept;
-    // Runs a fiber already moved to Running; rethrows what its function threw.
-    detail::SwitchOutcome run_claimed();
+    // Runs a fiber already moved to Running; rethrows what its function threw. `scheduled`:
+    // run by a Scheduler, so a concurrent schedule() may mark it RunningResumePending.
+    detail::SwitchOutcome run_claimed(bool scheduled);
 
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame
@@ -378,6 +411,137 @@ private:
 
 }  // namespace fsched
 // ---- end src/fiber.hpp ----
+// ---- begin src/fiber_switch.hpp ----
+// ---------------------------------------------------------------------------
+// Fiber's switch paths, inline: resume() and yield() compile to a handful of stores and one
+// call of the switch routine, with no call/return pair around it for the CPU's return
+// predictor to get wrong (that costs more than the switch itself).
+//
+// A fiber is switched in only by run_claimed() and out only by switch_to_resumer().
+// run_claimed() keeps the resumer's context in its own frame, so nesting needs no
+// bookkeeping: a fiber that resumes another simply is that one's resumer. The state
+// becomes Suspended or Term on the resumer's side after the switch back has completed,
+// never on the fiber's side: whoever sees Suspended may resume the fiber at once, on any
+// thread.
+//
+// Sanitizers: ASan is told the bounds of the stack we switch to before each switch and
+// reports the bounds of the one we came from after it (the resumer may be another thread
+// each time); a fiber's last switch passes no fake-stack slot so ASan frees its fake
+// frames. TSan gets a fiber context per Fiber; switching to it also orders memory, which
+// matches what the switch does.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// Set once install_stack_overflow_handler() has run; read (relaxed) by resume(), which
+// then gives its thread an alternate signal stack. Nothing else synchronises through it.
+extern std::atomic<bool> overflow_handler_installed;
+void install_altstack(ThreadState* ts) noexcept;
+// Re-enqueues a fiber whose resume was deferred while it was still switching out.
+void resume_deferred(Fiber& fiber);
+
+}  // namespace detail
+
+__attribute__((always_inline)) inline void Fiber::resume() {
+    using detail::FiberState;
+    FiberState state = state_.load(std::memory_order_acquire);
+    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                       "resume(): fiber is already running");
+    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+    state_.store(FiberState::Running, std::memory_order_relaxed);
+    run_claimed(false);
+}
+
+__attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
+    using detail::FiberState;
+    detail::ThreadState* ts = detail::thread_state();
+    if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
+        detail::install_altstack(ts);
+    }
+    Fiber* resumer = ts->current;
+    detail::Context resumer_context;
+    resumer_context_ = &resumer_context;
+    ts->current = this;
+#if defined(FIBER_SCHED_ASAN)
+    void* fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
+#endif
+#if defined(FIBER_SCHED_TSAN)
+    shadow_.tsan_resumer = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(shadow_.tsan_fiber, 0);
+#endif
+    detail::switch_context(resumer_context, context_);
+#if defined(FIBER_SCHED_ASAN)
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+    // Back on the thread that called resume(): a resumer cannot move while it waits here.
+    ts->current = resumer;
+    auto after_switch = after_switch_;
+    void* after_switch_arg = after_switch_arg_;
+    after_switch_ = nullptr;
+    if (returned_) {
+        std::exception_ptr exception = std::move(exception_);
+        exception_ = nullptr;
+        if (scheduled) {
+            FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
+            FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
+                               "schedule(): the fiber returned before the scheduled resume could run");
+        } else {
+            state_.store(FiberState::Term, std::memory_order_release);
+        }
+        if (exception) std::rethrow_exception(exception);
+        return detail::SwitchOutcome::Returned;
+    }
+    if (after_switch) {
+        // A parked fiber is reachable only through what its hook publishes, so no
+        // claim_or_defer() can race this store (scheduling a parked fiber is misuse).
+        state_.store(FiberState::Suspended, std::memory_order_release);
+        // From here on another thread may resume, or destroy, this fiber.
+        after_switch(this, after_switch_arg);
+        return detail::SwitchOutcome::Parked;
+    }
+    if (!scheduled) {
+        // Resumed by hand: whoever resumes a fiber owns it, and no scheduler can be racing
+        // for it (schedule() it only once resume() has returned).
+        state_.store(FiberState::Suspended, std::memory_order_release);
+        return detail::SwitchOutcome::Yielded;
+    }
+    // A scheduled fiber that yielded may have been handed to schedule() by its own code
+    // first; the exchange sees that mark or the marker sees Suspended.
+    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
+    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
+    return detail::SwitchOutcome::Yielded;
+}
+
+inline Fiber* Fiber::current() noexcept { return detail::thread_state()->current; }
+
+inline void Fiber::yield() {
+    Fiber* self = current();
+    FIBER_SCHED_ASSERT(self && "yield(): called outside a fiber");
+    self->switch_to_resumer(false);
+}
+
+inline void Fiber::switch_to_resumer(bool terminating) noexcept {
+#if defined(FIBER_SCHED_ASAN)
+    __sanitizer_start_switch_fiber(terminating ? nullptr : &shadow_.asan_fake_stack,
+                                   shadow_.resumer_stack_bottom, shadow_.resumer_stack_size);
+#else
+    (void)terminating;
+#endif
+#if defined(FIBER_SCHED_TSAN)
+    __tsan_switch_to_fiber(shadow_.tsan_resumer, 0);
+#endif
+    detail::switch_context(context_, *resumer_context_);
+    // Resumed, perhaps by another resumer on another thread.
+#if defined(FIBER_SCHED_ASAN)
+    __sanitizer_finish_switch_fiber(shadow_.asan_fake_stack, &shadow_.resumer_stack_bottom,
+                                    &shadow_.resumer_stack_size);
+#endif
+}
+
+}  // namespace fsched
+// ---- end src/fiber_switch.hpp ----
 // ---- begin src/scheduler.hpp ----
 // ---------------------------------------------------------------------------
 // ScheduleTask and Scheduler: N fibers on M threads (sylar's Scheduler, fixed).
@@ -635,10 +799,13 @@ inline bool claim(Waiter& w) noexcept {
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
 void wake_claimed(Waiter& w);
 
+// A number unique among threads and fibers for the calling thread.
+std::uint64_t thread_identity() noexcept;
+
 // Who is asking: the running fiber's id, or the thread's token (drawn from the same counter).
 inline std::uint64_t caller_identity() noexcept {
     if (Fiber* f = Fiber::current()) return f->id();
-    return thread_state()->identity;
+    return thread_identity();
 }
 
 }  // namespace detail
@@ -892,14 +1059,6 @@ private:
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if defined(FIBER_SCHED_ASAN)
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
-#if defined(FIBER_SCHED_TSAN)
-#include <sanitizer/tsan_interface.h>
-#endif
-
 // ---- begin src/impl/common.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: assertions, the link-time check, per-thread state.
@@ -935,9 +1094,6 @@ __attribute__((noinline)) ThreadState* thread_state() noexcept {
     __asm__ volatile("" : "+r"(p) : : "memory");
     return p;
 }
-
-// Re-enqueues a fiber whose resume was deferred while it was still switching out.
-void resume_deferred(Fiber& fiber);
 
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
@@ -985,7 +1141,7 @@ struct FiberAccess {
     // that woke it: no one can race for it, so a plain store claims it.
     static void claim_woken(Fiber& f) noexcept { f.state_.store(FiberState::Running, std::memory_order_relaxed); }
 
-    static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
+    static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, std::function<void()>&& fn) {
@@ -1029,11 +1185,7 @@ struct FiberAccess {
 // the entry function in r12 and its argument in r13.
 // ---------------------------------------------------------------------------
 
-extern "C" {
-void fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) noexcept
-    __attribute__((visibility("hidden")));
-void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
-}
+extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
 
 #if defined(__CET__)
 #define FIBER_SCHED_ENDBR "endbr64\n"
@@ -1138,10 +1290,6 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
-inline void switch_context(Context& from, Context& to) noexcept {
-    fsched_switch_x86_64_sysv(&from.sp, to.sp);
-}
-
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_x86_64_sysv.ipp ----
@@ -1166,11 +1314,7 @@ inline void switch_context(Context& from, Context& to) noexcept {
 // x19 and its argument in x20.
 // ---------------------------------------------------------------------------
 
-extern "C" {
-void fsched_switch_aarch64_aapcs(void** save_sp, void* load_sp) noexcept
-    __attribute__((visibility("hidden")));
-void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
-}
+extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
 
 __asm__(
     ".text\n"
@@ -1259,10 +1403,6 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
-inline void switch_context(Context& from, Context& to) noexcept {
-    fsched_switch_aarch64_aapcs(&from.sp, to.sp);
-}
-
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_aarch64_aapcs.ipp ----
@@ -1298,7 +1438,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
                 static_cast<unsigned int>(bits >> 16 >> 16), static_cast<unsigned int>(bits & 0xffffffffu));
 }
 
-inline void switch_context(Context& from, Context& to) noexcept {
+void switch_context(Context& from, Context& to) noexcept {
     int rc = swapcontext(&from.uc, &to.uc);
     FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
 }
@@ -1502,6 +1642,7 @@ Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
     ThreadState* ts = thread_state();
+    register_thread(ts);
     for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
         if (ts->cached_stacks[i].size == size) {
             Stack stack = ts->cached_stacks[i];
@@ -1523,6 +1664,7 @@ void release_stack(Stack& stack) noexcept {
     __asan_unpoison_memory_region(stack.base, stack.size);
 #endif
     ThreadState* ts = thread_state();
+    register_thread(ts);
     ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
     if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
         ts->cached_stacks[ts->cached_stack_count++] = stack;
@@ -1553,8 +1695,6 @@ StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
 namespace fsched {
 namespace detail {
 
-// Set once the handler is in place; read (relaxed) by resume(), which then installs an
-// alternate stack on its thread. The handler itself does not depend on this flag.
 std::atomic<bool> overflow_handler_installed{false};
 struct sigaction previous_segv_action;
 struct sigaction previous_bus_action;
@@ -1563,6 +1703,7 @@ constexpr std::size_t altstack_bytes = 64 * 1024;
 
 void install_altstack(ThreadState* ts) noexcept {
     ts->has_altstack = true;
+    register_thread(ts);  // so the signal stack is freed at thread exit
     stack_t current{};
     if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) &&
         current.ss_size >= altstack_bytes / 2) {
@@ -1644,20 +1785,41 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     pass_to_previous_handler(sig, info, uctx);
 }
 
-ThreadState::ThreadState() : identity(next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
-    stack_pool().register_thread(this);
+namespace {
+
+// The one thread_local with a destructor: created by register_thread(), it cleans up the
+// thread's ThreadState when the thread exits.
+struct ThreadExit {
+    ~ThreadExit() {
+        ThreadState* ts = thread_state();
+        stack_pool().unregister_thread(ts);
+        for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
+        ts->cached_stack_count = 0;
+        if (ts->owned_altstack) {
+            stack_t ss{};
+            ss.ss_flags = SS_DISABLE;
+            sigaltstack(&ss, nullptr);
+            munmap(ts->owned_altstack, ts->owned_altstack_size);
+            ts->owned_altstack = nullptr;
+        }
+        ts->registered = false;
+    }
+};
+
+}  // namespace
+
+void register_thread(ThreadState* ts) {
+    if (ts->registered) return;
+    ts->registered = true;
+    stack_pool().register_thread(ts);
+    static thread_local ThreadExit on_exit;
+    (void)&on_exit;
 }
 
-ThreadState::~ThreadState() {
-    stack_pool().unregister_thread(this);
-    for (unsigned i = 0; i < cached_stack_count; ++i) stack_pool().release(cached_stacks[i]);
-    cached_stack_count = 0;
-    if (owned_altstack) {
-        stack_t ss{};
-        ss.ss_flags = SS_DISABLE;
-        sigaltstack(&ss, nullptr);
-        munmap(owned_altstack, owned_altstack_size);
-    }
+std::uint64_t thread_identity() noexcept {
+    ThreadState* ts = thread_state();
+    if (ts->identity == 0) ts->identity = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+    return ts->identity;
 }
 
 }  // namespace detail
@@ -1683,19 +1845,7 @@ void install_stack_overflow_handler() {
 // ---- end src/impl/stack_overflow.ipp ----
 // ---- begin src/impl/fiber.ipp ----
 // ---------------------------------------------------------------------------
-// Implementation: Fiber.
-//
-// A fiber is switched in only by resume() and out only by switch_to_resumer(). resume()
-// keeps the resumer's context in its own frame, so nesting needs no bookkeeping: a fiber
-// that resumes another simply is that one's resumer. The state becomes Suspended or Term
-// on the resumer's side after the switch back has completed, never on the fiber's side:
-// whoever sees Suspended may resume the fiber at once, on any thread.
-//
-// Sanitizers: ASan is told the bounds of the stack we switch to before each switch and
-// reports the bounds of the one we came from after it (the resumer may be another thread
-// each time); a fiber's last switch passes no fake-stack slot so ASan frees its fake
-// frames. TSan gets a fiber context per Fiber; switching to it also orders memory, which
-// matches what the switch does.
+// Implementation: Fiber's life cycle (the switch paths are inline, in fiber_switch.hpp).
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -1724,90 +1874,6 @@ Fiber::~Fiber() {
 void Fiber::prepare_context() noexcept {
     returned_ = false;
     detail::make_context(context_, stack_.base, stack_.size, &Fiber::entry, this);
-}
-
-void Fiber::resume() {
-    using detail::FiberState;
-    FiberState state = state_.load(std::memory_order_acquire);
-    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
-                       "resume(): fiber is already running");
-    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
-    state_.store(FiberState::Running, std::memory_order_relaxed);
-    run_claimed();
-}
-
-detail::SwitchOutcome Fiber::run_claimed() {
-    using detail::FiberState;
-    detail::ThreadState* ts = detail::thread_state();
-    if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
-        detail::install_altstack(ts);
-    }
-    Fiber* resumer = ts->current;
-    detail::Context resumer_context;
-    resumer_context_ = &resumer_context;
-    ts->current = this;
-#if defined(FIBER_SCHED_ASAN)
-    void* fake_stack = nullptr;
-    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
-#endif
-#if defined(FIBER_SCHED_TSAN)
-    shadow_.tsan_resumer = __tsan_get_current_fiber();
-    __tsan_switch_to_fiber(shadow_.tsan_fiber, 0);
-#endif
-    detail::switch_context(resumer_context, context_);
-#if defined(FIBER_SCHED_ASAN)
-    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
-#endif
-    // Back on the thread that called resume(): a resumer cannot move while it waits here.
-    ts->current = resumer;
-    auto after_switch = after_switch_;
-    void* after_switch_arg = after_switch_arg_;
-    after_switch_ = nullptr;
-    if (returned_) {
-        std::exception_ptr exception = std::move(exception_);
-        exception_ = nullptr;
-        FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
-        FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
-                           "schedule(): the fiber returned before the scheduled resume could run");
-        if (exception) std::rethrow_exception(exception);
-        return detail::SwitchOutcome::Returned;
-    }
-    if (after_switch) {
-        // A parked fiber is reachable only through what its hook publishes, so no
-        // claim_or_defer() can race this store (scheduling a parked fiber is misuse).
-        state_.store(FiberState::Suspended, std::memory_order_release);
-        // From here on another thread may resume, or destroy, this fiber.
-        after_switch(this, after_switch_arg);
-        return detail::SwitchOutcome::Parked;
-    }
-    // A fiber that yielded may have been handed to schedule() by its own code first.
-    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
-    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
-    return detail::SwitchOutcome::Yielded;
-}
-
-void Fiber::yield() {
-    Fiber* self = current();
-    FIBER_SCHED_ASSERT(self && "yield(): called outside a fiber");
-    self->switch_to_resumer(false);
-}
-
-void Fiber::switch_to_resumer(bool terminating) noexcept {
-#if defined(FIBER_SCHED_ASAN)
-    __sanitizer_start_switch_fiber(terminating ? nullptr : &shadow_.asan_fake_stack,
-                                   shadow_.resumer_stack_bottom, shadow_.resumer_stack_size);
-#else
-    (void)terminating;
-#endif
-#if defined(FIBER_SCHED_TSAN)
-    __tsan_switch_to_fiber(shadow_.tsan_resumer, 0);
-#endif
-    detail::switch_context(context_, *resumer_context_);
-    // Resumed, perhaps by another resumer on another thread.
-#if defined(FIBER_SCHED_ASAN)
-    __sanitizer_finish_switch_fiber(shadow_.asan_fake_stack, &shadow_.resumer_stack_bottom,
-                                    &shadow_.resumer_stack_size);
-#endif
 }
 
 void Fiber::entry(void* arg) noexcept {
@@ -1845,8 +1911,6 @@ void Fiber::reset(std::function<void()> fn) {
         state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
     }
 }
-
-Fiber* Fiber::current() noexcept { return detail::thread_state()->current; }
 
 Fiber::ptr Fiber::current_ptr() {
     Fiber* fiber = current();

@@ -33,5 +33,26 @@ struct Context {
 };
 #endif
 
+// Saves the running context into `from` and continues `to`.
+#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
+}  // namespace detail
+}  // namespace fsched
+extern "C" void fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) noexcept
+    __attribute__((visibility("hidden")));
+namespace fsched {
+namespace detail {
+inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_x86_64_sysv(&from.sp, to.sp); }
+#elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)
+}  // namespace detail
+}  // namespace fsched
+extern "C" void fsched_switch_aarch64_aapcs(void** save_sp, void* load_sp) noexcept
+    __attribute__((visibility("hidden")));
+namespace fsched {
+namespace detail {
+inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_aarch64_aapcs(&from.sp, to.sp); }
+#else
+void switch_context(Context& from, Context& to) noexcept;
+#endif
+
 }  // namespace detail
 }  // namespace fsched

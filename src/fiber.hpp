@@ -34,7 +34,8 @@ struct ThreadState {
     Worker* worker = nullptr;          // and which of its workers it is
     Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
     std::shared_ptr<Fiber>* task_ref = nullptr;  // the worker's reference to task_fiber
-    std::uint64_t identity;            // unique among threads and fiber ids (Mutex ownership)
+    std::uint64_t identity = 0;        // unique among threads and fiber ids; 0 until needed
+    bool registered = false;           // known to the stack statistics, cleaned up at exit
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
@@ -45,11 +46,12 @@ struct ThreadState {
     // Stacks acquired minus released by this thread. Written by this thread only (a plain
     // load and store, no locked add), summed by stack_stats() under the registry lock.
     std::atomic<long> stacks_in_use{0};
-    ThreadState();
-    ThreadState(const ThreadState&) = delete;
-    ThreadState& operator=(const ThreadState&) = delete;
-    ~ThreadState();
+    // Constant-initialised and trivially destructible, so reading it costs one load with no
+    // guard; register_thread() arranges the clean-up at thread exit when there is any.
 };
+
+// Lets stack_stats() see this thread and frees its cached stacks and signal stack at exit.
+void register_thread(ThreadState* ts);
 
 // This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
 ThreadState* thread_state() noexcept;
@@ -110,8 +112,9 @@ private:
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
     void prepare_context() noexcept;
-    // Runs a fiber already moved to Running; rethrows what its function threw.
-    detail::SwitchOutcome run_claimed();
+    // Runs a fiber already moved to Running; rethrows what its function threw. `scheduled`:
+    // run by a Scheduler, so a concurrent schedule() may mark it RunningResumePending.
+    detail::SwitchOutcome run_claimed(bool scheduled);
 
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame

@@ -73,9 +73,19 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <vector>
 
 #include "config.hpp"
+
+#if defined(FIBER_SCHED_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(FIBER_SCHED_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 #include "context.hpp"
 #include "stack.hpp"
 #include "fiber.hpp"
+#include "fiber_switch.hpp"
 #include "scheduler.hpp"
 #include "sync.hpp"
 
@@ -102,14 +112,6 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#if defined(FIBER_SCHED_ASAN)
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
-#if defined(FIBER_SCHED_TSAN)
-#include <sanitizer/tsan_interface.h>
-#endif
 
 #include "impl/common.ipp"
 #if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)

@@ -113,10 +113,13 @@ inline bool claim(Waiter& w) noexcept {
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
 void wake_claimed(Waiter& w);
 
+// A number unique among threads and fibers for the calling thread.
+std::uint64_t thread_identity() noexcept;
+
 // Who is asking: the running fiber's id, or the thread's token (drawn from the same counter).
 inline std::uint64_t caller_identity() noexcept {
     if (Fiber* f = Fiber::current()) return f->id();
-    return thread_state()->identity;
+    return thread_identity();
 }
 
 }  // namespace detail

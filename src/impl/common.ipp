@@ -33,9 +33,6 @@ __attribute__((noinline)) ThreadState* thread_state() noexcept {
     return p;
 }
 
-// Re-enqueues a fiber whose resume was deferred while it was still switching out.
-void resume_deferred(Fiber& fiber);
-
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
@@ -82,7 +79,7 @@ struct FiberAccess {
     // that woke it: no one can race for it, so a plain store claims it.
     static void claim_woken(Fiber& f) noexcept { f.state_.store(FiberState::Running, std::memory_order_relaxed); }
 
-    static SwitchOutcome run(Fiber& f) { return f.run_claimed(); }
+    static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, std::function<void()>&& fn) {

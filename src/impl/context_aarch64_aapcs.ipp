@@ -17,11 +17,7 @@
 // x19 and its argument in x20.
 // ---------------------------------------------------------------------------
 
-extern "C" {
-void fsched_switch_aarch64_aapcs(void** save_sp, void* load_sp) noexcept
-    __attribute__((visibility("hidden")));
-void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
-}
+extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
 
 __asm__(
     ".text\n"
@@ -108,10 +104,6 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     frame->x19_x28[1] = arg;
     frame->x30 = reinterpret_cast<void*>(&fsched_trampoline_aarch64_aapcs);
     ctx.sp = frame;
-}
-
-inline void switch_context(Context& from, Context& to) noexcept {
-    fsched_switch_aarch64_aapcs(&from.sp, to.sp);
 }
 
 }  // namespace detail

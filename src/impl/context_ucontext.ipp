@@ -28,7 +28,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
                 static_cast<unsigned int>(bits >> 16 >> 16), static_cast<unsigned int>(bits & 0xffffffffu));
 }
 
-inline void switch_context(Context& from, Context& to) noexcept {
+void switch_context(Context& from, Context& to) noexcept {
     int rc = swapcontext(&from.uc, &to.uc);
     FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
 }

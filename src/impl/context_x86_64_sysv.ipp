@@ -19,11 +19,7 @@
 // the entry function in r12 and its argument in r13.
 // ---------------------------------------------------------------------------
 
-extern "C" {
-void fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) noexcept
-    __attribute__((visibility("hidden")));
-void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
-}
+extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
 
 #if defined(__CET__)
 #define FIBER_SCHED_ENDBR "endbr64\n"
@@ -126,10 +122,6 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     frame->r12 = reinterpret_cast<void*>(entry);
     frame->return_address = reinterpret_cast<void*>(&fsched_trampoline_x86_64_sysv);
     ctx.sp = frame;
-}
-
-inline void switch_context(Context& from, Context& to) noexcept {
-    fsched_switch_x86_64_sysv(&from.sp, to.sp);
 }
 
 }  // namespace detail

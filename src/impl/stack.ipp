@@ -192,6 +192,7 @@ Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
     ThreadState* ts = thread_state();
+    register_thread(ts);
     for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
         if (ts->cached_stacks[i].size == size) {
             Stack stack = ts->cached_stacks[i];
@@ -213,6 +214,7 @@ void release_stack(Stack& stack) noexcept {
     __asan_unpoison_memory_region(stack.base, stack.size);
 #endif
     ThreadState* ts = thread_state();
+    register_thread(ts);
     ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
     if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
         ts->cached_stacks[ts->cached_stack_count++] = stack;

@@ -12,8 +12,6 @@
 namespace fsched {
 namespace detail {
 
-// Set once the handler is in place; read (relaxed) by resume(), which then installs an
-// alternate stack on its thread. The handler itself does not depend on this flag.
 std::atomic<bool> overflow_handler_installed{false};
 struct sigaction previous_segv_action;
 struct sigaction previous_bus_action;
@@ -22,6 +20,7 @@ constexpr std::size_t altstack_bytes = 64 * 1024;
 
 void install_altstack(ThreadState* ts) noexcept {
     ts->has_altstack = true;
+    register_thread(ts);  // so the signal stack is freed at thread exit
     stack_t current{};
     if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) &&
         current.ss_size >= altstack_bytes / 2) {
@@ -103,20 +102,41 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     pass_to_previous_handler(sig, info, uctx);
 }
 
-ThreadState::ThreadState() : identity(next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
-    stack_pool().register_thread(this);
+namespace {
+
+// The one thread_local with a destructor: created by register_thread(), it cleans up the
+// thread's ThreadState when the thread exits.
+struct ThreadExit {
+    ~ThreadExit() {
+        ThreadState* ts = thread_state();
+        stack_pool().unregister_thread(ts);
+        for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
+        ts->cached_stack_count = 0;
+        if (ts->owned_altstack) {
+            stack_t ss{};
+            ss.ss_flags = SS_DISABLE;
+            sigaltstack(&ss, nullptr);
+            munmap(ts->owned_altstack, ts->owned_altstack_size);
+            ts->owned_altstack = nullptr;
+        }
+        ts->registered = false;
+    }
+};
+
+}  // namespace
+
+void register_thread(ThreadState* ts) {
+    if (ts->registered) return;
+    ts->registered = true;
+    stack_pool().register_thread(ts);
+    static thread_local ThreadExit on_exit;
+    (void)&on_exit;
 }
 
-ThreadState::~ThreadState() {
-    stack_pool().unregister_thread(this);
-    for (unsigned i = 0; i < cached_stack_count; ++i) stack_pool().release(cached_stacks[i]);
-    cached_stack_count = 0;
-    if (owned_altstack) {
-        stack_t ss{};
-        ss.ss_flags = SS_DISABLE;
-        sigaltstack(&ss, nullptr);
-        munmap(owned_altstack, owned_altstack_size);
-    }
+std::uint64_t thread_identity() noexcept {
+    ThreadState* ts = thread_state();
+    if (ts->identity == 0) ts->identity = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+    return ts->identity;
 }
 
 }  // namespace detail

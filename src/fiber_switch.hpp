@@ -1,0 +1,129 @@
+// ---------------------------------------------------------------------------
+// Fiber's switch paths, inline: resume() and yield() compile to a handful of stores and one
+// call of the switch routine, with no call/return pair around it for the CPU's return
+// predictor to get wrong (that costs more than the switch itself).
+//
+// A fiber is switched in only by run_claimed() and out only by switch_to_resumer().
+// run_claimed() keeps the resumer's context in its own frame, so nesting needs no
+// bookkeeping: a fiber that resumes another simply is that one's resumer. The state
+// becomes Suspended or Term on the resumer's side after the switch back has completed,
+// never on the fiber's side: whoever sees Suspended may resume the fiber at once, on any
+// thread.
+//
+// Sanitizers: ASan is told the bounds of the stack we switch to before each switch and
+// reports the bounds of the one we came from after it (the resumer may be another thread
+// each time); a fiber's last switch passes no fake-stack slot so ASan frees its fake
+// frames. TSan gets a fiber context per Fiber; switching to it also orders memory, which
+// matches what the switch does.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// Set once install_stack_overflow_handler() has run; read (relaxed) by resume(), which
+// then gives its thread an alternate signal stack. Nothing else synchronises through it.
+extern std::atomic<bool> overflow_handler_installed;
+void install_altstack(ThreadState* ts) noexcept;
+// Re-enqueues a fiber whose resume was deferred while it was still switching out.
+void resume_deferred(Fiber& fiber);
+
+}  // namespace detail
+
+__attribute__((always_inline)) inline void Fiber::resume() {
+    using detail::FiberState;
+    FiberState state = state_.load(std::memory_order_acquire);
+    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                       "resume(): fiber is already running");
+    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+    state_.store(FiberState::Running, std::memory_order_relaxed);
+    run_claimed(false);
+}
+
+__attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
+    using detail::FiberState;
+    detail::ThreadState* ts = detail::thread_state();
+    if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
+        detail::install_altstack(ts);
+    }
+    Fiber* resumer = ts->current;
+    detail::Context resumer_context;
+    resumer_context_ = &resumer_context;
+    ts->current = this;
+#if defined(FIBER_SCHED_ASAN)
+    void* fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
+#endif
+#if defined(FIBER_SCHED_TSAN)
+    shadow_.tsan_resumer = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(shadow_.tsan_fiber, 0);
+#endif
+    detail::switch_context(resumer_context, context_);
+#if defined(FIBER_SCHED_ASAN)
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+    // Back on the thread that called resume(): a resumer cannot move while it waits here.
+    ts->current = resumer;
+    auto after_switch = after_switch_;
+    void* after_switch_arg = after_switch_arg_;
+    after_switch_ = nullptr;
+    if (returned_) {
+        std::exception_ptr exception = std::move(exception_);
+        exception_ = nullptr;
+        if (scheduled) {
+            FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
+            FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
+                               "schedule(): the fiber returned before the scheduled resume could run");
+        } else {
+            state_.store(FiberState::Term, std::memory_order_release);
+        }
+        if (exception) std::rethrow_exception(exception);
+        return detail::SwitchOutcome::Returned;
+    }
+    if (after_switch) {
+        // A parked fiber is reachable only through what its hook publishes, so no
+        // claim_or_defer() can race this store (scheduling a parked fiber is misuse).
+        state_.store(FiberState::Suspended, std::memory_order_release);
+        // From here on another thread may resume, or destroy, this fiber.
+        after_switch(this, after_switch_arg);
+        return detail::SwitchOutcome::Parked;
+    }
+    if (!scheduled) {
+        // Resumed by hand: whoever resumes a fiber owns it, and no scheduler can be racing
+        // for it (schedule() it only once resume() has returned).
+        state_.store(FiberState::Suspended, std::memory_order_release);
+        return detail::SwitchOutcome::Yielded;
+    }
+    // A scheduled fiber that yielded may have been handed to schedule() by its own code
+    // first; the exchange sees that mark or the marker sees Suspended.
+    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
+    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
+    return detail::SwitchOutcome::Yielded;
+}
+
+inline Fiber* Fiber::current() noexcept { return detail::thread_state()->current; }
+
+inline void Fiber::yield() {
+    Fiber* self = current();
+    FIBER_SCHED_ASSERT(self && "yield(): called outside a fiber");
+    self->switch_to_resumer(false);
+}
+
+inline void Fiber::switch_to_resumer(bool terminating) noexcept {
+#if defined(FIBER_SCHED_ASAN)
+    __sanitizer_start_switch_fiber(terminating ? nullptr : &shadow_.asan_fake_stack,
+                                   shadow_.resumer_stack_bottom, shadow_.resumer_stack_size);
+#else
+    (void)terminating;
+#endif
+#if defined(FIBER_SCHED_TSAN)
+    __tsan_switch_to_fiber(shadow_.tsan_resumer, 0);
+#endif
+    detail::switch_context(context_, *resumer_context_);
+    // Resumed, perhaps by another resumer on another thread.
+#if defined(FIBER_SCHED_ASAN)
+    __sanitizer_finish_switch_fiber(shadow_.asan_fake_stack, &shadow_.resumer_stack_bottom,
+                                    &shadow_.resumer_stack_size);
+#endif
+}
+
+}  // namespace fsched
