@@ -4,8 +4,8 @@
     python3 amalgamate.py           write fiber_sched.hpp
     python3 amalgamate.py --check   exit 1 if fiber_sched.hpp is not what src/ generates
 
-Starting at src/fiber_sched.hpp, every line `#include "part"` is replaced by that file from
-src/, recursively, each file once, between breadcrumb comments. The output is deterministic
+Starting at src/fiber_sched.hpp, every line `#include "part"` outside a /* */ comment is
+replaced by that file from src/, recursively, each file once, between breadcrumb comments. The output is deterministic
 (no dates) and uses LF line endings.
 """
 
@@ -33,9 +33,16 @@ def inline(name, emitted, stack):
         raise SystemExit(f"amalgamate.py: src/{name} not found (included from src/{stack[-1]})")
     emitted.add(name)
     out = []
+    in_comment = False  # inside a /* */ block: its #include lines are documentation
     for line in path.read_text(encoding="utf-8").splitlines():
+        if in_comment:
+            in_comment = "*/" not in line
+            out.append(line.rstrip())
+            continue
+        if line.lstrip().startswith("/*") and "*/" not in line:
+            in_comment = True
         match = INCLUDE.match(line)
-        if not match:
+        if in_comment or not match:
             out.append(line.rstrip())
             continue
         part = match.group(1)

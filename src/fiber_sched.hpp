@@ -1,5 +1,12 @@
 /*
-fiber_sched — stackful fibers and an N:M fiber scheduler for C++17, in one header.
+fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header.
+
+    Fiber              a coroutine with its own stack: resume() / yield()
+    Scheduler          runs fibers and callbacks on a pool of threads (sylar's design,
+                       with per-worker queues, work stealing, pinned tasks, blocking idle)
+    this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
+    Mutex, ConditionVariable, WaitGroup, Channel<T>
+                       park a fiber (and block a plain thread) while they wait
 
 USING IT
     In exactly one .cpp of your program:
@@ -8,24 +15,25 @@ USING IT
     Everywhere else just #include "fiber_sched.hpp". Link with -pthread. Forgetting the
     macro fails at link time naming define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file().
 
-EXAMPLE: a generator
+EXAMPLE
     #define FIBER_SCHED_IMPLEMENTATION
     #include "fiber_sched.hpp"
     #include <cstdio>
 
     int main() {
-        int value = 0;
-        fsched::Fiber counter([&] {
-            for (int i = 1; i <= 3; ++i) {
-                value = i;                  // hand a value to the resumer...
-                fsched::Fiber::yield();     // ...and wait until asked for the next
-            }
-        });
-        while (counter.resume(), counter.state() != fsched::Fiber::State::Term)
-            std::printf("%d\n", value);     // prints 1 2 3
+        fsched::Scheduler scheduler(4, false);      // 4 worker threads
+        fsched::Channel<int> results;
+        scheduler.start();
+        for (int i = 1; i <= 3; ++i)
+            scheduler.schedule([&results, i] {
+                fsched::this_fiber::sleep_for(std::chrono::milliseconds(10 * i));
+                results.send(i * i);                // parks until main() receives
+            });
+        for (int i = 0; i < 3; ++i) std::printf("%d\n", *results.receive());
+        scheduler.stop();                           // waits for every task
     }
 
-CONFIGURATION (define before including)
+CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_IMPLEMENTATION       emit the implementation in this translation unit
     FIBER_SCHED_USE_UCONTEXT         use the portable ucontext backend (default: assembly)
     FIBER_SCHED_DEFAULT_STACK_SIZE   bytes of stack for a size of 0 (default 262144)
@@ -44,8 +52,11 @@ PLATFORMS
     fsched::backend() names the backend compiled in.
 
 CAVEATS
-    - Fibers move between threads under a Scheduler: do not keep pointers or references
-      to your own thread_local variables across a yield, sleep or blocking call.
+    - Under a Scheduler a fiber may continue on another thread after it yields, sleeps or
+      blocks: do not keep the address of a thread_local, or a value read from one, across
+      such a call.
+    - Fiber::yield() inside a task leaves the scheduler until schedule(fiber) puts it back;
+      this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
 
