@@ -131,6 +131,12 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #error "fiber_sched: no context-switch backend for this target; define FIBER_SCHED_USE_UCONTEXT on a POSIX system, or port src/context_*.hpp"
 #endif
 
+// fsched::io and the epoll-based idle wait: Linux only. FIBER_SCHED_NO_EPOLL turns them off
+// (the scheduler then idles on a condition variable and fsched::io does not compile).
+#if defined(__linux__) && !defined(FIBER_SCHED_NO_EPOLL)
+#define FIBER_SCHED_HAVE_EPOLL 1
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define FIBER_SCHED_ASAN 1
 #elif defined(__has_feature)
@@ -799,9 +805,18 @@ private:
     Waiter* tail_ = nullptr;
 };
 
-// Blocks the caller, whose Waiter `w` is already in a list guarded by `lock` (held), until
-// it is notified (true) or `deadline` passes (false; it is then unlinked). Releases `lock`.
-bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline);
+// Blocks the caller, whose Waiter `w` is already published where notifiers find it, under
+// `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
+// lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
+using Unlink = void (*)(void* context, Waiter& w);
+bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
+           void* context);
+// The same for a Waiter in a WaitList.
+inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+    return block(lock, w, deadline, [](void* l, Waiter& waiter) {
+        if (waiter.linked) static_cast<WaitList*>(l)->remove(&waiter);
+    }, &list);
+}
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
     int expected = waiting;
@@ -1045,6 +1060,91 @@ private:
 
 }  // namespace fsched
 // ---- end src/sync.hpp ----
+// ---- begin src/io.hpp ----
+// ---------------------------------------------------------------------------
+// fsched::io: waiting for file descriptors (Tars' epoll loop, sylar's IOManager), Linux.
+//
+// Nothing in libc is hooked: a fiber waits explicitly, with io::wait() or the read /
+// write / accept / connect wrappers, which retry on EAGAIN by waiting. A waiting fiber
+// parks and frees its worker; a plain thread blocks in poll().
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <sys/socket.h>
+#include <sys/types.h>
+#endif
+
+namespace fsched {
+namespace io {
+
+enum class Ready : unsigned { Read = 1, Write = 2 };
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+// Parks until `fd` is ready for `what` (Read: data, EOF or an error; Write: room or an
+// error), or `timeout` passes (negative: no limit). Returns true when ready; false with
+// errno ETIMEDOUT on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when
+// another fiber already waits for the same fd and direction. A plain thread blocks in poll().
+bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+// For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what
+// the system call returns with errno set, and -1 with errno ETIMEDOUT once `timeout` (over
+// all retries) passes.
+ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+ssize_t write(int fd, const void* buf, std::size_t n,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+// accept4() with SOCK_NONBLOCK | SOCK_CLOEXEC: the new connection is ready for io::read.
+int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+// Connects a non-blocking socket: 0 once connected, -1 with the connection's error.
+int connect(int fd, const sockaddr* addr, socklen_t len,
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+// Wakes every fiber and thread waiting for `fd`: their wait returns false, errno ECANCELED.
+// Then the fd can be closed safely (closing one that is waited for is a user error).
+void cancel(int fd);
+
+#else
+
+namespace detail {
+template <class... T>
+constexpr bool linux_only = sizeof...(T) > 1000000;
+}
+// Without epoll these exist only to say so when used.
+template <class... Args>
+bool wait(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return false;
+}
+template <class... Args>
+long read(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+long write(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+int accept(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+int connect(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+void cancel(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+}
+
+#endif
+
+}  // namespace io
+}  // namespace fsched
+// ---- end src/io.hpp ----
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -1054,21 +1154,28 @@ private:
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
-#include <deque>
-#include <queue>
-#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <queue>
 #include <system_error>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#endif
 
 // ---- begin src/impl/common.ipp ----
 // ---------------------------------------------------------------------------
@@ -1990,6 +2097,17 @@ struct QueuedTask {
     bool woken = false;
 };
 
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+struct IoWait;
+// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
+// scheduler's epoll instance. Under SchedulerCore::io_lock.
+struct IoFd {
+    IoWait* reader = nullptr;
+    IoWait* writer = nullptr;
+    bool registered = false;
+};
+#endif
+
 class alignas(64) Worker {
 public:
     Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {}
@@ -2010,9 +2128,19 @@ public:
     // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
     // or the worker itself), and that one decrements core.sleepers. seq_cst: see above.
     std::atomic<bool> sleeping{false};
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    // The idle wait is epoll_wait: on this epoll instance, which holds only wake_fd, or, for
+    // the worker that holds the poller role, on the scheduler's IO instance (see io.ipp).
+    int epoll_fd = -1;
+    int wake_fd = -1;
+    // Written by this worker before it sets `sleeping`; read by whoever claims the wake-up
+    // after its CAS on `sleeping`, which orders the two.
+    std::atomic<bool> is_poller{false};
+#else
     std::mutex idle_mutex;
     std::condition_variable idle_cv;
     bool notified = false;  // under idle_mutex
+#endif
 
     // Only this worker's thread touches these.
     std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
@@ -2072,28 +2200,16 @@ public:
         return true;
     }
 
-    void notify() {
-        {
-            std::lock_guard<std::mutex> lock(idle_mutex);
-            notified = true;
-        }
-        idle_cv.notify_one();
-    }
-
-    // The idle wait: blocks until notify() or `deadline`. The IO layer replaces this body
-    // with epoll_wait on the same terms.
-    void wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
-        std::unique_lock<std::mutex> lock(idle_mutex);
-        if (deadline) {
-            idle_cv.wait_until(lock, *deadline, [this] { return notified; });
-        } else {
-            idle_cv.wait(lock, [this] { return notified; });
-        }
-        notified = false;
-    }
+    // Ends this worker's idle wait (or makes its next one return at once).
+    void notify();
+    // The idle wait, the one place a worker blocks: until notify(), `deadline`, or (for the
+    // poller) an fd becoming ready.
+    void wait_for_work(const std::chrono::steady_clock::time_point* deadline);
 
     void run_loop();
     void requeue_yielded(QueuedTask& next);
+    void give_up_poller_role() noexcept;
+    unsigned loops_since_io_poll = 0;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
@@ -2108,7 +2224,28 @@ public:
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()) {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
+        open_io();
     }
+    ~SchedulerCore() { close_io(); }
+    SchedulerCore(const SchedulerCore&) = delete;
+    SchedulerCore& operator=(const SchedulerCore&) = delete;
+
+    // Creates / closes the epoll instances and eventfds (io.ipp); no-ops without epoll.
+    void open_io();
+    void close_io() noexcept;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    int io_epoll_fd = -1;      // every fd a fiber of this scheduler waits for, plus poller_wake_fd
+    int poller_wake_fd = -1;   // wakes whichever worker holds the poller role
+    // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
+    // worker about to sleep, given up when it wakes.
+    std::atomic<Worker*> poller{nullptr};
+    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
+    std::atomic<int> io_waiters{0};
+    SpinLock io_lock;          // guards io_fds and the epoll interest of each fd
+    std::unordered_map<int, struct IoFd> io_fds;
+    // Harvests ready fds without blocking; true if any fiber was woken.
+    bool poll_io() noexcept;
+#endif
 
     Scheduler& owner;
     const bool use_caller;
@@ -2239,10 +2376,24 @@ inline void Worker::run_loop() {
             run_task(task);
             continue;
         }
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
+        // then, so fibers waiting for IO are not starved by a busy scheduler.
+        if (++loops_since_io_poll >= 32) {
+            loops_since_io_poll = 0;
+            if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+                core.poller.load(std::memory_order_relaxed) == nullptr) {
+                core.poll_io();
+            }
+        }
+#endif
         if (find_task(task)) {
             run_task(task);
             continue;
         }
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) continue;
+#endif
         // Spin a few microseconds before paying for a sleep and a wake-up.
         core.spinning.fetch_add(1, std::memory_order_seq_cst);
         bool found = false;
@@ -2259,9 +2410,18 @@ inline void Worker::run_loop() {
             run_task(task);
             continue;
         }
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
+        Worker* no_poller = nullptr;
+        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+            core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+            is_poller.store(true, std::memory_order_relaxed);
+        }
+#endif
         sleeping.store(true, std::memory_order_seq_cst);
         core.sleepers.fetch_add(1, std::memory_order_seq_cst);
         if (find_task(task, true) || core.finished()) {
+            give_up_poller_role();
             bool expected = true;
             if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
                 core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -2282,6 +2442,7 @@ inline void Worker::run_loop() {
         if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
             core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
         }
+        give_up_poller_role();
     }
     ts->scheduler = nullptr;
     ts->worker = nullptr;
@@ -2307,6 +2468,39 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     from.pop_front();
     stealable.store(tasks.size(), std::memory_order_relaxed);
     queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+}
+
+#if !defined(FIBER_SCHED_HAVE_EPOLL)
+// Without epoll the idle wait is a condition variable (and there is no fsched::io).
+inline void Worker::notify() {
+    {
+        std::lock_guard<std::mutex> lock(idle_mutex);
+        notified = true;
+    }
+    idle_cv.notify_one();
+}
+
+inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
+    std::unique_lock<std::mutex> lock(idle_mutex);
+    if (deadline) {
+        idle_cv.wait_until(lock, *deadline, [this] { return notified; });
+    } else {
+        idle_cv.wait(lock, [this] { return notified; });
+    }
+    notified = false;
+}
+
+void SchedulerCore::open_io() {}
+void SchedulerCore::close_io() noexcept {}
+#endif
+
+inline void Worker::give_up_poller_role() noexcept {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    if (is_poller.load(std::memory_order_relaxed)) {
+        is_poller.store(false, std::memory_order_relaxed);
+        core.poller.store(nullptr, std::memory_order_release);
+    }
+#endif
 }
 
 inline void Worker::fire_due_timers() {
@@ -2583,7 +2777,8 @@ void release_after_park(Fiber*, void* arg) {
 
 }  // namespace
 
-bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
+           void* context) {
     if (in_scheduler_task()) {
         if (deadline) {
             // The timer may outlive this frame: the state it races for lives on the heap.
@@ -2594,7 +2789,7 @@ bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_
         park(&release_after_park, &args);
         if (w.state->status.load(std::memory_order_acquire) == notified) return true;
         std::lock_guard<SpinLock> guard(lock);
-        if (w.linked) list.remove(&w);
+        unlink(context, w);
         return false;
     }
     ThreadSignal signal;
@@ -2606,7 +2801,7 @@ bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_
         if (w.state->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) {
             signal_lock.unlock();
             std::lock_guard<SpinLock> guard(lock);
-            if (w.linked) list.remove(&w);
+            unlink(context, w);
             return false;
         }
         // A notifier claimed us just as the deadline passed: take its signal.
@@ -2751,6 +2946,394 @@ void WaitGroup::wait() {
 
 }  // namespace fsched
 // ---- end src/impl/sync.ipp ----
+// ---- begin src/impl/io.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: fsched::io and the epoll-based idle wait (Linux).
+//
+// Each scheduler has one epoll instance for the fds its fibers wait for (io_epoll_fd), and
+// each worker one of its own holding just an eventfd (wake_fd). A worker about to sleep
+// takes the poller role if no one holds it and fibers wait for IO; the poller sleeps in
+// epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
+// the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
+// wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
+// blocking every 32 tasks (poll_io) when no one is polling.
+//
+// Registration is level-triggered and one-shot (EPOLLONESHOT), re-armed by each wait:
+// one-shot, because an fd's readiness must wake its waiter once and then stay quiet until
+// someone waits again (a level-triggered fd with no waiter would wake the poller in a loop);
+// not edge-triggered, because a waiter that arrives after the edge would sleep forever
+// unless every caller drained the fd first. Each fd has one interest entry, for the union
+// of its reader's and writer's directions, and the fd itself as the key (io_fds).
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+namespace fsched {
+namespace detail {
+
+struct IoWait {
+    Waiter waiter;           // notified (ready or cancelled) races timed_out
+    bool cancelled = false;  // written by cancel() before it wakes the waiter
+};
+
+namespace {
+
+// Live schedulers, for io::cancel(), and plain threads blocked in poll(), with the
+// eventfd that interrupts each.
+std::mutex io_registry_mutex;
+std::vector<SchedulerCore*> io_schedulers;
+std::unordered_multimap<int, int> thread_io_waits;  // fd -> the waiting thread's cancel eventfd
+
+int checked(int rc, const char* what) {
+    if (rc < 0) throw std::system_error(errno, std::generic_category(), what);
+    return rc;
+}
+
+void watch(int epoll_fd, int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    checked(epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev), "fiber_sched: epoll_ctl");
+}
+
+void drain(int event_fd) noexcept {
+    std::uint64_t count;
+    while (::read(event_fd, &count, sizeof count) > 0) {
+    }
+}
+
+int timeout_ms(const std::chrono::steady_clock::time_point* deadline) noexcept {
+    if (!deadline) return -1;
+    const auto left = *deadline - std::chrono::steady_clock::now();
+    if (left <= left.zero()) return 0;
+    // Round up: waking a little late is fine, waking early means another wait.
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
+}
+
+// Sets fd's epoll interest to what its waiters want; drops the entry when none is left.
+// Under io_lock. Returns 0 or the errno of epoll_ctl.
+int rearm(SchedulerCore& core, int fd, IoFd& entry) noexcept {
+    const std::uint32_t events = (entry.reader ? EPOLLIN | EPOLLRDHUP : 0u) | (entry.writer ? EPOLLOUT : 0u);
+    if (events == 0) {
+        // The fd may be closed by now; a failed delete changes nothing.
+        if (entry.registered) epoll_ctl(core.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+        core.io_fds.erase(fd);
+        return 0;
+    }
+    epoll_event ev{};
+    ev.events = events | EPOLLONESHOT;
+    ev.data.fd = fd;
+    if (epoll_ctl(core.io_epoll_fd, entry.registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) return errno;
+    entry.registered = true;
+    return 0;
+}
+
+// Takes whichever of fd's waiters `revents` wakes; under io_lock.
+void take_ready(SchedulerCore& core, int fd, std::uint32_t revents, IoWait* woken[2], int& count) noexcept {
+    auto it = core.io_fds.find(fd);
+    if (it == core.io_fds.end()) return;
+    IoFd& entry = it->second;
+    if (entry.reader && (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+        if (claim(entry.reader->waiter)) woken[count++] = entry.reader;
+        entry.reader = nullptr;
+    }
+    if (entry.writer && (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR))) {
+        if (claim(entry.writer->waiter)) woken[count++] = entry.writer;
+        entry.writer = nullptr;
+    }
+    rearm(core, fd, entry);  // one-shot: the rest of the interest needs arming again
+}
+
+// Wakes the waiters of each ready fd in `events`; true if any was woken.
+bool dispatch(SchedulerCore& core, const epoll_event* events, int n) {
+    bool any = false;
+    for (int i = 0; i < n; ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == core.poller_wake_fd) {
+            drain(fd);
+            continue;
+        }
+        IoWait* woken[2];
+        int count = 0;
+        core.io_lock.lock();
+        take_ready(core, fd, events[i].events, woken, count);
+        core.io_lock.unlock();
+        for (int k = 0; k < count; ++k) wake_claimed(woken[k]->waiter);
+        any = any || count > 0;
+    }
+    return any;
+}
+
+struct FiberIoWait {
+    SchedulerCore* core;
+    int fd;
+};
+
+// Takes a timed-out waiter out of its fd's entry (unless a waker already did); under io_lock.
+void unlink_io_wait(void* context, Waiter& w) {
+    auto* wait = reinterpret_cast<IoWait*>(&w);  // Waiter is IoWait's first member
+    auto* where = static_cast<FiberIoWait*>(context);
+    auto it = where->core->io_fds.find(where->fd);
+    if (it == where->core->io_fds.end()) return;
+    IoFd& entry = it->second;
+    if (entry.reader == wait) entry.reader = nullptr;
+    if (entry.writer == wait) entry.writer = nullptr;
+    rearm(*where->core, where->fd, entry);
+}
+
+bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+    IoWait wait;
+    core.io_lock.lock();
+    IoFd& entry = core.io_fds[fd];
+    IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
+    if (slot) {
+        core.io_lock.unlock();
+        errno = EBUSY;
+        return false;
+    }
+    slot = &wait;
+    if (const int error = rearm(core, fd, entry)) {
+        slot = nullptr;
+        if (!entry.reader && !entry.writer && !entry.registered) core.io_fds.erase(fd);
+        core.io_lock.unlock();
+        if (error == EPERM) return true;  // a regular file: always ready
+        errno = error;
+        return false;
+    }
+    core.io_waiters.fetch_add(1, std::memory_order_relaxed);
+    FiberIoWait where{&core, fd};
+    const bool woken = block(core.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
+    core.io_waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (!woken) {
+        errno = ETIMEDOUT;
+        return false;
+    }
+    if (wait.cancelled) {
+        errno = ECANCELED;
+        return false;
+    }
+    return true;
+}
+
+int thread_cancel_fd() {
+    static thread_local struct CancelFd {
+        int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        ~CancelFd() {
+            if (fd >= 0) close(fd);
+        }
+    } cancel_fd;
+    return cancel_fd.fd;
+}
+
+bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+    const int cancel_fd = thread_cancel_fd();
+    if (cancel_fd < 0) return false;  // errno from eventfd()
+    std::unordered_multimap<int, int>::iterator registration;
+    {
+        std::lock_guard<std::mutex> lock(io_registry_mutex);
+        registration = thread_io_waits.emplace(fd, cancel_fd);
+    }
+    pollfd fds[2] = {{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0}, {cancel_fd, POLLIN, 0}};
+    int rc;
+    do {
+        rc = ::poll(fds, 2, timeout_ms(deadline));
+    } while (rc < 0 && errno == EINTR);
+    const int poll_errno = errno;
+    {
+        std::lock_guard<std::mutex> lock(io_registry_mutex);
+        thread_io_waits.erase(registration);
+    }
+    if (rc < 0) {
+        errno = poll_errno;
+        return false;
+    }
+    if (fds[1].revents) {
+        drain(cancel_fd);
+        errno = ECANCELED;
+        return false;
+    }
+    if (fds[0].revents & POLLNVAL) {
+        errno = EBADF;
+        return false;
+    }
+    if (rc == 0) {
+        errno = ETIMEDOUT;
+        return false;
+    }
+    return true;
+}
+
+bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+    FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
+                       "io::wait(): wait for Read or for Write, one at a time");
+    if (fd < 0) {
+        errno = EBADF;
+        return false;
+    }
+    if (in_scheduler_task()) {
+        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler), fd, what, deadline);
+    }
+    return thread_wait(fd, what, deadline);
+}
+
+// io::read & co. take non-blocking fds only: on a blocking one the call would block the
+// worker thread (or, for a plain thread, forever), so refuse it up front.
+bool usable_fd(int fd) {
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) return false;  // errno EBADF
+    if (!(flags & O_NONBLOCK)) {
+        errno = EINVAL;
+        return false;
+    }
+    return true;
+}
+
+struct Deadline {
+    explicit Deadline(std::chrono::milliseconds timeout)
+        : has(timeout.count() >= 0), at(has ? std::chrono::steady_clock::now() + timeout : std::chrono::steady_clock::time_point{}) {}
+    const std::chrono::steady_clock::time_point* get() const noexcept { return has ? &at : nullptr; }
+    bool has;
+    std::chrono::steady_clock::time_point at;
+};
+
+template <class Call>
+auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call) -> decltype(call()) {
+    if (!usable_fd(fd)) return -1;
+    const Deadline deadline(timeout);
+    for (;;) {
+        const auto rc = call();
+        if (rc >= 0) return rc;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return rc;
+        if (!wait_until(fd, what, deadline.get())) return -1;
+    }
+}
+
+}  // namespace
+
+void SchedulerCore::open_io() {
+    io_epoll_fd = checked(epoll_create1(EPOLL_CLOEXEC), "fiber_sched: epoll_create1");
+    poller_wake_fd = checked(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "fiber_sched: eventfd");
+    watch(io_epoll_fd, poller_wake_fd);
+    for (auto& w : workers) {
+        w->epoll_fd = checked(epoll_create1(EPOLL_CLOEXEC), "fiber_sched: epoll_create1");
+        w->wake_fd = checked(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "fiber_sched: eventfd");
+        watch(w->epoll_fd, w->wake_fd);
+    }
+    std::lock_guard<std::mutex> lock(io_registry_mutex);
+    io_schedulers.push_back(this);
+}
+
+void SchedulerCore::close_io() noexcept {
+    {
+        std::lock_guard<std::mutex> lock(io_registry_mutex);
+        io_schedulers.erase(std::remove(io_schedulers.begin(), io_schedulers.end(), this), io_schedulers.end());
+    }
+    for (auto& w : workers) {
+        if (w->epoll_fd >= 0) close(w->epoll_fd);
+        if (w->wake_fd >= 0) close(w->wake_fd);
+    }
+    if (io_epoll_fd >= 0) close(io_epoll_fd);
+    if (poller_wake_fd >= 0) close(poller_wake_fd);
+}
+
+bool SchedulerCore::poll_io() noexcept {
+    epoll_event events[64];
+    const int n = epoll_wait(io_epoll_fd, events, 64, 0);
+    return n > 0 && dispatch(*this, events, n);
+}
+
+inline void Worker::notify() {
+    const std::uint64_t one = 1;
+    // Whoever claimed the wake-up read is_poller after its CAS on `sleeping`, and this
+    // worker set it before setting `sleeping`: the write goes where it sleeps.
+    const int fd = is_poller.load(std::memory_order_relaxed) ? core.poller_wake_fd : wake_fd;
+    ssize_t written = ::write(fd, &one, sizeof one);
+    (void)written;  // an eventfd only fails to count past 2^64 - 2
+}
+
+inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
+    epoll_event events[64];
+    const int timeout = timeout_ms(deadline);
+    if (is_poller.load(std::memory_order_relaxed)) {
+        const int n = epoll_wait(core.io_epoll_fd, events, 64, timeout);
+        if (n > 0) dispatch(core, events, n);
+        return;
+    }
+    if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
+}
+
+}  // namespace detail
+
+namespace io {
+
+bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
+    const detail::Deadline deadline(timeout);
+    return detail::wait_until(fd, what, deadline.get());
+}
+
+ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
+    return detail::retry(fd, Ready::Read, timeout, [&] { return ::read(fd, buf, n); });
+}
+
+ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
+    return detail::retry(fd, Ready::Write, timeout, [&] { return ::write(fd, buf, n); });
+}
+
+int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
+    return detail::retry(fd, Ready::Read, timeout, [&] { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+}
+
+int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
+    if (!detail::usable_fd(fd)) return -1;
+    if (::connect(fd, addr, len) == 0) return 0;
+    if (errno != EINPROGRESS && errno != EINTR) return -1;
+    if (!wait(fd, Ready::Write, timeout)) return -1;
+    int error = 0;
+    socklen_t error_len = sizeof error;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
+    if (error != 0) {
+        errno = error;
+        return -1;
+    }
+    return 0;
+}
+
+void cancel(int fd) {
+    std::lock_guard<std::mutex> registry(detail::io_registry_mutex);
+    const std::uint64_t one = 1;
+    auto threads = detail::thread_io_waits.equal_range(fd);
+    for (auto it = threads.first; it != threads.second; ++it) {
+        ssize_t written = ::write(it->second, &one, sizeof one);
+        (void)written;
+    }
+    for (detail::SchedulerCore* core : detail::io_schedulers) {
+        detail::IoWait* woken[2];
+        int count = 0;
+        core->io_lock.lock();
+        auto it = core->io_fds.find(fd);
+        if (it != core->io_fds.end()) {
+            detail::IoFd& entry = it->second;
+            for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
+                if (*slot && detail::claim((*slot)->waiter)) {
+                    (*slot)->cancelled = true;
+                    woken[count++] = *slot;
+                }
+                *slot = nullptr;
+            }
+            detail::rearm(*core, fd, entry);
+        }
+        core->io_lock.unlock();
+        for (int k = 0; k < count; ++k) detail::wake_claimed(woken[k]->waiter);
+    }
+}
+
+}  // namespace io
+}  // namespace fsched
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
+// ---- end src/impl/io.ipp ----
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

@@ -43,6 +43,12 @@
 #error "fiber_sched: no context-switch backend for this target; define FIBER_SCHED_USE_UCONTEXT on a POSIX system, or port src/context_*.hpp"
 #endif
 
+// fsched::io and the epoll-based idle wait: Linux only. FIBER_SCHED_NO_EPOLL turns them off
+// (the scheduler then idles on a condition variable and fsched::io does not compile).
+#if defined(__linux__) && !defined(FIBER_SCHED_NO_EPOLL)
+#define FIBER_SCHED_HAVE_EPOLL 1
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define FIBER_SCHED_ASAN 1
 #elif defined(__has_feature)

@@ -99,6 +99,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
 #include "sync.hpp"
+#include "io.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -108,21 +109,28 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
-#include <deque>
-#include <queue>
-#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <queue>
 #include <system_error>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#endif
 
 #include "impl/common.ipp"
 #if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
@@ -137,6 +145,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/fiber.ipp"
 #include "impl/scheduler.ipp"
 #include "impl/sync.ipp"
+#include "impl/io.ipp"
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

@@ -102,9 +102,18 @@ private:
     Waiter* tail_ = nullptr;
 };
 
-// Blocks the caller, whose Waiter `w` is already in a list guarded by `lock` (held), until
-// it is notified (true) or `deadline` passes (false; it is then unlinked). Releases `lock`.
-bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline);
+// Blocks the caller, whose Waiter `w` is already published where notifiers find it, under
+// `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
+// lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
+using Unlink = void (*)(void* context, Waiter& w);
+bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
+           void* context);
+// The same for a Waiter in a WaitList.
+inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+    return block(lock, w, deadline, [](void* l, Waiter& waiter) {
+        if (waiter.linked) static_cast<WaitList*>(l)->remove(&waiter);
+    }, &list);
+}
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
     int expected = waiting;

@@ -57,6 +57,17 @@ struct QueuedTask {
     bool woken = false;
 };
 
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+struct IoWait;
+// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
+// scheduler's epoll instance. Under SchedulerCore::io_lock.
+struct IoFd {
+    IoWait* reader = nullptr;
+    IoWait* writer = nullptr;
+    bool registered = false;
+};
+#endif
+
 class alignas(64) Worker {
 public:
     Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {}
@@ -77,9 +88,19 @@ public:
     // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
     // or the worker itself), and that one decrements core.sleepers. seq_cst: see above.
     std::atomic<bool> sleeping{false};
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    // The idle wait is epoll_wait: on this epoll instance, which holds only wake_fd, or, for
+    // the worker that holds the poller role, on the scheduler's IO instance (see io.ipp).
+    int epoll_fd = -1;
+    int wake_fd = -1;
+    // Written by this worker before it sets `sleeping`; read by whoever claims the wake-up
+    // after its CAS on `sleeping`, which orders the two.
+    std::atomic<bool> is_poller{false};
+#else
     std::mutex idle_mutex;
     std::condition_variable idle_cv;
     bool notified = false;  // under idle_mutex
+#endif
 
     // Only this worker's thread touches these.
     std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
@@ -139,28 +160,16 @@ public:
         return true;
     }
 
-    void notify() {
-        {
-            std::lock_guard<std::mutex> lock(idle_mutex);
-            notified = true;
-        }
-        idle_cv.notify_one();
-    }
-
-    // The idle wait: blocks until notify() or `deadline`. The IO layer replaces this body
-    // with epoll_wait on the same terms.
-    void wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
-        std::unique_lock<std::mutex> lock(idle_mutex);
-        if (deadline) {
-            idle_cv.wait_until(lock, *deadline, [this] { return notified; });
-        } else {
-            idle_cv.wait(lock, [this] { return notified; });
-        }
-        notified = false;
-    }
+    // Ends this worker's idle wait (or makes its next one return at once).
+    void notify();
+    // The idle wait, the one place a worker blocks: until notify(), `deadline`, or (for the
+    // poller) an fd becoming ready.
+    void wait_for_work(const std::chrono::steady_clock::time_point* deadline);
 
     void run_loop();
     void requeue_yielded(QueuedTask& next);
+    void give_up_poller_role() noexcept;
+    unsigned loops_since_io_poll = 0;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
@@ -175,7 +184,28 @@ public:
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()) {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
+        open_io();
     }
+    ~SchedulerCore() { close_io(); }
+    SchedulerCore(const SchedulerCore&) = delete;
+    SchedulerCore& operator=(const SchedulerCore&) = delete;
+
+    // Creates / closes the epoll instances and eventfds (io.ipp); no-ops without epoll.
+    void open_io();
+    void close_io() noexcept;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    int io_epoll_fd = -1;      // every fd a fiber of this scheduler waits for, plus poller_wake_fd
+    int poller_wake_fd = -1;   // wakes whichever worker holds the poller role
+    // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
+    // worker about to sleep, given up when it wakes.
+    std::atomic<Worker*> poller{nullptr};
+    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
+    std::atomic<int> io_waiters{0};
+    SpinLock io_lock;          // guards io_fds and the epoll interest of each fd
+    std::unordered_map<int, struct IoFd> io_fds;
+    // Harvests ready fds without blocking; true if any fiber was woken.
+    bool poll_io() noexcept;
+#endif
 
     Scheduler& owner;
     const bool use_caller;
@@ -306,10 +336,24 @@ inline void Worker::run_loop() {
             run_task(task);
             continue;
         }
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
+        // then, so fibers waiting for IO are not starved by a busy scheduler.
+        if (++loops_since_io_poll >= 32) {
+            loops_since_io_poll = 0;
+            if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+                core.poller.load(std::memory_order_relaxed) == nullptr) {
+                core.poll_io();
+            }
+        }
+#endif
         if (find_task(task)) {
             run_task(task);
             continue;
         }
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) continue;
+#endif
         // Spin a few microseconds before paying for a sleep and a wake-up.
         core.spinning.fetch_add(1, std::memory_order_seq_cst);
         bool found = false;
@@ -326,9 +370,18 @@ inline void Worker::run_loop() {
             run_task(task);
             continue;
         }
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
+        Worker* no_poller = nullptr;
+        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+            core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+            is_poller.store(true, std::memory_order_relaxed);
+        }
+#endif
         sleeping.store(true, std::memory_order_seq_cst);
         core.sleepers.fetch_add(1, std::memory_order_seq_cst);
         if (find_task(task, true) || core.finished()) {
+            give_up_poller_role();
             bool expected = true;
             if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
                 core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -349,6 +402,7 @@ inline void Worker::run_loop() {
         if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
             core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
         }
+        give_up_poller_role();
     }
     ts->scheduler = nullptr;
     ts->worker = nullptr;
@@ -374,6 +428,39 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     from.pop_front();
     stealable.store(tasks.size(), std::memory_order_relaxed);
     queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+}
+
+#if !defined(FIBER_SCHED_HAVE_EPOLL)
+// Without epoll the idle wait is a condition variable (and there is no fsched::io).
+inline void Worker::notify() {
+    {
+        std::lock_guard<std::mutex> lock(idle_mutex);
+        notified = true;
+    }
+    idle_cv.notify_one();
+}
+
+inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
+    std::unique_lock<std::mutex> lock(idle_mutex);
+    if (deadline) {
+        idle_cv.wait_until(lock, *deadline, [this] { return notified; });
+    } else {
+        idle_cv.wait(lock, [this] { return notified; });
+    }
+    notified = false;
+}
+
+void SchedulerCore::open_io() {}
+void SchedulerCore::close_io() noexcept {}
+#endif
+
+inline void Worker::give_up_poller_role() noexcept {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    if (is_poller.load(std::memory_order_relaxed)) {
+        is_poller.store(false, std::memory_order_relaxed);
+        core.poller.store(nullptr, std::memory_order_release);
+    }
+#endif
 }
 
 inline void Worker::fire_due_timers() {

@@ -27,7 +27,8 @@ void release_after_park(Fiber*, void* arg) {
 
 }  // namespace
 
-bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
+           void* context) {
     if (in_scheduler_task()) {
         if (deadline) {
             // The timer may outlive this frame: the state it races for lives on the heap.
@@ -38,7 +39,7 @@ bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_
         park(&release_after_park, &args);
         if (w.state->status.load(std::memory_order_acquire) == notified) return true;
         std::lock_guard<SpinLock> guard(lock);
-        if (w.linked) list.remove(&w);
+        unlink(context, w);
         return false;
     }
     ThreadSignal signal;
@@ -50,7 +51,7 @@ bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_
         if (w.state->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) {
             signal_lock.unlock();
             std::lock_guard<SpinLock> guard(lock);
-            if (w.linked) list.remove(&w);
+            unlink(context, w);
             return false;
         }
         // A notifier claimed us just as the deadline passed: take its signal.

@@ -1,0 +1,83 @@
+// ---------------------------------------------------------------------------
+// fsched::io: waiting for file descriptors (Tars' epoll loop, sylar's IOManager), Linux.
+//
+// Nothing in libc is hooked: a fiber waits explicitly, with io::wait() or the read /
+// write / accept / connect wrappers, which retry on EAGAIN by waiting. A waiting fiber
+// parks and frees its worker; a plain thread blocks in poll().
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <sys/socket.h>
+#include <sys/types.h>
+#endif
+
+namespace fsched {
+namespace io {
+
+enum class Ready : unsigned { Read = 1, Write = 2 };
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+// Parks until `fd` is ready for `what` (Read: data, EOF or an error; Write: room or an
+// error), or `timeout` passes (negative: no limit). Returns true when ready; false with
+// errno ETIMEDOUT on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when
+// another fiber already waits for the same fd and direction. A plain thread blocks in poll().
+bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+// For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what
+// the system call returns with errno set, and -1 with errno ETIMEDOUT once `timeout` (over
+// all retries) passes.
+ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+ssize_t write(int fd, const void* buf, std::size_t n,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+// accept4() with SOCK_NONBLOCK | SOCK_CLOEXEC: the new connection is ready for io::read.
+int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+// Connects a non-blocking socket: 0 once connected, -1 with the connection's error.
+int connect(int fd, const sockaddr* addr, socklen_t len,
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+// Wakes every fiber and thread waiting for `fd`: their wait returns false, errno ECANCELED.
+// Then the fd can be closed safely (closing one that is waited for is a user error).
+void cancel(int fd);
+
+#else
+
+namespace detail {
+template <class... T>
+constexpr bool linux_only = sizeof...(T) > 1000000;
+}
+// Without epoll these exist only to say so when used.
+template <class... Args>
+bool wait(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return false;
+}
+template <class... Args>
+long read(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+long write(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+int accept(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+int connect(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return -1;
+}
+template <class... Args>
+void cancel(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+}
+
+#endif
+
+}  // namespace io
+}  // namespace fsched
