@@ -1099,6 +1099,10 @@ int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds tim
 int connect(int fd, const sockaddr* addr, socklen_t len,
             std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
+// errno of the calling thread. Read errno through this in a fiber: the compiler may keep
+// errno's (thread-local) address from before a call that moved the fiber to another thread.
+int last_error() noexcept;
+
 // Wakes every fiber and thread waiting for `fd`: their wait returns false, errno ECANCELED.
 // Then the fd can be closed safely (closing one that is waited for is a user error).
 void cancel(int fd);
@@ -1134,6 +1138,11 @@ template <class... Args>
 int connect(Args&&...) {
     static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
     return -1;
+}
+template <class... Args>
+int last_error(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return 0;
 }
 template <class... Args>
 void cancel(Args&&...) {
@@ -2971,6 +2980,20 @@ void WaitGroup::wait() {
 namespace fsched {
 namespace detail {
 
+// errno is thread-local and glibc declares its address function const, so the optimiser may
+// keep the address from before a fiber switch and use the first thread's errno after the
+// fiber moved. Every errno access that may follow a park goes through these.
+__attribute__((noinline)) int current_errno() noexcept {
+    const int error = errno;
+    __asm__ volatile("" : : : "memory");
+    return error;
+}
+
+__attribute__((noinline)) void set_errno(int error) noexcept {
+    errno = error;
+    __asm__ volatile("" : : : "memory");
+}
+
 struct IoWait {
     Waiter waiter;           // notified (ready or cancelled) races timed_out
     bool cancelled = false;  // written by cancel() before it wakes the waiter
@@ -3045,13 +3068,15 @@ void take_ready(SchedulerCore& core, int fd, std::uint32_t revents, IoWait* woke
     rearm(core, fd, entry);  // one-shot: the rest of the interest needs arming again
 }
 
-// Wakes the waiters of each ready fd in `events`; true if any was woken.
-bool dispatch(SchedulerCore& core, const epoll_event* events, int n) {
+// Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
+// drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
+// the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
+bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_poller) {
     bool any = false;
     for (int i = 0; i < n; ++i) {
         const int fd = events[i].data.fd;
         if (fd == core.poller_wake_fd) {
-            drain(fd);
+            if (is_poller) drain(fd);
             continue;
         }
         IoWait* woken[2];
@@ -3089,7 +3114,7 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
         core.io_lock.unlock();
-        errno = EBUSY;
+        set_errno(EBUSY);
         return false;
     }
     slot = &wait;
@@ -3098,7 +3123,7 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
         if (!entry.reader && !entry.writer && !entry.registered) core.io_fds.erase(fd);
         core.io_lock.unlock();
         if (error == EPERM) return true;  // a regular file: always ready
-        errno = error;
+        set_errno(error);
         return false;
     }
     core.io_waiters.fetch_add(1, std::memory_order_relaxed);
@@ -3106,11 +3131,11 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
     const bool woken = block(core.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     core.io_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (!woken) {
-        errno = ETIMEDOUT;
+        set_errno(ETIMEDOUT);
         return false;
     }
     if (wait.cancelled) {
-        errno = ECANCELED;
+        set_errno(ECANCELED);
         return false;
     }
     return true;
@@ -3138,27 +3163,27 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     int rc;
     do {
         rc = ::poll(fds, 2, timeout_ms(deadline));
-    } while (rc < 0 && errno == EINTR);
-    const int poll_errno = errno;
+    } while (rc < 0 && current_errno() == EINTR);
+    const int poll_errno = current_errno();
     {
         std::lock_guard<std::mutex> lock(io_registry_mutex);
         thread_io_waits.erase(registration);
     }
     if (rc < 0) {
-        errno = poll_errno;
+        set_errno(poll_errno);
         return false;
     }
     if (fds[1].revents) {
         drain(cancel_fd);
-        errno = ECANCELED;
+        set_errno(ECANCELED);
         return false;
     }
     if (fds[0].revents & POLLNVAL) {
-        errno = EBADF;
+        set_errno(EBADF);
         return false;
     }
     if (rc == 0) {
-        errno = ETIMEDOUT;
+        set_errno(ETIMEDOUT);
         return false;
     }
     return true;
@@ -3168,7 +3193,7 @@ bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_po
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
     if (fd < 0) {
-        errno = EBADF;
+        set_errno(EBADF);
         return false;
     }
     if (in_scheduler_task()) {
@@ -3183,7 +3208,7 @@ bool usable_fd(int fd) {
     const int flags = fcntl(fd, F_GETFL);
     if (flags < 0) return false;  // errno EBADF
     if (!(flags & O_NONBLOCK)) {
-        errno = EINVAL;
+        set_errno(EINVAL);
         return false;
     }
     return true;
@@ -3204,8 +3229,9 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call)
     for (;;) {
         const auto rc = call();
         if (rc >= 0) return rc;
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return rc;
+        const int error = current_errno();  // not `errno`: its address may be from before a move
+        if (error == EINTR) continue;
+        if (error != EAGAIN && error != EWOULDBLOCK) return rc;
         if (!wait_until(fd, what, deadline.get())) return -1;
     }
 }
@@ -3241,7 +3267,7 @@ void SchedulerCore::close_io() noexcept {
 bool SchedulerCore::poll_io() noexcept {
     epoll_event events[64];
     const int n = epoll_wait(io_epoll_fd, events, 64, 0);
-    return n > 0 && dispatch(*this, events, n);
+    return n > 0 && dispatch(*this, events, n, false);
 }
 
 inline void Worker::notify() {
@@ -3258,7 +3284,7 @@ inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* d
     const int timeout = timeout_ms(deadline);
     if (is_poller.load(std::memory_order_relaxed)) {
         const int n = epoll_wait(core.io_epoll_fd, events, 64, timeout);
-        if (n > 0) dispatch(core, events, n);
+        if (n > 0) dispatch(core, events, n, true);
         return;
     }
     if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
@@ -3267,6 +3293,8 @@ inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* d
 }  // namespace detail
 
 namespace io {
+
+int last_error() noexcept { return detail::current_errno(); }
 
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
@@ -3288,13 +3316,13 @@ int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds tim
 int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
     if (!detail::usable_fd(fd)) return -1;
     if (::connect(fd, addr, len) == 0) return 0;
-    if (errno != EINPROGRESS && errno != EINTR) return -1;
+    if (detail::current_errno() != EINPROGRESS && detail::current_errno() != EINTR) return -1;
     if (!wait(fd, Ready::Write, timeout)) return -1;
     int error = 0;
     socklen_t error_len = sizeof error;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
     if (error != 0) {
-        errno = error;
+        detail::set_errno(error);
         return -1;
     }
     return 0;

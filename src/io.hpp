@@ -36,6 +36,10 @@ int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds tim
 int connect(int fd, const sockaddr* addr, socklen_t len,
             std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
+// errno of the calling thread. Read errno through this in a fiber: the compiler may keep
+// errno's (thread-local) address from before a call that moved the fiber to another thread.
+int last_error() noexcept;
+
 // Wakes every fiber and thread waiting for `fd`: their wait returns false, errno ECANCELED.
 // Then the fd can be closed safely (closing one that is waited for is a user error).
 void cancel(int fd);
@@ -71,6 +75,11 @@ template <class... Args>
 int connect(Args&&...) {
     static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
     return -1;
+}
+template <class... Args>
+int last_error(Args&&...) {
+    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
+    return 0;
 }
 template <class... Args>
 void cancel(Args&&...) {

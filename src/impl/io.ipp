@@ -22,6 +22,20 @@
 namespace fsched {
 namespace detail {
 
+// errno is thread-local and glibc declares its address function const, so the optimiser may
+// keep the address from before a fiber switch and use the first thread's errno after the
+// fiber moved. Every errno access that may follow a park goes through these.
+__attribute__((noinline)) int current_errno() noexcept {
+    const int error = errno;
+    __asm__ volatile("" : : : "memory");
+    return error;
+}
+
+__attribute__((noinline)) void set_errno(int error) noexcept {
+    errno = error;
+    __asm__ volatile("" : : : "memory");
+}
+
 struct IoWait {
     Waiter waiter;           // notified (ready or cancelled) races timed_out
     bool cancelled = false;  // written by cancel() before it wakes the waiter
@@ -96,13 +110,15 @@ void take_ready(SchedulerCore& core, int fd, std::uint32_t revents, IoWait* woke
     rearm(core, fd, entry);  // one-shot: the rest of the interest needs arming again
 }
 
-// Wakes the waiters of each ready fd in `events`; true if any was woken.
-bool dispatch(SchedulerCore& core, const epoll_event* events, int n) {
+// Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
+// drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
+// the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
+bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_poller) {
     bool any = false;
     for (int i = 0; i < n; ++i) {
         const int fd = events[i].data.fd;
         if (fd == core.poller_wake_fd) {
-            drain(fd);
+            if (is_poller) drain(fd);
             continue;
         }
         IoWait* woken[2];
@@ -140,7 +156,7 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
         core.io_lock.unlock();
-        errno = EBUSY;
+        set_errno(EBUSY);
         return false;
     }
     slot = &wait;
@@ -149,7 +165,7 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
         if (!entry.reader && !entry.writer && !entry.registered) core.io_fds.erase(fd);
         core.io_lock.unlock();
         if (error == EPERM) return true;  // a regular file: always ready
-        errno = error;
+        set_errno(error);
         return false;
     }
     core.io_waiters.fetch_add(1, std::memory_order_relaxed);
@@ -157,11 +173,11 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
     const bool woken = block(core.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     core.io_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (!woken) {
-        errno = ETIMEDOUT;
+        set_errno(ETIMEDOUT);
         return false;
     }
     if (wait.cancelled) {
-        errno = ECANCELED;
+        set_errno(ECANCELED);
         return false;
     }
     return true;
@@ -189,27 +205,27 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     int rc;
     do {
         rc = ::poll(fds, 2, timeout_ms(deadline));
-    } while (rc < 0 && errno == EINTR);
-    const int poll_errno = errno;
+    } while (rc < 0 && current_errno() == EINTR);
+    const int poll_errno = current_errno();
     {
         std::lock_guard<std::mutex> lock(io_registry_mutex);
         thread_io_waits.erase(registration);
     }
     if (rc < 0) {
-        errno = poll_errno;
+        set_errno(poll_errno);
         return false;
     }
     if (fds[1].revents) {
         drain(cancel_fd);
-        errno = ECANCELED;
+        set_errno(ECANCELED);
         return false;
     }
     if (fds[0].revents & POLLNVAL) {
-        errno = EBADF;
+        set_errno(EBADF);
         return false;
     }
     if (rc == 0) {
-        errno = ETIMEDOUT;
+        set_errno(ETIMEDOUT);
         return false;
     }
     return true;
@@ -219,7 +235,7 @@ bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_po
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
     if (fd < 0) {
-        errno = EBADF;
+        set_errno(EBADF);
         return false;
     }
     if (in_scheduler_task()) {
@@ -234,7 +250,7 @@ bool usable_fd(int fd) {
     const int flags = fcntl(fd, F_GETFL);
     if (flags < 0) return false;  // errno EBADF
     if (!(flags & O_NONBLOCK)) {
-        errno = EINVAL;
+        set_errno(EINVAL);
         return false;
     }
     return true;
@@ -255,8 +271,9 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call)
     for (;;) {
         const auto rc = call();
         if (rc >= 0) return rc;
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return rc;
+        const int error = current_errno();  // not `errno`: its address may be from before a move
+        if (error == EINTR) continue;
+        if (error != EAGAIN && error != EWOULDBLOCK) return rc;
         if (!wait_until(fd, what, deadline.get())) return -1;
     }
 }
@@ -292,7 +309,7 @@ void SchedulerCore::close_io() noexcept {
 bool SchedulerCore::poll_io() noexcept {
     epoll_event events[64];
     const int n = epoll_wait(io_epoll_fd, events, 64, 0);
-    return n > 0 && dispatch(*this, events, n);
+    return n > 0 && dispatch(*this, events, n, false);
 }
 
 inline void Worker::notify() {
@@ -309,7 +326,7 @@ inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* d
     const int timeout = timeout_ms(deadline);
     if (is_poller.load(std::memory_order_relaxed)) {
         const int n = epoll_wait(core.io_epoll_fd, events, 64, timeout);
-        if (n > 0) dispatch(core, events, n);
+        if (n > 0) dispatch(core, events, n, true);
         return;
     }
     if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
@@ -318,6 +335,8 @@ inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* d
 }  // namespace detail
 
 namespace io {
+
+int last_error() noexcept { return detail::current_errno(); }
 
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
@@ -339,13 +358,13 @@ int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds tim
 int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
     if (!detail::usable_fd(fd)) return -1;
     if (::connect(fd, addr, len) == 0) return 0;
-    if (errno != EINPROGRESS && errno != EINTR) return -1;
+    if (detail::current_errno() != EINPROGRESS && detail::current_errno() != EINTR) return -1;
     if (!wait(fd, Ready::Write, timeout)) return -1;
     int error = 0;
     socklen_t error_len = sizeof error;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
     if (error != 0) {
-        errno = error;
+        detail::set_errno(error);
         return -1;
     }
     return 0;
