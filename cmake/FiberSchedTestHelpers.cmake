@@ -1,0 +1,42 @@
+# Helpers shared by the fiber_sched tests, examples and the cross-compiled test project.
+# Not installed: consumers of fiber_sched never see these.
+include_guard(GLOBAL)
+
+# fiber_sched_strict_warnings(<target>)
+# Warnings are errors for our own code; set on the target, never in CMAKE_CXX_FLAGS.
+function(fiber_sched_strict_warnings target)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror)
+  elseif(MSVC)
+    target_compile_options(${target} PRIVATE /W4 /WX)
+  endif()
+  # Plain ISO C++17 (-std=c++17, not gnu++17): the oldest standard the header supports.
+  set_target_properties(${target} PROPERTIES
+    CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+endfunction()
+
+# fiber_sched_add_test_executable(<target>
+#     TESTS_DIR <dir holding main.cpp, impl.cpp and test_*.cpp>
+#     VARIANT <name>                      # becomes FIBER_SCHED_TEST_VARIANT="<name>"
+#     [LIBRARIES <doctest target> ...]
+#     [COMPILE_OPTIONS ...] [LINK_OPTIONS ...] [DEFINITIONS ...])
+# One test executable: the doctest main, the one implementation TU and every test_*.cpp.
+function(fiber_sched_add_test_executable target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg ""
+    "TESTS_DIR;VARIANT" "LIBRARIES;COMPILE_OPTIONS;LINK_OPTIONS;DEFINITIONS")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "fiber_sched_add_test_executable: unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  file(GLOB test_sources CONFIGURE_DEPENDS "${arg_TESTS_DIR}/test_*.cpp")
+  list(SORT test_sources)
+  if(NOT test_sources)
+    message(WARNING "fiber_sched: no ${arg_TESTS_DIR}/test_*.cpp found")
+  endif()
+  add_executable(${target} "${arg_TESTS_DIR}/main.cpp" "${arg_TESTS_DIR}/impl.cpp" ${test_sources})
+  target_link_libraries(${target} PRIVATE fiber_sched::fiber_sched ${arg_LIBRARIES})
+  target_compile_definitions(${target} PRIVATE
+    "FIBER_SCHED_TEST_VARIANT=\"${arg_VARIANT}\"" ${arg_DEFINITIONS})
+  fiber_sched_strict_warnings(${target})
+  target_compile_options(${target} PRIVATE ${arg_COMPILE_OPTIONS})
+  target_link_options(${target} PRIVATE ${arg_LINK_OPTIONS})
+endfunction()
