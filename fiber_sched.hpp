@@ -3034,20 +3034,42 @@ int timeout_ms(const std::chrono::steady_clock::time_point* deadline) noexcept {
     return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
 }
 
-// Sets fd's epoll interest to what its waiters want; drops the entry when none is left.
-// Under io_lock. Returns 0 or the errno of epoll_ctl.
-int rearm(SchedulerCore& core, int fd, IoFd& entry) noexcept {
+// What to do with an fd's epoll entry once no fiber waits for it.
+enum class WhenIdle {
+    keep,    // it just fired, so one-shot already disarmed it: no system call
+    disarm,  // a waiter gave up (timeout): stop its interest, keep the entry for the next wait
+    remove,  // cancel(): the fd is about to be closed, forget it
+};
+
+// Sets fd's epoll interest to what its waiters want. Under io_lock. Returns 0 or the errno
+// of epoll_ctl. Entries stay registered between waits, so the next wait costs one MOD, not
+// an ADD and a DEL; io_fds is keyed by fd number, so it grows no larger than the highest fd.
+// An entry left by a closed fd is found stale when its number is reused: MOD then fails
+// with ENOENT (closing removed it from epoll) and becomes an ADD.
+int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
     const std::uint32_t events = (entry.reader ? EPOLLIN | EPOLLRDHUP : 0u) | (entry.writer ? EPOLLOUT : 0u);
+    epoll_event ev{};
+    ev.data.fd = fd;
     if (events == 0) {
-        // The fd may be closed by now; a failed delete changes nothing.
-        if (entry.registered) epoll_ctl(core.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-        core.io_fds.erase(fd);
+        if (when_idle == WhenIdle::remove) {
+            // The fd may be closed by now; a failed delete changes nothing.
+            if (entry.registered) epoll_ctl(core.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+            core.io_fds.erase(fd);
+        } else if (when_idle == WhenIdle::disarm && entry.registered) {
+            ev.events = EPOLLONESHOT;  // no events: disarmed until the next MOD
+            if (epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) entry.registered = false;
+        }
         return 0;
     }
-    epoll_event ev{};
     ev.events = events | EPOLLONESHOT;
-    ev.data.fd = fd;
-    if (epoll_ctl(core.io_epoll_fd, entry.registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) return errno;
+    if (entry.registered && epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
+    if (epoll_ctl(core.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        // EEXIST: registered although we lost track (an ADD that raced a close/reuse).
+        if (errno != EEXIST || epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) {
+            entry.registered = false;
+            return errno;
+        }
+    }
     entry.registered = true;
     return 0;
 }
@@ -3065,7 +3087,7 @@ void take_ready(SchedulerCore& core, int fd, std::uint32_t revents, IoWait* woke
         if (claim(entry.writer->waiter)) woken[count++] = entry.writer;
         entry.writer = nullptr;
     }
-    rearm(core, fd, entry);  // one-shot: the rest of the interest needs arming again
+    rearm(core, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
 }
 
 // Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
@@ -3104,7 +3126,7 @@ void unlink_io_wait(void* context, Waiter& w) {
     IoFd& entry = it->second;
     if (entry.reader == wait) entry.reader = nullptr;
     if (entry.writer == wait) entry.writer = nullptr;
-    rearm(*where->core, where->fd, entry);
+    rearm(*where->core, where->fd, entry, WhenIdle::disarm);
 }
 
 bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
@@ -3118,9 +3140,9 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
         return false;
     }
     slot = &wait;
-    if (const int error = rearm(core, fd, entry)) {
+    if (const int error = rearm(core, fd, entry, WhenIdle::keep)) {
         slot = nullptr;
-        if (!entry.reader && !entry.writer && !entry.registered) core.io_fds.erase(fd);
+        if (!entry.reader && !entry.writer) core.io_fds.erase(fd);
         core.io_lock.unlock();
         if (error == EPERM) return true;  // a regular file: always ready
         set_errno(error);
@@ -3222,9 +3244,12 @@ struct Deadline {
     std::chrono::steady_clock::time_point at;
 };
 
+// Calls `call` until it succeeds or fails with something other than EAGAIN, waiting for
+// `what` in between. `check_fd`: refuse a blocking fd first (see usable_fd).
 template <class Call>
-auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call) -> decltype(call()) {
-    if (!usable_fd(fd)) return -1;
+auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call, bool check_fd = true)
+    -> decltype(call()) {
+    if (check_fd && !usable_fd(fd)) return -1;
     const Deadline deadline(timeout);
     for (;;) {
         const auto rc = call();
@@ -3302,10 +3327,26 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
+    // A socket: recv(MSG_DONTWAIT) never blocks, whatever the fd's flags, and needs no
+    // fcntl() to find out. Anything else goes through read() on a checked non-blocking fd.
+    const ssize_t first = ::recv(fd, buf, n, MSG_DONTWAIT);
+    if (first >= 0) return first;
+    const int error = detail::current_errno();
+    if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) {
+        return detail::retry(fd, Ready::Read, timeout, [&] { return ::recv(fd, buf, n, MSG_DONTWAIT); }, false);
+    }
+    if (error != ENOTSOCK) return -1;
     return detail::retry(fd, Ready::Read, timeout, [&] { return ::read(fd, buf, n); });
 }
 
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
+    const ssize_t first = ::send(fd, buf, n, MSG_DONTWAIT);
+    if (first >= 0) return first;
+    const int error = detail::current_errno();
+    if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) {
+        return detail::retry(fd, Ready::Write, timeout, [&] { return ::send(fd, buf, n, MSG_DONTWAIT); }, false);
+    }
+    if (error != ENOTSOCK) return -1;
     return detail::retry(fd, Ready::Write, timeout, [&] { return ::write(fd, buf, n); });
 }
 
@@ -3350,7 +3391,7 @@ void cancel(int fd) {
                 }
                 *slot = nullptr;
             }
-            detail::rearm(*core, fd, entry);
+            detail::rearm(*core, fd, entry, detail::WhenIdle::remove);
         }
         core->io_lock.unlock();
         for (int k = 0; k < count; ++k) detail::wake_claimed(woken[k]->waiter);

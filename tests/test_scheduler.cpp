@@ -490,6 +490,12 @@ TEST_CASE("Fiber::current, Scheduler::current and worker_index stay right as a f
                     for (int i = 0; i < 200; ++i) {
                         if (i % 20 == 0) {
                             fsched::this_fiber::sleep_for(100us);
+                        } else if (i % 20 == 10) {
+                            // Hop: put ourselves on the next worker and leave this one, so
+                            // every fiber changes threads at least this way.
+                            const int next = (Scheduler::worker_index() + 1) % static_cast<int>(threads);
+                            Scheduler::current()->schedule(Fiber::current_ptr(), next);
+                            Fiber::yield();
                         } else {
                             fsched::this_fiber::yield();
                         }
@@ -511,7 +517,7 @@ TEST_CASE("Fiber::current, Scheduler::current and worker_index stay right as a f
         s.stop();
         CHECK(wrong == 0);
         INFO("thread changes seen: " << moves.load());
-        CHECK(moves > 0);  // the test is only meaningful if fibers really moved
+        CHECK(moves >= 16 * 10);  // at least every hop moved a fiber to another thread
     }
 }
 
