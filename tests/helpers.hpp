@@ -5,6 +5,7 @@
 #include <ostream>  // doctest prints std types through it
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -58,7 +59,34 @@ inline bool aborted_with(const ChildResult& r, const std::string& rule) {
     return r.signaled && r.signal == SIGABRT && r.err.find(rule) != std::string::npos;
 }
 
+// A scheduler configuration the suites run under: 1, 2, 4 and 8 workers, with and without
+// use_caller.
+struct Config {
+    std::size_t threads;
+    bool use_caller;
+};
+
+inline std::vector<Config> all_configs() {
+    std::vector<Config> configs;
+    for (std::size_t threads : {1u, 2u, 4u, 8u}) {
+        for (bool use_caller : {true, false}) configs.push_back({threads, use_caller});
+    }
+    return configs;
+}
+
+inline std::string config_name(const Config& c) {
+    return std::to_string(c.threads) + (c.use_caller ? " workers, use_caller" : " workers");
+}
+
 }  // namespace test
+
+// Runs `body(config)` once per configuration, each in its own doctest subcase.
+#define FSCHED_FOR_EACH_CONFIG(...)                                               \
+    do {                                                                          \
+        for (const ::test::Config& config_ : ::test::all_configs()) {             \
+            SUBCASE(::test::config_name(config_).c_str()) { (__VA_ARGS__)(config_); } \
+        }                                                                         \
+    } while (0)
 
 #define FSCHED_CHECK_ABORTS_WITH(body, rule)                                        \
     do {                                                                            \

@@ -25,29 +25,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Config {
-    std::size_t threads;
-    bool use_caller;
-};
-
-std::vector<Config> all_configs() {
-    std::vector<Config> configs;
-    for (std::size_t threads : {1u, 2u, 4u, 8u}) {
-        for (bool use_caller : {true, false}) configs.push_back({threads, use_caller});
-    }
-    return configs;
-}
-
-// Runs `body` once per configuration, each in its own doctest subcase.
-template <class Body>
-void for_each_config(Body&& body) {
-    for (const Config& c : all_configs()) {
-        SUBCASE((std::to_string(c.threads) + (c.use_caller ? " workers, use_caller" : " workers")).c_str()) {
-            body(c);
-        }
-    }
-}
-
 long thread_id() { return syscall(SYS_gettid); }
 
 double process_cpu_seconds() {
@@ -59,7 +36,7 @@ double process_cpu_seconds() {
 }  // namespace
 
 TEST_CASE("every scheduled callback runs exactly once") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         constexpr int tasks = 2000;
         std::vector<std::atomic<int>> runs(tasks);
         Scheduler s(c.threads, c.use_caller, "once");
@@ -73,7 +50,7 @@ TEST_CASE("every scheduled callback runs exactly once") {
 }
 
 TEST_CASE("name, thread_count, current and worker_index") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller, "named");
         CHECK(s.name() == "named");
         CHECK(s.thread_count() == c.threads);
@@ -129,7 +106,7 @@ TEST_CASE("use_caller: the constructing thread is worker 0 and runs its tasks in
 }
 
 TEST_CASE("pinned tasks run on their worker, also after yielding and sleeping") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         std::atomic<int> wrong{0};
         std::atomic<int> done{0};
@@ -153,7 +130,7 @@ TEST_CASE("pinned tasks run on their worker, also after yielding and sleeping") 
 }
 
 TEST_CASE("ScheduleTask and batches: fibers, callbacks and pins in one call") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         std::atomic<int> callbacks{0};
         std::atomic<int> wrong_worker{0};
@@ -186,7 +163,7 @@ TEST_CASE("ScheduleTask and batches: fibers, callbacks and pins in one call") {
 }
 
 TEST_CASE("a fiber that calls Fiber::yield() leaves the scheduler; schedule(fiber) puts it back") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         std::atomic<int> step{0};
         auto fiber = std::make_shared<Fiber>([&] {
@@ -260,7 +237,7 @@ TEST_CASE("schedule() of a fiber still switching out resumes it exactly once, af
 }
 
 TEST_CASE("a fiber that schedules itself and then yields is resumed exactly once") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         constexpr int fibers = 200;
         constexpr int rounds = 5;
@@ -304,7 +281,7 @@ TEST_CASE("this_fiber::yield goes to the back of the queue") {
 }
 
 TEST_CASE("sleeping fibers wake in deadline order, not before their deadline") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         std::mutex m;
         std::vector<int> order;
@@ -390,7 +367,7 @@ TEST_CASE("outside scheduler tasks this_fiber yields and sleeps the thread") {
 }
 
 TEST_CASE("stop() waits for queued, sleeping, parked and newly scheduled work") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         std::atomic<int> done{0};
         {
             Scheduler s(c.threads, c.use_caller);
@@ -421,7 +398,7 @@ TEST_CASE("stop() waits for queued, sleeping, parked and newly scheduled work") 
 }
 
 TEST_CASE("exceptions escaping tasks go to the exception handler") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         std::mutex m;
         std::vector<std::string> messages;

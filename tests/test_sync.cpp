@@ -23,22 +23,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Config {
-    std::size_t threads;
-    bool use_caller;
-};
-
-template <class Body>
-void for_each_config(Body&& body) {
-    for (std::size_t threads : {1u, 2u, 4u, 8u}) {
-        for (bool use_caller : {true, false}) {
-            SUBCASE((std::to_string(threads) + (use_caller ? " workers, use_caller" : " workers")).c_str()) {
-                body(Config{threads, use_caller});
-            }
-        }
-    }
-}
-
 #if defined(FIBER_SCHED_TSAN)
 constexpr int scale = 1;
 #else
@@ -66,7 +50,7 @@ TEST_CASE("Mutex: lock, try_lock, unlock, with lock_guard and unique_lock") {
 }
 
 TEST_CASE("Mutex: mutual exclusion among fibers that yield inside the critical section") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         Mutex m;
         long counter = 0;  // not atomic: the mutex protects it
@@ -197,7 +181,7 @@ TEST_CASE("Mutex: misuse is a FIBER_SCHED_ASSERT naming the rule") {
 // ---- ConditionVariable -------------------------------------------------------------------
 
 TEST_CASE("ConditionVariable: notify_one and notify_all wake fibers waiting with a predicate") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         Mutex m;
         ConditionVariable cv;
@@ -227,7 +211,7 @@ TEST_CASE("ConditionVariable: notify_one and notify_all wake fibers waiting with
 }
 
 TEST_CASE("ConditionVariable: a ping-pong of many rounds loses no wake-up") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         Mutex m;
         ConditionVariable cv;
@@ -250,7 +234,7 @@ TEST_CASE("ConditionVariable: a ping-pong of many rounds loses no wake-up") {
 }
 
 TEST_CASE("ConditionVariable: timed waits that time out and ones that do not") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         Mutex m;
         ConditionVariable cv;
@@ -350,7 +334,7 @@ TEST_CASE("ConditionVariable: plain threads and fibers wait and notify each othe
 // ---- WaitGroup ---------------------------------------------------------------------------
 
 TEST_CASE("WaitGroup: wait returns once every add is matched by done") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         WaitGroup wg;
         std::atomic<int> done{0};
@@ -435,7 +419,7 @@ TEST_CASE("Channel: a buffered channel takes `capacity` values without blocking"
 }
 
 TEST_CASE("Channel: close fails sends, drains, then gives nullopt, and wakes every waiter") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         Channel<int> buffered(2);
         Channel<int> blocked;
@@ -505,7 +489,7 @@ TEST_CASE("Channel: blocked receivers are served in arrival order") {
 }
 
 TEST_CASE("Channel: many producers and consumers deliver every value exactly once") {
-    for_each_config([](Config c) {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         for (std::size_t capacity : {0u, 1u, 16u}) {
             CAPTURE(capacity);
             Scheduler s(c.threads, c.use_caller);
