@@ -774,13 +774,21 @@ struct Waiter {
     std::shared_ptr<WaitState> shared; // keeps a timed fiber wait's state alive for its timer
     std::uint64_t owner = 0;           // Mutex: who will own it after a hand-off
     void* slot = nullptr;              // Channel: where the value comes from or goes to
-    bool ok = false;                   // Channel: the transfer happened (false: closed)
+    bool ok = false;                   // Channel: the transfer happened (false: closed);
+                                       // Mutex: the lock was handed over
 };
 
 // FIFO of waiters; the owning object's lock guards it.
 class WaitList {
 public:
     bool empty() const noexcept { return head_ == nullptr; }
+    void push_front(Waiter* w) noexcept {
+        w->prev = nullptr;
+        w->next = head_;
+        (head_ ? head_->prev : tail_) = w;
+        head_ = w;
+        w->linked = true;
+    }
     void push_back(Waiter* w) noexcept {
         w->prev = tail_;
         w->next = nullptr;
@@ -837,7 +845,11 @@ inline std::uint64_t caller_identity() noexcept {
 }  // namespace detail
 
 // A mutual-exclusion lock for fibers and threads; works with std::lock_guard/unique_lock.
-// Waiters get the lock in arrival order (it is handed to the next waiter on unlock).
+// Uncontended: one compare-and-swap, no system call, no switch. Waiters queue in arrival
+// order and are woken in that order. A woken waiter competes with newcomers (which keeps
+// the lock busy instead of idle while the waiter's fiber gets going), and a waiter kept
+// waiting over 1 ms switches the mutex to hand-off: each unlock then passes it to the
+// longest waiter, so no waiter starves (Go's sync.Mutex does the same).
 class Mutex {
 public:
     Mutex() = default;
@@ -854,9 +866,20 @@ public:
     void unlock();
 
 private:
-    detail::SpinLock lock_;
-    bool locked_ = false;
-    std::uint64_t owner_ = 0;  // detail::caller_identity() of the holder; 0: none
+    static constexpr std::uint32_t locked_bit = 1;
+    static constexpr std::uint32_t starving_bit = 2;  // hand-off mode
+    static constexpr std::uint32_t waiter_unit = 4;   // the rest counts queued waiters
+    void lock_slow(std::uint64_t me);
+    void unlock_slow();
+
+    // locked / starving / waiters. Acquire on taking the lock and release on giving it up
+    // order the protected data; waiters are counted only under lock_, together with
+    // joining waiters_, and only while the lock is held, so an unlock that sees no waiters
+    // cannot strand one.
+    std::atomic<std::uint32_t> state_{0};
+    // The holder's detail::caller_identity() (0: none); relaxed, it only checks misuse.
+    std::atomic<std::uint64_t> owner_{0};
+    detail::SpinLock lock_;  // guards waiters_
     detail::WaitList waiters_;
 };
 
@@ -2834,49 +2857,113 @@ void wake_claimed(Waiter& w) {
 
 }  // namespace detail
 
-Mutex::~Mutex() { FIBER_SCHED_ASSERT(!locked_ && "~Mutex(): the mutex is still locked"); }
+Mutex::~Mutex() {
+    FIBER_SCHED_ASSERT(!(state_.load(std::memory_order_relaxed) & locked_bit) && "~Mutex(): the mutex is still locked");
+}
 
 void Mutex::lock() {
     const std::uint64_t me = detail::caller_identity();
-    lock_.lock();
-    if (!locked_) {
-        locked_ = true;
-        owner_ = me;
-        lock_.unlock();
+    std::uint32_t expected = 0;
+    if (state_.compare_exchange_strong(expected, locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
+        owner_.store(me, std::memory_order_relaxed);
         return;
     }
-    FIBER_SCHED_ASSERT(owner_ != me && "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
-    detail::Waiter self;
-    self.owner = me;
-    waiters_.push_back(&self);
-    detail::block(lock_, waiters_, self, nullptr);
-    // unlock() handed the mutex to us: locked_ stayed true and owner_ is `me`.
+    FIBER_SCHED_ASSERT(owner_.load(std::memory_order_relaxed) != me &&
+                       "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
+    lock_slow(me);
+}
+
+void Mutex::lock_slow(std::uint64_t me) {
+    using namespace std::chrono;
+    const auto start = steady_clock::now();
+    bool woken_before = false;
+    for (;;) {
+        std::uint32_t s = state_.load(std::memory_order_relaxed);
+        if (!(s & (locked_bit | starving_bit))) {
+            if (state_.compare_exchange_weak(s, s | locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
+                owner_.store(me, std::memory_order_relaxed);
+                return;
+            }
+            continue;
+        }
+        detail::Waiter self;
+        self.owner = me;
+        lock_.lock();
+        // Join the waiters while the lock is held; if it came free meanwhile, compete again.
+        const bool starve = woken_before && steady_clock::now() - start > milliseconds(1);
+        bool joined = false;
+        s = state_.load(std::memory_order_relaxed);
+        while (s & locked_bit) {
+            const std::uint32_t next = (s + waiter_unit) | (starve ? starving_bit : 0u);
+            if (state_.compare_exchange_weak(s, next, std::memory_order_relaxed, std::memory_order_relaxed)) {
+                joined = true;
+                break;
+            }
+        }
+        if (!joined) {
+            lock_.unlock();
+            continue;
+        }
+        // A waiter that was woken and lost the race goes back to the front.
+        if (woken_before) {
+            waiters_.push_front(&self);
+        } else {
+            waiters_.push_back(&self);
+        }
+        detail::block(lock_, waiters_, self, nullptr);
+        if (self.ok) return;  // handed over: unlock() made us the owner
+        woken_before = true;
+    }
 }
 
 bool Mutex::try_lock() {
-    const std::uint64_t me = detail::caller_identity();
-    std::lock_guard<detail::SpinLock> guard(lock_);
-    if (locked_) return false;
-    locked_ = true;
-    owner_ = me;
-    return true;
+    std::uint32_t s = state_.load(std::memory_order_relaxed);
+    while (!(s & (locked_bit | starving_bit))) {
+        if (state_.compare_exchange_weak(s, s | locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
+            owner_.store(detail::caller_identity(), std::memory_order_relaxed);
+            return true;
+        }
+    }
+    return false;
 }
 
 void Mutex::unlock() {
     const std::uint64_t me = detail::caller_identity();
+    std::uint32_t s = state_.load(std::memory_order_relaxed);
+    FIBER_SCHED_ASSERT((s & locked_bit) && owner_.load(std::memory_order_relaxed) == me &&
+                       "Mutex::unlock(): the mutex is not held by the caller");
+    owner_.store(0, std::memory_order_relaxed);
+    while (s < waiter_unit) {  // no waiters (and so not starving): just release
+        if (state_.compare_exchange_weak(s, s & ~locked_bit, std::memory_order_release, std::memory_order_relaxed)) {
+            return;
+        }
+    }
+    unlock_slow();
+}
+
+void Mutex::unlock_slow() {
     lock_.lock();
-    FIBER_SCHED_ASSERT(locked_ && owner_ == me && "Mutex::unlock(): the mutex is not held by the caller");
-    // Hand the lock to the longest waiter, so no waiter can be overtaken forever.
-    while (detail::Waiter* next = waiters_.pop_front()) {
-        if (!detail::claim(*next)) continue;
-        owner_ = next->owner;
+    detail::Waiter* next = waiters_.pop_front();  // counted waiters are in the list
+    const std::uint32_t s = state_.load(std::memory_order_relaxed);
+    if (!next) {  // cannot happen while counted; release and leave starving mode
+        state_.fetch_and(~(locked_bit | starving_bit), std::memory_order_release);
         lock_.unlock();
-        detail::wake_claimed(*next);
         return;
     }
-    locked_ = false;
-    owner_ = 0;
+    detail::claim(*next);  // mutex waits have no timeout: the claim always succeeds
+    if (s & starving_bit) {
+        // Hand-off: the mutex stays locked and becomes the longest waiter's. Leave
+        // starving mode once no one else waits.
+        const std::uint32_t leave = waiters_.empty() ? starving_bit : 0u;
+        owner_.store(next->owner, std::memory_order_relaxed);
+        next->ok = true;
+        state_.fetch_sub(waiter_unit | leave, std::memory_order_release);
+    } else {
+        // Release, and wake the longest waiter to compete for the lock.
+        state_.fetch_sub(waiter_unit | locked_bit, std::memory_order_release);
+    }
     lock_.unlock();
+    detail::wake_claimed(*next);
 }
 
 void ConditionVariable::notify_one() {

@@ -71,13 +71,21 @@ struct Waiter {
     std::shared_ptr<WaitState> shared; // keeps a timed fiber wait's state alive for its timer
     std::uint64_t owner = 0;           // Mutex: who will own it after a hand-off
     void* slot = nullptr;              // Channel: where the value comes from or goes to
-    bool ok = false;                   // Channel: the transfer happened (false: closed)
+    bool ok = false;                   // Channel: the transfer happened (false: closed);
+                                       // Mutex: the lock was handed over
 };
 
 // FIFO of waiters; the owning object's lock guards it.
 class WaitList {
 public:
     bool empty() const noexcept { return head_ == nullptr; }
+    void push_front(Waiter* w) noexcept {
+        w->prev = nullptr;
+        w->next = head_;
+        (head_ ? head_->prev : tail_) = w;
+        head_ = w;
+        w->linked = true;
+    }
     void push_back(Waiter* w) noexcept {
         w->prev = tail_;
         w->next = nullptr;
@@ -134,7 +142,11 @@ inline std::uint64_t caller_identity() noexcept {
 }  // namespace detail
 
 // A mutual-exclusion lock for fibers and threads; works with std::lock_guard/unique_lock.
-// Waiters get the lock in arrival order (it is handed to the next waiter on unlock).
+// Uncontended: one compare-and-swap, no system call, no switch. Waiters queue in arrival
+// order and are woken in that order. A woken waiter competes with newcomers (which keeps
+// the lock busy instead of idle while the waiter's fiber gets going), and a waiter kept
+// waiting over 1 ms switches the mutex to hand-off: each unlock then passes it to the
+// longest waiter, so no waiter starves (Go's sync.Mutex does the same).
 class Mutex {
 public:
     Mutex() = default;
@@ -151,9 +163,20 @@ public:
     void unlock();
 
 private:
-    detail::SpinLock lock_;
-    bool locked_ = false;
-    std::uint64_t owner_ = 0;  // detail::caller_identity() of the holder; 0: none
+    static constexpr std::uint32_t locked_bit = 1;
+    static constexpr std::uint32_t starving_bit = 2;  // hand-off mode
+    static constexpr std::uint32_t waiter_unit = 4;   // the rest counts queued waiters
+    void lock_slow(std::uint64_t me);
+    void unlock_slow();
+
+    // locked / starving / waiters. Acquire on taking the lock and release on giving it up
+    // order the protected data; waiters are counted only under lock_, together with
+    // joining waiters_, and only while the lock is held, so an unlock that sees no waiters
+    // cannot strand one.
+    std::atomic<std::uint32_t> state_{0};
+    // The holder's detail::caller_identity() (0: none); relaxed, it only checks misuse.
+    std::atomic<std::uint64_t> owner_{0};
+    detail::SpinLock lock_;  // guards waiters_
     detail::WaitList waiters_;
 };
 

@@ -75,49 +75,113 @@ void wake_claimed(Waiter& w) {
 
 }  // namespace detail
 
-Mutex::~Mutex() { FIBER_SCHED_ASSERT(!locked_ && "~Mutex(): the mutex is still locked"); }
+Mutex::~Mutex() {
+    FIBER_SCHED_ASSERT(!(state_.load(std::memory_order_relaxed) & locked_bit) && "~Mutex(): the mutex is still locked");
+}
 
 void Mutex::lock() {
     const std::uint64_t me = detail::caller_identity();
-    lock_.lock();
-    if (!locked_) {
-        locked_ = true;
-        owner_ = me;
-        lock_.unlock();
+    std::uint32_t expected = 0;
+    if (state_.compare_exchange_strong(expected, locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
+        owner_.store(me, std::memory_order_relaxed);
         return;
     }
-    FIBER_SCHED_ASSERT(owner_ != me && "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
-    detail::Waiter self;
-    self.owner = me;
-    waiters_.push_back(&self);
-    detail::block(lock_, waiters_, self, nullptr);
-    // unlock() handed the mutex to us: locked_ stayed true and owner_ is `me`.
+    FIBER_SCHED_ASSERT(owner_.load(std::memory_order_relaxed) != me &&
+                       "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
+    lock_slow(me);
+}
+
+void Mutex::lock_slow(std::uint64_t me) {
+    using namespace std::chrono;
+    const auto start = steady_clock::now();
+    bool woken_before = false;
+    for (;;) {
+        std::uint32_t s = state_.load(std::memory_order_relaxed);
+        if (!(s & (locked_bit | starving_bit))) {
+            if (state_.compare_exchange_weak(s, s | locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
+                owner_.store(me, std::memory_order_relaxed);
+                return;
+            }
+            continue;
+        }
+        detail::Waiter self;
+        self.owner = me;
+        lock_.lock();
+        // Join the waiters while the lock is held; if it came free meanwhile, compete again.
+        const bool starve = woken_before && steady_clock::now() - start > milliseconds(1);
+        bool joined = false;
+        s = state_.load(std::memory_order_relaxed);
+        while (s & locked_bit) {
+            const std::uint32_t next = (s + waiter_unit) | (starve ? starving_bit : 0u);
+            if (state_.compare_exchange_weak(s, next, std::memory_order_relaxed, std::memory_order_relaxed)) {
+                joined = true;
+                break;
+            }
+        }
+        if (!joined) {
+            lock_.unlock();
+            continue;
+        }
+        // A waiter that was woken and lost the race goes back to the front.
+        if (woken_before) {
+            waiters_.push_front(&self);
+        } else {
+            waiters_.push_back(&self);
+        }
+        detail::block(lock_, waiters_, self, nullptr);
+        if (self.ok) return;  // handed over: unlock() made us the owner
+        woken_before = true;
+    }
 }
 
 bool Mutex::try_lock() {
-    const std::uint64_t me = detail::caller_identity();
-    std::lock_guard<detail::SpinLock> guard(lock_);
-    if (locked_) return false;
-    locked_ = true;
-    owner_ = me;
-    return true;
+    std::uint32_t s = state_.load(std::memory_order_relaxed);
+    while (!(s & (locked_bit | starving_bit))) {
+        if (state_.compare_exchange_weak(s, s | locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
+            owner_.store(detail::caller_identity(), std::memory_order_relaxed);
+            return true;
+        }
+    }
+    return false;
 }
 
 void Mutex::unlock() {
     const std::uint64_t me = detail::caller_identity();
+    std::uint32_t s = state_.load(std::memory_order_relaxed);
+    FIBER_SCHED_ASSERT((s & locked_bit) && owner_.load(std::memory_order_relaxed) == me &&
+                       "Mutex::unlock(): the mutex is not held by the caller");
+    owner_.store(0, std::memory_order_relaxed);
+    while (s < waiter_unit) {  // no waiters (and so not starving): just release
+        if (state_.compare_exchange_weak(s, s & ~locked_bit, std::memory_order_release, std::memory_order_relaxed)) {
+            return;
+        }
+    }
+    unlock_slow();
+}
+
+void Mutex::unlock_slow() {
     lock_.lock();
-    FIBER_SCHED_ASSERT(locked_ && owner_ == me && "Mutex::unlock(): the mutex is not held by the caller");
-    // Hand the lock to the longest waiter, so no waiter can be overtaken forever.
-    while (detail::Waiter* next = waiters_.pop_front()) {
-        if (!detail::claim(*next)) continue;
-        owner_ = next->owner;
+    detail::Waiter* next = waiters_.pop_front();  // counted waiters are in the list
+    const std::uint32_t s = state_.load(std::memory_order_relaxed);
+    if (!next) {  // cannot happen while counted; release and leave starving mode
+        state_.fetch_and(~(locked_bit | starving_bit), std::memory_order_release);
         lock_.unlock();
-        detail::wake_claimed(*next);
         return;
     }
-    locked_ = false;
-    owner_ = 0;
+    detail::claim(*next);  // mutex waits have no timeout: the claim always succeeds
+    if (s & starving_bit) {
+        // Hand-off: the mutex stays locked and becomes the longest waiter's. Leave
+        // starving mode once no one else waits.
+        const std::uint32_t leave = waiters_.empty() ? starving_bit : 0u;
+        owner_.store(next->owner, std::memory_order_relaxed);
+        next->ok = true;
+        state_.fetch_sub(waiter_unit | leave, std::memory_order_release);
+    } else {
+        // Release, and wake the longest waiter to compete for the lock.
+        state_.fetch_sub(waiter_unit | locked_bit, std::memory_order_release);
+    }
     lock_.unlock();
+    detail::wake_claimed(*next);
 }
 
 void ConditionVariable::notify_one() {
