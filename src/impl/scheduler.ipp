@@ -109,15 +109,22 @@ public:
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
 
+    // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
+    void add_timer(std::chrono::steady_clock::time_point deadline, Fiber::ptr fiber,
+                   std::shared_ptr<WaitState> wait) {
+        timers.push(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
+    }
+
+    // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
+    void update_hints() noexcept {
+        stealable.store(tasks.size(), std::memory_order_relaxed);
+        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+    }
+
     void push(QueuedTask&& task, bool own_pinned) {
         std::lock_guard<SpinLock> lock(queue_lock);
-        if (own_pinned) {
-            pinned.push_back(std::move(task));
-        } else {
-            tasks.push_back(std::move(task));
-            stealable.store(tasks.size(), std::memory_order_relaxed);
-        }
-        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        update_hints();
     }
 
     bool pop(QueuedTask& out, bool trust_hint) {
@@ -127,8 +134,7 @@ public:
         if (from.empty()) return false;
         out = std::move(from.front());
         from.pop_front();
-        stealable.store(tasks.size(), std::memory_order_relaxed);
-        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        update_hints();
         return true;
     }
 
@@ -145,8 +151,7 @@ public:
                 taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
-            stealable.store(tasks.size(), std::memory_order_relaxed);
-            queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+            update_hints();
         }
         first = std::move(taken.back());
         taken.pop_back();
@@ -154,8 +159,7 @@ public:
             std::lock_guard<SpinLock> lock(thief.queue_lock);
             // Oldest first, as they stood in the victim's queue.
             for (auto it = taken.rbegin(); it != taken.rend(); ++it) thief.tasks.push_back(std::move(*it));
-            thief.stealable.store(thief.tasks.size(), std::memory_order_relaxed);
-            thief.queued.store(thief.tasks.size() + thief.pinned.size(), std::memory_order_relaxed);
+            thief.update_hints();
         }
         return true;
     }
@@ -271,13 +275,18 @@ public:
         }
     }
 
+    // Clears `w.sleeping` if set; whoever succeeds (a waker, or `w` itself when it stops
+    // waiting) accounts for it in `sleepers`. True if this call cleared it.
+    bool claim_wake(Worker& w) noexcept {
+        bool expected = true;
+        if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) return false;
+        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        return true;
+    }
+
     // Wakes `w` if it sleeps; true if this call claimed that.
     bool wake(Worker& w) {
-        bool expected = true;
-        if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
-            return false;
-        }
-        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        if (!claim_wake(w)) return false;
         w.notify();
         return true;
     }
@@ -382,10 +391,9 @@ inline void Worker::run_loop() {
         core.sleepers.fetch_add(1, std::memory_order_seq_cst);
         if (find_task(task, true) || core.finished()) {
             give_up_poller_role();
-            bool expected = true;
-            if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
-                core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-            }  // else a submitter claimed the wake-up: its notify() only makes a later wait return early
+            // If a submitter claimed the wake-up instead, its notify() only makes a later
+            // wait return early.
+            core.claim_wake(*this);
             if (task.fiber || task.cb) {
                 run_task(task);
                 continue;
@@ -398,10 +406,7 @@ inline void Worker::run_loop() {
             const auto deadline = timers.top().deadline;
             wait_for_work(&deadline);
         }
-        bool expected = true;
-        if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
-            core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-        }
+        core.claim_wake(*this);
         give_up_poller_role();
     }
     ts->scheduler = nullptr;
@@ -426,8 +431,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
     next = std::move(from.front());
     from.pop_front();
-    stealable.store(tasks.size(), std::memory_order_relaxed);
-    queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+    update_hints();
 }
 
 #if !defined(FIBER_SCHED_HAVE_EPOLL)
@@ -579,9 +583,8 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     }
     park([](Fiber*, void* arg) {
         // On the worker the fiber parked from; only that worker touches its heap.
-        Worker* worker = thread_state()->worker;
-        worker->timers.push(Timer{*static_cast<std::chrono::steady_clock::time_point*>(arg),
-                                  worker->timer_sequence++, take_task_ref(), nullptr});
+        thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
+                                          take_task_ref(), nullptr);
     }, &deadline);
 }
 
@@ -668,8 +671,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
             std::lock_guard<detail::SpinLock> lock(w.queue_lock);
             for (detail::QueuedTask& t : pinned[i]) w.pinned.push_back(std::move(t));
             for (detail::QueuedTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
-            w.stealable.store(w.tasks.size(), std::memory_order_relaxed);
-            w.queued.store(w.tasks.size() + w.pinned.size(), std::memory_order_relaxed);
+            w.update_hints();
         }
         if (!pinned[i].empty()) core.after_push(w, true, 1);
         if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
