@@ -829,6 +829,18 @@ inline bool claim(Waiter& w) noexcept {
     int expected = waiting;
     return w.state->status.compare_exchange_strong(expected, notified, std::memory_order_acq_rel);
 }
+// Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
+// nullptr if none. Call under the lock.
+inline Waiter* pop_claimed(WaitList& list) noexcept {
+    while (Waiter* w = list.pop_front()) {
+        if (claim(*w)) return w;
+    }
+    return nullptr;
+}
+// Takes and claims every waiter of `list` into `woken`. Call under the lock.
+inline void pop_all_claimed(WaitList& list, std::vector<Waiter*>& woken) {
+    while (Waiter* w = pop_claimed(list)) woken.push_back(w);
+}
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
 void wake_claimed(Waiter& w);
 
@@ -990,8 +1002,7 @@ public:
             lock_.unlock();
             return false;
         }
-        while (detail::Waiter* receiver = receivers_.pop_front()) {
-            if (!detail::claim(*receiver)) continue;
+        if (detail::Waiter* receiver = detail::pop_claimed(receivers_)) {
             *static_cast<std::optional<T>*>(receiver->slot) = std::move(value);
             receiver->ok = true;
             lock_.unlock();
@@ -1018,7 +1029,7 @@ public:
             std::optional<T> value(std::move(buffer_.front()));
             buffer_.pop_front();
             // A sender blocked on a full buffer moves its value in behind.
-            detail::Waiter* sender = pop_claimed(senders_);
+            detail::Waiter* sender = detail::pop_claimed(senders_);
             if (sender) {
                 buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
                 sender->ok = true;
@@ -1027,7 +1038,7 @@ public:
             if (sender) detail::wake_claimed(*sender);
             return value;
         }
-        if (detail::Waiter* sender = pop_claimed(senders_)) {
+        if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
             std::optional<T> value(std::move(*static_cast<T*>(sender->slot)));
             sender->ok = true;
             lock_.unlock();
@@ -1052,11 +1063,8 @@ public:
         std::vector<detail::Waiter*> woken;
         lock_.lock();
         closed_ = true;
-        for (detail::WaitList* list : {&senders_, &receivers_}) {
-            while (detail::Waiter* w = list->pop_front()) {
-                if (detail::claim(*w)) woken.push_back(w);
-            }
-        }
+        detail::pop_all_claimed(senders_, woken);
+        detail::pop_all_claimed(receivers_, woken);
         lock_.unlock();
         for (detail::Waiter* w : woken) detail::wake_claimed(*w);
     }
@@ -1065,13 +1073,6 @@ public:
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
-    static detail::Waiter* pop_claimed(detail::WaitList& list) {
-        while (detail::Waiter* w = list.pop_front()) {
-            if (detail::claim(*w)) return w;
-        }
-        return nullptr;
-    }
-
     detail::SpinLock lock_;
     std::deque<T> buffer_;
     const std::size_t capacity_;
@@ -2180,15 +2181,22 @@ public:
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
 
+    // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
+    void add_timer(std::chrono::steady_clock::time_point deadline, Fiber::ptr fiber,
+                   std::shared_ptr<WaitState> wait) {
+        timers.push(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
+    }
+
+    // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
+    void update_hints() noexcept {
+        stealable.store(tasks.size(), std::memory_order_relaxed);
+        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+    }
+
     void push(QueuedTask&& task, bool own_pinned) {
         std::lock_guard<SpinLock> lock(queue_lock);
-        if (own_pinned) {
-            pinned.push_back(std::move(task));
-        } else {
-            tasks.push_back(std::move(task));
-            stealable.store(tasks.size(), std::memory_order_relaxed);
-        }
-        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        update_hints();
     }
 
     bool pop(QueuedTask& out, bool trust_hint) {
@@ -2198,8 +2206,7 @@ public:
         if (from.empty()) return false;
         out = std::move(from.front());
         from.pop_front();
-        stealable.store(tasks.size(), std::memory_order_relaxed);
-        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        update_hints();
         return true;
     }
 
@@ -2216,8 +2223,7 @@ public:
                 taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
-            stealable.store(tasks.size(), std::memory_order_relaxed);
-            queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+            update_hints();
         }
         first = std::move(taken.back());
         taken.pop_back();
@@ -2225,8 +2231,7 @@ public:
             std::lock_guard<SpinLock> lock(thief.queue_lock);
             // Oldest first, as they stood in the victim's queue.
             for (auto it = taken.rbegin(); it != taken.rend(); ++it) thief.tasks.push_back(std::move(*it));
-            thief.stealable.store(thief.tasks.size(), std::memory_order_relaxed);
-            thief.queued.store(thief.tasks.size() + thief.pinned.size(), std::memory_order_relaxed);
+            thief.update_hints();
         }
         return true;
     }
@@ -2342,13 +2347,18 @@ public:
         }
     }
 
+    // Clears `w.sleeping` if set; whoever succeeds (a waker, or `w` itself when it stops
+    // waiting) accounts for it in `sleepers`. True if this call cleared it.
+    bool claim_wake(Worker& w) noexcept {
+        bool expected = true;
+        if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) return false;
+        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        return true;
+    }
+
     // Wakes `w` if it sleeps; true if this call claimed that.
     bool wake(Worker& w) {
-        bool expected = true;
-        if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
-            return false;
-        }
-        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        if (!claim_wake(w)) return false;
         w.notify();
         return true;
     }
@@ -2453,10 +2463,9 @@ inline void Worker::run_loop() {
         core.sleepers.fetch_add(1, std::memory_order_seq_cst);
         if (find_task(task, true) || core.finished()) {
             give_up_poller_role();
-            bool expected = true;
-            if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
-                core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-            }  // else a submitter claimed the wake-up: its notify() only makes a later wait return early
+            // If a submitter claimed the wake-up instead, its notify() only makes a later
+            // wait return early.
+            core.claim_wake(*this);
             if (task.fiber || task.cb) {
                 run_task(task);
                 continue;
@@ -2469,10 +2478,7 @@ inline void Worker::run_loop() {
             const auto deadline = timers.top().deadline;
             wait_for_work(&deadline);
         }
-        bool expected = true;
-        if (sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) {
-            core.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-        }
+        core.claim_wake(*this);
         give_up_poller_role();
     }
     ts->scheduler = nullptr;
@@ -2497,8 +2503,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
     next = std::move(from.front());
     from.pop_front();
-    stealable.store(tasks.size(), std::memory_order_relaxed);
-    queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+    update_hints();
 }
 
 #if !defined(FIBER_SCHED_HAVE_EPOLL)
@@ -2650,9 +2655,8 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     }
     park([](Fiber*, void* arg) {
         // On the worker the fiber parked from; only that worker touches its heap.
-        Worker* worker = thread_state()->worker;
-        worker->timers.push(Timer{*static_cast<std::chrono::steady_clock::time_point*>(arg),
-                                  worker->timer_sequence++, take_task_ref(), nullptr});
+        thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
+                                          take_task_ref(), nullptr);
     }, &deadline);
 }
 
@@ -2739,8 +2743,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
             std::lock_guard<detail::SpinLock> lock(w.queue_lock);
             for (detail::QueuedTask& t : pinned[i]) w.pinned.push_back(std::move(t));
             for (detail::QueuedTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
-            w.stealable.store(w.tasks.size(), std::memory_order_relaxed);
-            w.queued.store(w.tasks.size() + w.pinned.size(), std::memory_order_relaxed);
+            w.update_hints();
         }
         if (!pinned[i].empty()) core.after_push(w, true, 1);
         if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
@@ -2800,8 +2803,7 @@ void release_after_park(Fiber*, void* arg) {
     args->state->fiber = take_task_ref();
     if (args->deadline) {
         // On the worker the fiber parked from; only that worker touches its timer heap.
-        Worker* worker = thread_state()->worker;
-        worker->timers.push(Timer{*args->deadline, worker->timer_sequence++, nullptr, *args->shared});
+        thread_state()->worker->add_timer(*args->deadline, nullptr, *args->shared);
     }
     args->lock->unlock();  // only now may a notifier find and wake the fiber
 }
@@ -2942,14 +2944,14 @@ void Mutex::unlock() {
 
 void Mutex::unlock_slow() {
     lock_.lock();
-    detail::Waiter* next = waiters_.pop_front();  // counted waiters are in the list
+    // Counted waiters are in the list; mutex waits have no timeout, so the claim succeeds.
+    detail::Waiter* next = detail::pop_claimed(waiters_);
     const std::uint32_t s = state_.load(std::memory_order_relaxed);
     if (!next) {  // cannot happen while counted; release and leave starving mode
         state_.fetch_and(~(locked_bit | starving_bit), std::memory_order_release);
         lock_.unlock();
         return;
     }
-    detail::claim(*next);  // mutex waits have no timeout: the claim always succeeds
     if (s & starving_bit) {
         // Hand-off: the mutex stays locked and becomes the longest waiter's. Leave
         // starving mode once no one else waits.
@@ -2967,21 +2969,15 @@ void Mutex::unlock_slow() {
 
 void ConditionVariable::notify_one() {
     lock_.lock();
-    while (detail::Waiter* w = waiters_.pop_front()) {
-        if (!detail::claim(*w)) continue;
-        lock_.unlock();
-        detail::wake_claimed(*w);
-        return;
-    }
+    detail::Waiter* w = detail::pop_claimed(waiters_);
     lock_.unlock();
+    if (w) detail::wake_claimed(*w);
 }
 
 void ConditionVariable::notify_all() {
     std::vector<detail::Waiter*> woken;
     lock_.lock();
-    while (detail::Waiter* w = waiters_.pop_front()) {
-        if (detail::claim(*w)) woken.push_back(w);
-    }
+    detail::pop_all_claimed(waiters_, woken);
     lock_.unlock();
     for (detail::Waiter* w : woken) detail::wake_claimed(*w);
 }
@@ -3019,9 +3015,7 @@ void WaitGroup::add(std::int64_t n) {
     const bool below_zero = count_ + n < 0;
     if (!below_zero) count_ += n;
     if (!below_zero && count_ == 0) {
-        while (detail::Waiter* w = waiters_.pop_front()) {
-            if (detail::claim(*w)) woken.push_back(w);
-        }
+        detail::pop_all_claimed(waiters_, woken);
     }
     lock_.unlock();
     FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");

@@ -126,6 +126,18 @@ inline bool claim(Waiter& w) noexcept {
     int expected = waiting;
     return w.state->status.compare_exchange_strong(expected, notified, std::memory_order_acq_rel);
 }
+// Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
+// nullptr if none. Call under the lock.
+inline Waiter* pop_claimed(WaitList& list) noexcept {
+    while (Waiter* w = list.pop_front()) {
+        if (claim(*w)) return w;
+    }
+    return nullptr;
+}
+// Takes and claims every waiter of `list` into `woken`. Call under the lock.
+inline void pop_all_claimed(WaitList& list, std::vector<Waiter*>& woken) {
+    while (Waiter* w = pop_claimed(list)) woken.push_back(w);
+}
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
 void wake_claimed(Waiter& w);
 
@@ -287,8 +299,7 @@ public:
             lock_.unlock();
             return false;
         }
-        while (detail::Waiter* receiver = receivers_.pop_front()) {
-            if (!detail::claim(*receiver)) continue;
+        if (detail::Waiter* receiver = detail::pop_claimed(receivers_)) {
             *static_cast<std::optional<T>*>(receiver->slot) = std::move(value);
             receiver->ok = true;
             lock_.unlock();
@@ -315,7 +326,7 @@ public:
             std::optional<T> value(std::move(buffer_.front()));
             buffer_.pop_front();
             // A sender blocked on a full buffer moves its value in behind.
-            detail::Waiter* sender = pop_claimed(senders_);
+            detail::Waiter* sender = detail::pop_claimed(senders_);
             if (sender) {
                 buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
                 sender->ok = true;
@@ -324,7 +335,7 @@ public:
             if (sender) detail::wake_claimed(*sender);
             return value;
         }
-        if (detail::Waiter* sender = pop_claimed(senders_)) {
+        if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
             std::optional<T> value(std::move(*static_cast<T*>(sender->slot)));
             sender->ok = true;
             lock_.unlock();
@@ -349,11 +360,8 @@ public:
         std::vector<detail::Waiter*> woken;
         lock_.lock();
         closed_ = true;
-        for (detail::WaitList* list : {&senders_, &receivers_}) {
-            while (detail::Waiter* w = list->pop_front()) {
-                if (detail::claim(*w)) woken.push_back(w);
-            }
-        }
+        detail::pop_all_claimed(senders_, woken);
+        detail::pop_all_claimed(receivers_, woken);
         lock_.unlock();
         for (detail::Waiter* w : woken) detail::wake_claimed(*w);
     }
@@ -362,13 +370,6 @@ public:
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
-    static detail::Waiter* pop_claimed(detail::WaitList& list) {
-        while (detail::Waiter* w = list.pop_front()) {
-            if (detail::claim(*w)) return w;
-        }
-        return nullptr;
-    }
-
     detail::SpinLock lock_;
     std::deque<T> buffer_;
     const std::size_t capacity_;

@@ -19,8 +19,7 @@ void release_after_park(Fiber*, void* arg) {
     args->state->fiber = take_task_ref();
     if (args->deadline) {
         // On the worker the fiber parked from; only that worker touches its timer heap.
-        Worker* worker = thread_state()->worker;
-        worker->timers.push(Timer{*args->deadline, worker->timer_sequence++, nullptr, *args->shared});
+        thread_state()->worker->add_timer(*args->deadline, nullptr, *args->shared);
     }
     args->lock->unlock();  // only now may a notifier find and wake the fiber
 }
@@ -161,14 +160,14 @@ void Mutex::unlock() {
 
 void Mutex::unlock_slow() {
     lock_.lock();
-    detail::Waiter* next = waiters_.pop_front();  // counted waiters are in the list
+    // Counted waiters are in the list; mutex waits have no timeout, so the claim succeeds.
+    detail::Waiter* next = detail::pop_claimed(waiters_);
     const std::uint32_t s = state_.load(std::memory_order_relaxed);
     if (!next) {  // cannot happen while counted; release and leave starving mode
         state_.fetch_and(~(locked_bit | starving_bit), std::memory_order_release);
         lock_.unlock();
         return;
     }
-    detail::claim(*next);  // mutex waits have no timeout: the claim always succeeds
     if (s & starving_bit) {
         // Hand-off: the mutex stays locked and becomes the longest waiter's. Leave
         // starving mode once no one else waits.
@@ -186,21 +185,15 @@ void Mutex::unlock_slow() {
 
 void ConditionVariable::notify_one() {
     lock_.lock();
-    while (detail::Waiter* w = waiters_.pop_front()) {
-        if (!detail::claim(*w)) continue;
-        lock_.unlock();
-        detail::wake_claimed(*w);
-        return;
-    }
+    detail::Waiter* w = detail::pop_claimed(waiters_);
     lock_.unlock();
+    if (w) detail::wake_claimed(*w);
 }
 
 void ConditionVariable::notify_all() {
     std::vector<detail::Waiter*> woken;
     lock_.lock();
-    while (detail::Waiter* w = waiters_.pop_front()) {
-        if (detail::claim(*w)) woken.push_back(w);
-    }
+    detail::pop_all_claimed(waiters_, woken);
     lock_.unlock();
     for (detail::Waiter* w : woken) detail::wake_claimed(*w);
 }
@@ -238,9 +231,7 @@ void WaitGroup::add(std::int64_t n) {
     const bool below_zero = count_ + n < 0;
     if (!below_zero) count_ += n;
     if (!below_zero && count_ == 0) {
-        while (detail::Waiter* w = waiters_.pop_front()) {
-            if (detail::claim(*w)) woken.push_back(w);
-        }
+        detail::pop_all_claimed(waiters_, woken);
     }
     lock_.unlock();
     FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");
