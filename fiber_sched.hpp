@@ -137,6 +137,19 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define FIBER_SCHED_HAVE_EPOLL 1
 #endif
 
+// Switch the C++ runtime's exception state with each fiber where the runtime exposes it
+// (the Itanium C++ ABI's __cxa_get_globals: libstdc++, libc++abi).
+#if !defined(FIBER_SCHED_SWITCH_EH_STATE)
+#if defined(__has_include)
+#if __has_include(<cxxabi.h>)
+#define FIBER_SCHED_SWITCH_EH_STATE 1
+#endif
+#endif
+#endif
+#if !defined(FIBER_SCHED_SWITCH_EH_STATE)
+#define FIBER_SCHED_SWITCH_EH_STATE 0
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define FIBER_SCHED_ASAN 1
 #elif defined(__has_feature)
@@ -161,7 +174,42 @@ const char* backend() noexcept;
 namespace detail {
 
 // Prints the rule quoted in `expr` (if any), the expression and where, then aborts.
-[[noreturn]] void assert_failed(const char* expr, const char* file, int line) noexcept;
+[[noreturn]] void assert_failed(const char* expr, const char* file, int line);
+
+// A pause for spin-wait loops.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+// Test-only fault injection (FIBER_SCHED_FAULT_INJECTION): each site where the library
+// acquires memory, a stack or an fd can be made to fail, to test that the failure reaches
+// the caller or the exception handler with nothing lost or leaked.
+enum class FaultSite : int {
+    stack_map,    // mapping a fiber stack
+    fd_open,      // an epoll instance or eventfd of a Scheduler
+    task_queue,   // queueing a scheduled task
+    fiber_alloc,  // the fiber a worker makes for a callback
+    timer_alloc,  // room for a sleep's or a timed wait's timer
+    wait_alloc,   // the shared state of a timed wait
+    io_alloc,     // the record of an fd that a fiber waits for
+    count
+};
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// True when this hit of `site` is to fail.
+bool fault_hit(FaultSite site) noexcept;
+// Makes the nth next hit of `site` fail (1: the next one), once; 0 disarms it.
+void inject_fault(FaultSite site, long nth) noexcept;
+// With FIBER_SCHED_FAULT_INJECTION, FIBER_SCHED_ASSERT's default throws
+// std::logic_error(rule) instead of aborting while this is set (to test refusals).
+void set_assert_throws(bool on) noexcept;
+#define FIBER_SCHED_FAULT(site) (::fsched::detail::fault_hit(::fsched::detail::FaultSite::site))
+#else
+#define FIBER_SCHED_FAULT(site) false
+#endif
 
 // Defined only by the translation unit that defines FIBER_SCHED_IMPLEMENTATION. Every other
 // unit references it, so forgetting the macro fails at link time with this name.
@@ -270,6 +318,10 @@ namespace detail {
 
 // One fiber stack: usable memory [base, base + size), and `guard` bytes of PROT_NONE
 // directly below base (0 when the stack was carved without a guard page).
+// The largest stack a fiber may ask for: 1 TiB (1 GiB on 32-bit targets); every size
+// computation stays far from overflow below it.
+constexpr std::size_t max_stack_size = sizeof(std::size_t) >= 8 ? std::size_t{1} << 40 : std::size_t{1} << 30;
+
 struct Stack {
     char* base = nullptr;
     std::size_t size = 0;
@@ -277,7 +329,8 @@ struct Stack {
 };
 
 // Returns a stack of at least `size` bytes (0: FIBER_SCHED_DEFAULT_STACK_SIZE), rounded up
-// to whole pages. Throws std::system_error when no memory can be mapped.
+// to whole pages. Throws std::length_error for a size above max_stack_size, and
+// std::bad_alloc when no memory can be mapped.
 Stack acquire_stack(std::size_t size);
 // Gives a stack back to the pool. The stack's contents are dead.
 void release_stack(Stack& stack) noexcept;
@@ -299,17 +352,40 @@ namespace detail {
 
 class Worker;
 
-// Fiber::State plus one internal state. A fiber moves between them so (arrows name who):
+// Fiber::State plus three internal states. A fiber moves between them so (arrows name who):
 //
-//   Ready ----resume/claim----> Running ---switch-out done (resumer)---> Suspended / Term
-//   Suspended --resume/claim--> Running
-//   Running ---schedule() of a fiber still running (claim_or_defer)---> RunningResumePending
-//   RunningResumePending ---switch-out done (resumer)---> Suspended, and the resumer
-//                                                         re-enqueues it: resumed once, later
+//   Ready/Suspended --resume(), or a scheduler's claim--> Running
+//   Running --yield, switch-out done (resumer)--> Suspended          (left the scheduler)
+//   Running --park, switch-out done (resumer)--> Parked              (a wait or sleep)
+//   Parked --its wake-up runs (claim_woken)--> Running
+//   Running/Parked --schedule() (claim_or_defer)--> RunningResumePending/ParkedResumePending
+//   ParkedResumePending --its wake-up runs--> RunningResumePending
+//   RunningResumePending --park--> ParkedResumePending
+//   RunningResumePending --yield, switch-out done--> Running, and the resumer re-enqueues it
+//   Running --returned--> Term
 //
 // Only the resumer leaves Running, and only after the switch-out has completed, so whoever
-// sees Suspended may resume the fiber at once on any thread.
-enum class FiberState : std::uint8_t { Ready, Running, Suspended, Term, RunningResumePending };
+// sees Suspended may resume the fiber at once on any thread. A Parked fiber belongs to
+// whatever it waits for: a schedule() that finds it Parked (someone got its pointer before
+// its wake-up ran) is deferred, like one that finds it Running, until the fiber leaves the
+// scheduler, and then it is resumed exactly once.
+enum class FiberState : std::uint8_t {
+    Ready,
+    Running,
+    Suspended,
+    Term,
+    RunningResumePending,
+    Parked,
+    ParkedResumePending
+};
+
+// The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
+// stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
+// that parks inside a catch block must find its own exception there when it resumes.
+struct EhState {
+    void* caught = nullptr;
+    unsigned int uncaught = 0;
+};
 
 // How a resume ended, for the scheduler.
 enum class SwitchOutcome { Returned, Parked, Yielded };
@@ -327,6 +403,8 @@ struct ThreadState {
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
+    EhState* eh = nullptr;             // this thread's exception state (eh_globals())
+    bool exited = false;               // thread-exit clean-up has run; count stacks globally
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 8;
     Stack cached_stacks[stack_cache_capacity];
@@ -343,6 +421,8 @@ void register_thread(ThreadState* ts);
 
 // This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
 ThreadState* thread_state() noexcept;
+// Sets ts->eh to the thread's exception state; returns it.
+EhState* eh_globals(ThreadState* ts) noexcept;
 
 // What the sanitizers need to follow a switch; unused fields cost a few bytes.
 struct SwitchShadow {
@@ -381,8 +461,13 @@ public:
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
     State state() const noexcept {
-        detail::FiberState s = state_.load(std::memory_order_acquire);
-        return s == detail::FiberState::RunningResumePending ? State::Running : static_cast<State>(s);
+        switch (state_.load(std::memory_order_acquire)) {
+        case detail::FiberState::Ready: return State::Ready;
+        case detail::FiberState::Running:
+        case detail::FiberState::RunningResumePending: return State::Running;
+        case detail::FiberState::Term: return State::Term;
+        default: return State::Suspended;  // Suspended, Parked, ParkedResumePending
+        }
     }
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
@@ -423,6 +508,11 @@ private:
     // fiber is pinned to. Written before the state change that publishes them.
     Scheduler* resume_scheduler_ = nullptr;
     int resume_thread_ = -1;
+    // Where a deferred schedule() (the *ResumePending states) wants the fiber to go; moved
+    // into resume_* once the fiber has left the scheduler.
+    Scheduler* deferred_scheduler_ = nullptr;
+    int deferred_thread_ = -1;
+    detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };
 
@@ -466,6 +556,8 @@ __attribute__((always_inline)) inline void Fiber::resume() {
     FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
                        "resume(): fiber is already running");
     FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+    FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
+                       "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
     state_.store(FiberState::Running, std::memory_order_relaxed);
     run_claimed(false);
 }
@@ -480,6 +572,10 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     detail::Context resumer_context;
     resumer_context_ = &resumer_context;
     ts->current = this;
+    // The resumer's exception state waits in this frame while the fiber's is the thread's.
+    detail::EhState* eh = ts->eh ? ts->eh : detail::eh_globals(ts);
+    const detail::EhState resumer_eh = *eh;
+    *eh = eh_;
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
     __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
@@ -494,6 +590,8 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
 #endif
     // Back on the thread that called resume(): a resumer cannot move while it waits here.
     ts->current = resumer;
+    eh_ = *eh;
+    *eh = resumer_eh;
     auto after_switch = after_switch_;
     void* after_switch_arg = after_switch_arg_;
     after_switch_ = nullptr;
@@ -511,9 +609,11 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
         return detail::SwitchOutcome::Returned;
     }
     if (after_switch) {
-        // A parked fiber is reachable only through what its hook publishes, so no
-        // claim_or_defer() can race this store (scheduling a parked fiber is misuse).
-        state_.store(FiberState::Suspended, std::memory_order_release);
+        // A schedule() may have marked the fiber while it ran; the mark survives the park.
+        FiberState expected = FiberState::Running;
+        if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
+            state_.store(FiberState::ParkedResumePending, std::memory_order_release);
+        }
         // From here on another thread may resume, or destroy, this fiber.
         after_switch(this, after_switch_arg);
         return detail::SwitchOutcome::Parked;
@@ -524,10 +624,14 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
         state_.store(FiberState::Suspended, std::memory_order_release);
         return detail::SwitchOutcome::Yielded;
     }
-    // A scheduled fiber that yielded may have been handed to schedule() by its own code
-    // first; the exchange sees that mark or the marker sees Suspended.
-    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
-    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
+    // A scheduled fiber that left the scheduler may have been handed to schedule() by its
+    // own code first; the CAS sees that mark or the marker sees Suspended. A marked fiber
+    // stays claimed (Running) for the resume that was deferred.
+    FiberState expected = FiberState::Running;
+    if (!state_.compare_exchange_strong(expected, FiberState::Suspended, std::memory_order_acq_rel)) {
+        state_.store(FiberState::Running, std::memory_order_relaxed);
+        detail::resume_deferred(*this);
+    }
     return detail::SwitchOutcome::Yielded;
 }
 
@@ -659,10 +763,15 @@ void park(void (*on_parked)(Fiber*, void*), void* arg);
 // Inside a park hook only: the worker's reference to the fiber that just parked.
 Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
-void wake(Fiber::ptr fiber);
+void wake(Fiber::ptr fiber) noexcept;
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
 bool in_scheduler_task() noexcept;
+// In a scheduler task, before a park whose hook adds a timer: makes room for it on this
+// worker, so the hook cannot fail. Throws std::bad_alloc.
+void reserve_timer();
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
+// Timers held by the scheduler's workers now, satisfied-but-unswept ones included (tests).
+std::size_t pending_timers(Scheduler& scheduler) noexcept;
 }  // namespace detail
 
 namespace this_fiber {
@@ -724,11 +833,7 @@ public:
         while (locked_.exchange(true, std::memory_order_acquire)) {
             for (int spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
                 if (spins < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-                    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-                    __asm__ volatile("yield");
-#endif
+                    cpu_relax();
                 } else {
                     std::this_thread::yield();
                 }
@@ -775,12 +880,14 @@ struct Waiter {
     void* slot = nullptr;              // Channel: where the value comes from or goes to
     bool ok = false;                   // Channel: the transfer happened (false: closed);
                                        // Mutex: the lock was handed over
+    std::exception_ptr error;          // Channel: moving this sender's value threw that
 };
 
 // FIFO of waiters; the owning object's lock guards it.
 class WaitList {
 public:
     bool empty() const noexcept { return head_ == nullptr; }
+    Waiter* front() const noexcept { return head_; }
     void push_front(Waiter* w) noexcept {
         w->prev = nullptr;
         w->next = head_;
@@ -837,12 +944,29 @@ inline Waiter* pop_claimed(WaitList& list) noexcept {
     }
     return nullptr;
 }
-// Takes and claims every waiter of `list` into `woken`. Call under the lock.
-inline void pop_all_claimed(WaitList& list, std::vector<Waiter*>& woken) {
+// Takes and claims every waiter of `list` into `woken` (the same links: no allocation, so
+// nothing can fail between claiming a waiter and waking it). Call under the lock.
+inline void pop_all_claimed(WaitList& list, WaitList& woken) noexcept {
     while (Waiter* w = pop_claimed(list)) woken.push_back(w);
 }
+// The first waiter of `list` that can still be claimed, left in the list; timed-out ones
+// are dropped on the way (they unlink themselves only if still linked). Call under the lock.
+inline Waiter* front_waiting(WaitList& list) noexcept {
+    while (Waiter* w = list.front()) {
+        if (w->state->status.load(std::memory_order_acquire) == waiting) return w;
+        list.remove(w);
+    }
+    return nullptr;
+}
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
-void wake_claimed(Waiter& w);
+void wake_claimed(Waiter& w) noexcept;
+// Wakes every waiter of `woken` (from pop_all_claimed). Call after releasing the lock.
+inline void wake_all_claimed(WaitList& woken) noexcept {
+    while (Waiter* w = woken.pop_front()) wake_claimed(*w);
+}
+// For a timed wait in a scheduler task: allocates the state its timer shares and makes room
+// for the timer, before any lock is taken. Throws std::bad_alloc; a no-op elsewhere.
+void prepare_timed_wait(Waiter& w);
 
 // A number unique among threads and fibers for the calling thread.
 std::uint64_t thread_identity() noexcept;
@@ -995,78 +1119,93 @@ public:
     ~Channel() = default;
 
     // Sends `value`, blocking while the buffer is full (or, unbuffered, until a receiver
-    // takes it). Returns false, dropping the value, once the channel is closed.
+    // takes it). Returns false, dropping the value, once the channel is closed. If moving
+    // the value throws, send() throws it and the value was not sent; the channel and its
+    // waiters are as before (a blocked sender whose value throws on its way into the
+    // buffer is woken with that exception).
     bool send(T value) {
-        lock_.lock();
-        if (closed_) {
-            lock_.unlock();
-            return false;
-        }
-        if (detail::Waiter* receiver = detail::pop_claimed(receivers_)) {
-            *static_cast<std::optional<T>*>(receiver->slot) = std::move(value);
-            receiver->ok = true;
-            lock_.unlock();
-            detail::wake_claimed(*receiver);
-            return true;
+        std::unique_lock<detail::SpinLock> guard(lock_);
+        if (closed_) return false;
+        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
+            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
+            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
+            receivers_.remove(receiver);
+            if (detail::claim(*receiver)) {
+                receiver->ok = true;
+                guard.unlock();
+                detail::wake_claimed(*receiver);
+                return true;
+            }
+            // It gave up meanwhile (a timed receive): take the value back for the next one.
+            value = std::move(**slot);
+            slot->reset();
         }
         if (buffer_.size() < capacity_) {
-            buffer_.push_back(std::move(value));
-            lock_.unlock();
+            buffer_.push_back(std::move(value));  // strong guarantee
             return true;
         }
         detail::Waiter self;
         self.slot = &value;
         senders_.push_back(&self);
+        guard.release();  // block() releases it
         detail::block(lock_, senders_, self, nullptr);
+        if (self.error) std::rethrow_exception(self.error);
         return self.ok;
     }
 
     // Receives the oldest value, blocking while there is none. Returns std::nullopt once
-    // the channel is closed and drained.
+    // the channel is closed and drained. If moving the value throws, receive() throws it and
+    // the value stays in the channel.
     std::optional<T> receive() {
-        lock_.lock();
+        std::optional<T> result;  // the one object every path returns (named return value)
+        std::unique_lock<detail::SpinLock> guard(lock_);
         if (!buffer_.empty()) {
-            std::optional<T> value(std::move(buffer_.front()));
+            result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
             buffer_.pop_front();
-            // A sender blocked on a full buffer moves its value in behind.
-            detail::Waiter* sender = detail::pop_claimed(senders_);
-            if (sender) {
-                buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
-                sender->ok = true;
+            // A sender blocked on a full buffer moves its value in behind; if that move
+            // throws, the sender's send() throws it instead.
+            if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+                try {
+                    buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
+                    sender->ok = true;
+                } catch (...) {
+                    sender->error = std::current_exception();
+                }
+                guard.unlock();
+                detail::wake_claimed(*sender);
             }
-            lock_.unlock();
-            if (sender) detail::wake_claimed(*sender);
-            return value;
+            return result;
         }
-        if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
-            std::optional<T> value(std::move(*static_cast<T*>(sender->slot)));
-            sender->ok = true;
-            lock_.unlock();
-            detail::wake_claimed(*sender);
-            return value;
+        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
+            result.emplace(std::move(*static_cast<T*>(sender->slot)));  // may throw: sender untouched
+            senders_.remove(sender);
+            if (detail::claim(*sender)) {
+                sender->ok = true;
+                guard.unlock();
+                detail::wake_claimed(*sender);
+                return result;
+            }
+            result.reset();  // it gave up meanwhile (a timed send): its value stays its own
         }
-        if (closed_) {
-            lock_.unlock();
-            return std::nullopt;
-        }
-        std::optional<T> slot;
+        if (closed_) return result;
         detail::Waiter self;
-        self.slot = &slot;
+        self.slot = &result;
         receivers_.push_back(&self);
+        guard.release();  // block() releases it
         detail::block(lock_, receivers_, self, nullptr);
-        return slot;
+        return result;
     }
 
     // Closes the channel: later sends fail; receives drain the buffer, then get nullopt.
     // Wakes every blocked sender (false) and receiver (nullopt). Closing twice is harmless.
-    void close() {
-        std::vector<detail::Waiter*> woken;
+    void close() noexcept {
+        detail::WaitList woken;
         lock_.lock();
         closed_ = true;
         detail::pop_all_claimed(senders_, woken);
         detail::pop_all_claimed(receivers_, woken);
         lock_.unlock();
-        for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+        detail::wake_all_claimed(woken);
     }
 
     // The capacity given at construction.
@@ -1185,6 +1324,9 @@ void cancel(Args&&...) {
 
 #include <algorithm>
 #include <cerrno>
+#if FIBER_SCHED_SWITCH_EH_STATE
+#include <cxxabi.h>
+#endif
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -1192,7 +1334,9 @@ void cancel(Args&&...) {
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <queue>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -1224,10 +1368,37 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept { return 0; }
 // fetch_add keeps them increasing.
 std::atomic<std::uint64_t> next_fiber_id{1};
 
-void assert_failed(const char* expr, const char* file, int line) noexcept {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+namespace {
+std::atomic<long> fault_countdown[static_cast<int>(FaultSite::count)];
+std::atomic<bool> assert_throws{false};
+}  // namespace
+
+bool fault_hit(FaultSite site) noexcept {
+    std::atomic<long>& countdown = fault_countdown[static_cast<int>(site)];
+    long n = countdown.load(std::memory_order_relaxed);
+    while (n > 0) {
+        if (countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return n == 1;
+    }
+    return false;
+}
+
+void inject_fault(FaultSite site, long nth) noexcept {
+    fault_countdown[static_cast<int>(site)].store(nth, std::memory_order_relaxed);
+}
+
+void set_assert_throws(bool on) noexcept { assert_throws.store(on, std::memory_order_relaxed); }
+#endif
+
+void assert_failed(const char* expr, const char* file, int line) {
     // Every library check reads `cond && "rule"`: print the rule first, where a user looks.
     const char* rule = std::strchr(expr, '"');
     const char* rule_end = rule ? std::strchr(rule + 1, '"') : nullptr;
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (assert_throws.load(std::memory_order_relaxed)) {
+        throw std::logic_error(rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr));
+    }
+#endif
     if (rule && rule_end) {
         std::fprintf(stderr, "fiber_sched: %.*s\n", static_cast<int>(rule_end - rule - 1), rule + 1);
     }
@@ -1245,6 +1416,18 @@ __attribute__((noinline)) ThreadState* thread_state() noexcept {
     return p;
 }
 
+EhState* eh_globals(ThreadState* ts) noexcept {
+#if FIBER_SCHED_SWITCH_EH_STATE
+    // Its address never changes for a thread, so it is looked up once. The runtime's
+    // declaration is `const`: calling it after a switch could reuse another thread's answer.
+    ts->eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
+#else
+    static thread_local EhState unused;
+    ts->eh = &unused;
+#endif
+    return ts->eh;
+}
+
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
@@ -1252,8 +1435,9 @@ struct FiberAccess {
     static Scheduler* resume_scheduler(const Fiber& f) noexcept { return f.resume_scheduler_; }
     static int resume_thread(const Fiber& f) noexcept { return f.resume_thread_; }
 
-    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running or
-    // switching out, marks it so its resumer re-enqueues it once switched out (false).
+    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running,
+    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
+    // (false).
     static bool claim_or_defer(Fiber& f, Scheduler& scheduler, int thread) {
         FiberState state = f.state_.load(std::memory_order_acquire);
         for (;;) {
@@ -1268,16 +1452,21 @@ struct FiberAccess {
                 }
                 break;
             case FiberState::Running:
-                // Published by the release half of the exchange below; the resumer reads
-                // them after its acq_rel exchange observes RunningResumePending.
-                f.resume_scheduler_ = &scheduler;
-                f.resume_thread_ = thread;
-                if (f.state_.compare_exchange_weak(state, FiberState::RunningResumePending,
-                                                   std::memory_order_acq_rel, std::memory_order_acquire)) {
+            case FiberState::Parked: {
+                // Published by the release half of the CAS below; the resumer reads them
+                // after its CAS observes the mark.
+                f.deferred_scheduler_ = &scheduler;
+                f.deferred_thread_ = thread;
+                const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
+                                                                       : FiberState::ParkedResumePending;
+                if (f.state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel,
+                                                   std::memory_order_acquire)) {
                     return false;
                 }
                 break;
+            }
             case FiberState::RunningResumePending:
+            case FiberState::ParkedResumePending:
                 FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
                 return false;
             case FiberState::Term:
@@ -1287,9 +1476,25 @@ struct FiberAccess {
         }
     }
 
-    // A fiber coming back from a park is Suspended and reachable only through the task
-    // that woke it: no one can race for it, so a plain store claims it.
-    static void claim_woken(Fiber& f) noexcept { f.state_.store(FiberState::Running, std::memory_order_relaxed); }
+    // A fiber coming back from a park: Parked, or ParkedResumePending when a schedule()
+    // found it parked. Only its wake-up task leaves these states, but a schedule() may mark
+    // it concurrently, hence the CAS.
+    static void claim_woken(Fiber& f) noexcept {
+        FiberState state = f.state_.load(std::memory_order_acquire);
+        for (;;) {
+            const FiberState next =
+                state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
+            if (f.state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                return;
+            }
+        }
+    }
+
+    // The deferred schedule() now takes effect: the fiber belongs to that scheduler.
+    static void take_deferred(Fiber& f) noexcept {
+        f.resume_scheduler_ = f.deferred_scheduler_;
+        f.resume_thread_ = f.deferred_thread_;
+    }
 
     static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
@@ -1615,14 +1820,55 @@ void switch_context(Context& from, Context& to) noexcept {
 namespace fsched {
 namespace detail {
 
+// What acquire_stack() throws when the kernel refuses the memory (mmap failed: the address
+// space limit, RLIMIT_AS, or the mapping count is reached).
+class StackMapFailed : public std::bad_alloc {
+public:
+    const char* what() const noexcept override { return "fiber_sched: cannot map memory for a fiber stack"; }
+};
+
 class StackPool {
 public:
-    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {}
+    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {
+        // fork(): the child gets one thread, the one that forked. These handlers hold the
+        // pool's locks across the fork, so the child never inherits one held by a thread
+        // that does not exist there, and the child forgets the other threads' records.
+        pthread_atfork([] { stack_pool_for_fork().lock_for_fork(); }, [] { stack_pool_for_fork().unlock_after_fork(false); },
+                       [] { stack_pool_for_fork().unlock_after_fork(true); });
+    }
 
-    std::size_t usable_size(std::size_t requested) const noexcept {
+    std::size_t usable_size(std::size_t requested) const {
         std::size_t size = requested ? requested : static_cast<std::size_t>(FIBER_SCHED_DEFAULT_STACK_SIZE);
+        if (size > max_stack_size) {
+            throw std::length_error("fiber_sched: Fiber(): stack_size is above the limit (fsched::detail::max_stack_size)");
+        }
         size = std::max(size, 4 * page_);
-        return (size + page_ - 1) / page_ * page_;
+        return (size + page_ - 1) / page_ * page_;  // no overflow: size <= max_stack_size
+    }
+
+    void lock_for_fork() noexcept {
+        mutex_.lock();
+        threads_mutex_.lock();
+    }
+
+    void unlock_after_fork(bool in_child) noexcept {
+        if (in_child) {
+            ThreadState* self = thread_state();
+            for (ThreadState* ts : threads_) {
+                if (ts != self) exited_in_use_ += ts->stacks_in_use.load(std::memory_order_relaxed);
+            }
+            threads_.erase(std::remove_if(threads_.begin(), threads_.end(), [self](ThreadState* ts) { return ts != self; }),
+                           threads_.end());
+        }
+        threads_mutex_.unlock();
+        mutex_.unlock();
+    }
+
+    // Stacks acquired (+1) or released (-1) by a thread whose exit clean-up has run (a
+    // thread_local destroyed after ours): counted here, where stats() finds them.
+    void count_exited(long delta) noexcept {
+        std::lock_guard<std::mutex> lock(threads_mutex_);
+        exited_in_use_ += delta;
     }
 
     Stack acquire(std::size_t size) {
@@ -1714,6 +1960,8 @@ private:
         return max_maps / 4;
     }
 
+    static StackPool& stack_pool_for_fork();
+
     static int map_flags() noexcept {
         int flags = MAP_PRIVATE | MAP_ANONYMOUS;
 #ifdef MAP_NORESERVE
@@ -1736,6 +1984,7 @@ private:
     }
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
+        if (FIBER_SCHED_FAULT(stack_map)) return false;
         void* mem = mmap(nullptr, size + page_, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
         if (mem == MAP_FAILED) return false;
         if (mprotect(mem, page_, PROT_NONE) != 0) {
@@ -1751,13 +2000,14 @@ private:
 
     Stack carve_unguarded(SizeClass& cls) {
         if (cls.slab_left == 0) {
-            void* mem = mmap(nullptr, cls.size * slab_stacks, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
-            if (mem == MAP_FAILED) {
-                throw std::system_error(errno, std::generic_category(),
-                                        "fiber_sched: cannot map memory for fiber stacks");
-            }
+            // Slabs of up to 64 stacks and about 16 MiB; a huge stack gets a slab of its own.
+            const std::size_t count = std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, (16u << 20) / cls.size));
+            void* mem = FIBER_SCHED_FAULT(stack_map)
+                            ? MAP_FAILED
+                            : mmap(nullptr, cls.size * count, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
+            if (mem == MAP_FAILED) throw StackMapFailed();
             cls.slab_next = static_cast<char*>(mem);
-            cls.slab_left = slab_stacks;
+            cls.slab_left = count;
         }
         Stack stack;
         stack.base = cls.slab_next;
@@ -1788,11 +2038,18 @@ inline StackPool& stack_pool() {
     return *pool;
 }
 
+StackPool& StackPool::stack_pool_for_fork() { return stack_pool(); }
+
 Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
     ThreadState* ts = thread_state();
     register_thread(ts);
+    if (ts->exited) {  // a thread_local destroyed after our clean-up: no cache any more
+        Stack stack = pool.acquire(size);
+        pool.count_exited(1);
+        return stack;
+    }
     for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
         if (ts->cached_stacks[i].size == size) {
             Stack stack = ts->cached_stacks[i];
@@ -1815,11 +2072,16 @@ void release_stack(Stack& stack) noexcept {
 #endif
     ThreadState* ts = thread_state();
     register_thread(ts);
-    ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-    if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
-        ts->cached_stacks[ts->cached_stack_count++] = stack;
-    } else {
+    if (ts->exited) {
+        stack_pool().count_exited(-1);
         stack_pool().release(stack);
+    } else {
+        ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
+            ts->cached_stacks[ts->cached_stack_count++] = stack;
+        } else {
+            stack_pool().release(stack);
+        }
     }
     stack = Stack{};
 }
@@ -1952,7 +2214,9 @@ struct ThreadExit {
             munmap(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
         }
-        ts->registered = false;
+        // Stays registered: a thread_local destroyed after this one may still create or
+        // destroy fibers, and those are counted in the pool's total (acquire_stack).
+        ts->exited = true;
     }
 };
 
@@ -2057,6 +2321,13 @@ void Fiber::reset(std::function<void()> fn) {
 #if defined(FIBER_SCHED_ASAN)
         __asan_unpoison_memory_region(stack_.base, stack_.size);
 #endif
+#if defined(FIBER_SCHED_TSAN)
+        // The finished run's entry frame never returned, so its TSan context still holds
+        // that frame: reusing it would grow TSan's shadow call stack by a frame per reuse
+        // until it overflows. A new run gets a new context.
+        __tsan_destroy_fiber(shadow_.tsan_fiber);
+        shadow_.tsan_fiber = __tsan_create_fiber(0);
+#endif
         prepare_context();
         state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
     }
@@ -2109,8 +2380,14 @@ Fiber::ptr Fiber::current_ptr() {
 namespace fsched {
 namespace detail {
 
+using TimePoint = std::chrono::steady_clock::time_point;
+
+// A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
+inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
+constexpr std::int64_t no_deadline = INT64_MAX;
+
 struct Timer {
-    std::chrono::steady_clock::time_point deadline;
+    TimePoint deadline;
     std::uint64_t sequence;  // FIFO among equal deadlines
     Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
     // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
@@ -2118,15 +2395,25 @@ struct Timer {
     bool operator>(const Timer& other) const noexcept {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
+    // A timed wait already satisfied (or given up) by someone else: nothing left to do.
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != waiting; }
 };
 
-// What the queues hold: a ScheduleTask, plus whether its fiber is one of ours coming back
-// from a park (then it is certainly Suspended and owned by this task: no claim needed).
+// How a queued fiber is to be taken when its task runs.
+enum class TaskKind : std::uint8_t {
+    fresh,    // schedule(): claim it, or defer when it is still running or parked
+    woken,    // coming back from a park: Parked, and this task is its wake-up
+    claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
+};
+
+// What the queues hold: a ScheduleTask and how to take its fiber. `sequence` orders a
+// worker's two queues against each other (see Worker::pop).
 struct QueuedTask {
     Fiber::ptr fiber;
     std::function<void()> cb;
     int thread = -1;
-    bool woken = false;
+    TaskKind kind = TaskKind::fresh;
+    std::uint64_t sequence = 0;
 };
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -2151,6 +2438,7 @@ public:
     SpinLock queue_lock;
     std::deque<QueuedTask> tasks;    // stealable, under queue_lock
     std::deque<QueuedTask> pinned;   // this worker only, under queue_lock
+    std::uint64_t next_sequence = 0;  // under queue_lock
     // tasks.size() + pinned.size() and tasks.size(), updated under queue_lock and read
     // without it as hints: a stale read only costs a needless lock or a later look. The
     // last look before sleeping ignores them and takes every lock (see run_loop).
@@ -2160,6 +2448,9 @@ public:
     // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
     // or the worker itself), and that one decrements core.sleepers. seq_cst: see above.
     std::atomic<bool> sleeping{false};
+    // The deadline this worker's idle wait ends at (no_deadline: none, or awake). Written
+    // after `sleeping` is set and reset after waking; add_timer() reads it (see there).
+    std::atomic<std::int64_t> sleep_deadline{no_deadline};
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     // The idle wait is epoll_wait: on this epoll instance, which holds only wake_fd, or, for
     // the worker that holds the poller role, on the scheduler's IO instance (see io.ipp).
@@ -2174,18 +2465,30 @@ public:
     bool notified = false;  // under idle_mutex
 #endif
 
+    // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
+    // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
+    SpinLock timer_lock;
+    std::vector<Timer> timers;          // under timer_lock
+    std::uint64_t timer_sequence = 0;   // under timer_lock
+    std::size_t timers_after_sweep = 0; // under timer_lock
+    // The earliest deadline in `timers` (no_deadline: none), for other workers to read
+    // without the lock; seq_cst, paired with `sleeping` (see add_timer).
+    std::atomic<std::int64_t> timer_earliest{no_deadline};
+
     // Only this worker's thread touches these.
-    std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
-    std::uint64_t timer_sequence = 0;
     std::vector<Fiber::ptr> spare_fibers;
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
+    unsigned tasks_since_io_poll = 0;
 
+    // Makes room for one more timer, so that add_timer() in a park hook cannot fail.
+    // Called by the fiber about to park on this worker; may throw std::bad_alloc.
+    void reserve_timer();
     // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
-    void add_timer(std::chrono::steady_clock::time_point deadline, Fiber::ptr fiber,
-                   std::shared_ptr<WaitState> wait) {
-        timers.push(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
-    }
+    // Only on this worker's thread, after reserve_timer(); never throws.
+    void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
+    // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
+    bool fire_due_timers(TimePoint now);
 
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
@@ -2193,63 +2496,102 @@ public:
         queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
     }
 
+    // Appends under queue_lock (held). Strong guarantee: on std::bad_alloc nothing changed.
+    void push_locked(QueuedTask&& task, bool own_pinned) {
+        task.sequence = next_sequence;
+        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        ++next_sequence;
+    }
+
     void push(QueuedTask&& task, bool own_pinned) {
         std::lock_guard<SpinLock> lock(queue_lock);
-        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        push_locked(std::move(task), own_pinned);
         update_hints();
+    }
+
+    // Takes the oldest of the two queue fronts under queue_lock (held): pinned and unpinned
+    // tasks are served in the order they arrived, so neither kind can starve the other.
+    bool pop_locked(QueuedTask& out) {
+        std::deque<QueuedTask>* from;
+        if (pinned.empty()) {
+            from = &tasks;
+        } else if (tasks.empty()) {
+            from = &pinned;
+        } else {
+            from = pinned.front().sequence < tasks.front().sequence ? &pinned : &tasks;
+        }
+        if (from->empty()) return false;
+        out = std::move(from->front());
+        from->pop_front();
+        update_hints();
+        return true;
     }
 
     bool pop(QueuedTask& out, bool trust_hint) {
         if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
         std::lock_guard<SpinLock> lock(queue_lock);
-        std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
-        if (from.empty()) return false;
-        out = std::move(from.front());
-        from.pop_front();
-        update_hints();
-        return true;
+        return pop_locked(out);
     }
 
     // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
     bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
         if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
-        std::vector<QueuedTask> taken;
+        QueuedTask taken[32];
+        std::size_t n;
         {
             std::lock_guard<SpinLock> lock(queue_lock);
-            std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
+            n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             if (n == 0) return false;
-            taken.reserve(n);
             for (std::size_t i = 0; i < n; ++i) {
-                taken.push_back(std::move(tasks.back()));
+                taken[i] = std::move(tasks.back());
                 tasks.pop_back();
             }
             update_hints();
         }
-        first = std::move(taken.back());
-        taken.pop_back();
-        if (!taken.empty()) {
+        // taken[n - 1] is the oldest: run it first, queue the rest oldest first.
+        first = std::move(taken[n - 1]);
+        if (n > 1) {
             std::lock_guard<SpinLock> lock(thief.queue_lock);
-            // Oldest first, as they stood in the victim's queue.
-            for (auto it = taken.rbegin(); it != taken.rend(); ++it) thief.tasks.push_back(std::move(*it));
+            std::size_t i = n - 1;
+            try {
+                while (i > 0) {
+                    thief.push_locked(std::move(taken[i - 1]), false);  // strong guarantee
+                    --i;
+                }
+            } catch (...) {
+                // Out of memory: keep taken[0 .. i-1] aside, newest first, so the back of
+                // `overflow` is the oldest. It was reserved for a whole steal.
+                for (std::size_t k = 0; k < i; ++k) thief.overflow.push_back(std::move(taken[k]));
+            }
             thief.update_hints();
         }
         return true;
     }
 
+    // Tasks a thief stole but could not queue for lack of memory (see steal_into), run
+    // before anything else, oldest (the back) first. Only this worker's thread touches it;
+    // its capacity is reserved at construction, so pushing a steal's worth never allocates.
+    std::vector<QueuedTask> overflow;
+
     // Ends this worker's idle wait (or makes its next one return at once).
     void notify();
     // The idle wait, the one place a worker blocks: until notify(), `deadline`, or (for the
     // poller) an fd becoming ready.
-    void wait_for_work(const std::chrono::steady_clock::time_point* deadline);
+    void wait_for_work(const TimePoint* deadline);
 
+    // The run loop and its steps, in the order run_loop() takes them.
     void run_loop();
+    bool next_task(QueuedTask& task);        // yielded fiber, then own queues, timers, steal
+    void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
+    bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
+    bool sleep_until_work(QueuedTask& task, bool& finished);
     void requeue_yielded(QueuedTask& next);
     void give_up_poller_role() noexcept;
-    unsigned loops_since_io_poll = 0;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
-    void fire_due_timers();
+    // The earliest timer deadline of any worker (no_deadline: none).
+    std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
     Fiber::ptr fiber_for(std::function<void()>&& cb);
 };
@@ -2257,10 +2599,13 @@ public:
 class SchedulerCore {
 public:
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
-        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()) {
+        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
+          caller_fiber(Fiber::current()) {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
+        FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        open_io();
+        for (auto& w : workers) w->overflow.reserve(32);
+        open_io();  // releases what it opened before it throws
     }
     ~SchedulerCore() { close_io(); }
     SchedulerCore(const SchedulerCore&) = delete;
@@ -2285,17 +2630,22 @@ public:
 
     Scheduler& owner;
     const bool use_caller;
+    // Where stop() must be called from with use_caller: the constructing thread, or the
+    // constructing fiber when the scheduler was made inside one (it may change threads).
     const std::thread::id caller_thread;
+    Fiber* const caller_fiber;
     std::vector<std::unique_ptr<Worker>> workers;
 
     std::mutex lifecycle_mutex;  // start() and stop()
     bool started = false;  // under lifecycle_mutex
-    // Set once stop() has joined the workers; read by schedule() to refuse new work.
-    std::atomic<bool> stopped{false};
     // Set by stop(); workers read it to know they may exit once outstanding is zero.
     std::atomic<bool> stopping{false};
     // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
     // before a task is queued, decremented when it finishes; seq_cst pairs with `sleeping`.
+    // stop() ends by setting closed_bit with a CAS from 0, and a submit whose increment
+    // finds the bit is refused: so every accepted task was counted before the close, and
+    // the close waits for it.
+    static constexpr std::int64_t closed_bit = std::int64_t{1} << 62;
     std::atomic<std::int64_t> outstanding{0};
     // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument.
     std::atomic<int> spinning{0};
@@ -2304,7 +2654,8 @@ public:
     std::atomic<unsigned> next_worker{0};
 
     std::mutex handler_mutex;
-    std::function<void(std::exception_ptr)> handler;
+    // Shared so report() takes it without copying a std::function (which could throw).
+    std::shared_ptr<const std::function<void(std::exception_ptr)>> handler;
 
     static SchedulerCore& of(Scheduler& s) noexcept { return *s.core_; }
 
@@ -2313,24 +2664,48 @@ public:
         return ts->scheduler == &owner ? ts->worker : nullptr;
     }
 
+    // Starts the worker threads (all but worker 0 with use_caller). Under lifecycle_mutex.
+    void launch_threads();
+
+    bool closed() const noexcept { return (outstanding.load(std::memory_order_acquire) & closed_bit) != 0; }
+
     bool finished() const noexcept {
         return stopping.load(std::memory_order_seq_cst) && outstanding.load(std::memory_order_seq_cst) == 0;
     }
 
-    // Queues a task that is already counted in `outstanding`.
-    void enqueue(QueuedTask&& task) {
-        Worker* here = current_worker();
-        Worker* target;
-        if (task.thread >= 0) {
-            target = workers[static_cast<std::size_t>(task.thread)].get();
-        } else if (here) {
-            target = here;
-        } else {
-            target = workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()].get();
+    // Counts `n` new tasks; refuses them once stop() has closed the scheduler.
+    void count_new(std::int64_t n) {
+        if (outstanding.fetch_add(n, std::memory_order_seq_cst) & closed_bit) {
+            outstanding.fetch_sub(n, std::memory_order_seq_cst);
+            FIBER_SCHED_ASSERT(false && "schedule(): scheduler has stopped (stop() has returned)");
         }
+    }
+
+    Worker& target_for(int thread) {
+        if (thread >= 0) return *workers[static_cast<std::size_t>(thread)];
+        if (Worker* here = current_worker()) return *here;
+        return *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
+    }
+
+    // Queues a task that is already counted in `outstanding`. Strong guarantee.
+    void enqueue(QueuedTask&& task) {
+        Worker& target = target_for(task.thread);
         const bool pinned = task.thread >= 0;
-        target->push(std::move(task), pinned);
-        after_push(*target, pinned, 1);
+        target.push(std::move(task), pinned);
+        after_push(target, pinned, 1);
+    }
+
+    // Queues a fiber coming back from a park (or a deferred schedule): it is counted and
+    // has no other way back, so it must not be dropped. Out of memory, wait for some.
+    void enqueue_fiber(QueuedTask&& task) noexcept {
+        for (;;) {
+            try {
+                enqueue(std::move(task));
+                return;
+            } catch (...) {
+                std::this_thread::yield();  // push_back's strong guarantee: task is intact
+            }
+        }
     }
 
     // Wakes whoever should take newly queued work; `count` tasks went to `target`.
@@ -2357,31 +2732,38 @@ public:
     }
 
     // Wakes `w` if it sleeps; true if this call claimed that.
-    bool wake(Worker& w) {
+    bool wake(Worker& w) noexcept {
         if (!claim_wake(w)) return false;
         w.notify();
         return true;
     }
 
-    void wake_all() {
+    void wake_all() noexcept {
         for (auto& w : workers) wake(*w);
     }
 
-    void task_finished() {
+    void task_finished() noexcept {
         if (outstanding.fetch_sub(1, std::memory_order_seq_cst) == 1 && stopping.load(std::memory_order_seq_cst)) {
             wake_all();
         }
     }
 
-    void report(std::exception_ptr error) {
-        std::function<void(std::exception_ptr)> h;
+    void report(std::exception_ptr error) noexcept {
+        std::shared_ptr<const std::function<void(std::exception_ptr)>> h;
         {
             std::lock_guard<std::mutex> lock(handler_mutex);
             h = handler;
         }
-        if (h) {
-            h(error);
-            return;
+        if (h && *h) {
+            try {
+                (*h)(error);
+                return;
+            } catch (...) {
+                std::fprintf(stderr, "fiber_sched: the exception handler of scheduler '%s' threw; terminating\n",
+                             owner.name().c_str());
+                std::fflush(stderr);
+                std::terminate();
+            }
         }
         try {
             std::rethrow_exception(error);
@@ -2392,6 +2774,7 @@ public:
             std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s'\n",
                          owner.name().c_str());
         }
+        std::fflush(stderr);
         std::terminate();
     }
 
@@ -2402,96 +2785,124 @@ public:
                            "schedule(): thread index out of range");
         FIBER_SCHED_ASSERT((!task.fiber || task.fiber->state() != Fiber::State::Term) &&
                            "schedule(): fiber has terminated");
-        FIBER_SCHED_ASSERT(!stopped.load(std::memory_order_acquire) && "schedule(): scheduler has stopped");
+        FIBER_SCHED_ASSERT(!closed() && "schedule(): scheduler has stopped (stop() has returned)");
     }
 };
 
+// The run loop (marl's runUntilShutdown): each pass takes one step of a fixed policy.
+// A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
+// however the tasks arrive; then the worker's own queues and due timers (its own, then
+// any other worker's), then stealing; then a short spin; then the sleep, whose last look
+// at the queues is what the lost-wake-up argument above is about.
 inline void Worker::run_loop() {
     ThreadState* ts = thread_state();
+    // Saved and restored: a use_caller scheduler may run inside a task of another one.
+    Scheduler* const outer_scheduler = ts->scheduler;
+    Worker* const outer_worker = ts->worker;
+    Fiber* const outer_task = ts->task_fiber;
+    std::shared_ptr<Fiber>* const outer_ref = ts->task_ref;
     ts->scheduler = &core.owner;
     ts->worker = this;
     QueuedTask task;
-    for (;;) {
-        if (yielded) {
-            requeue_yielded(task);
-            run_task(task);
-            continue;
-        }
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
-        // then, so fibers waiting for IO are not starved by a busy scheduler.
-        if (++loops_since_io_poll >= 32) {
-            loops_since_io_poll = 0;
-            if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-                core.poller.load(std::memory_order_relaxed) == nullptr) {
-                core.poll_io();
-            }
-        }
-#endif
-        if (find_task(task)) {
-            run_task(task);
-            continue;
-        }
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) continue;
-#endif
-        // Spin a few microseconds before paying for a sleep and a wake-up.
-        core.spinning.fetch_add(1, std::memory_order_seq_cst);
-        bool found = false;
-        for (int i = 0; i < 64 && !found; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#elif defined(__aarch64__)
-            __asm__ volatile("yield");
-#endif
-            found = find_task(task);
-        }
-        core.spinning.fetch_sub(1, std::memory_order_seq_cst);
-        if (found) {
-            run_task(task);
-            continue;
-        }
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
-        Worker* no_poller = nullptr;
-        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-            core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
-            is_poller.store(true, std::memory_order_relaxed);
-        }
-#endif
-        sleeping.store(true, std::memory_order_seq_cst);
-        core.sleepers.fetch_add(1, std::memory_order_seq_cst);
-        if (find_task(task, true) || core.finished()) {
-            give_up_poller_role();
-            // If a submitter claimed the wake-up instead, its notify() only makes a later
-            // wait return early.
-            core.claim_wake(*this);
-            if (task.fiber || task.cb) {
-                run_task(task);
-                continue;
-            }
-            break;  // finished
-        }
-        if (timers.empty()) {
-            wait_for_work(nullptr);
-        } else {
-            const auto deadline = timers.top().deadline;
-            wait_for_work(&deadline);
-        }
-        core.claim_wake(*this);
-        give_up_poller_role();
+    bool finished = false;
+    while (!finished) {
+        poll_io_now_and_then();
+        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished)) run_task(task);
     }
-    ts->scheduler = nullptr;
-    ts->worker = nullptr;
+    ts->scheduler = outer_scheduler;
+    ts->worker = outer_worker;
+    ts->task_fiber = outer_task;
+    ts->task_ref = outer_ref;
 }
 
-// Puts the fiber that yielded at the back of its queue and takes the front task, under one
+inline void Worker::poll_io_now_and_then() {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
+    // then, so fibers waiting for IO are not starved by a busy scheduler, nor by a task
+    // that yields in a loop.
+    if (++tasks_since_io_poll >= 32) {
+        tasks_since_io_poll = 0;
+        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+            core.poller.load(std::memory_order_relaxed) == nullptr) {
+            core.poll_io();
+        }
+    }
+#endif
+}
+
+inline bool Worker::next_task(QueuedTask& task) {
+    if (!overflow.empty()) {
+        task = std::move(overflow.back());
+        overflow.pop_back();
+        return true;
+    }
+    if (yielded) {
+        requeue_yielded(task);
+        return true;
+    }
+    if (find_task(task)) return true;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) return find_task(task);
+#endif
+    return false;
+}
+
+inline bool Worker::spin_for_work(QueuedTask& task) {
+    // Spin a few microseconds before paying for a sleep and a wake-up.
+    core.spinning.fetch_add(1, std::memory_order_seq_cst);
+    bool found = false;
+    for (int i = 0; i < 64 && !found; ++i) {
+        cpu_relax();
+        found = find_task(task);
+    }
+    core.spinning.fetch_sub(1, std::memory_order_seq_cst);
+    return found;
+}
+
+// Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
+inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
+    Worker* no_poller = nullptr;
+    if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+        core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+        is_poller.store(true, std::memory_order_relaxed);
+    }
+#endif
+    sleeping.store(true, std::memory_order_seq_cst);
+    core.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // The look that pairs with every submitter (see the lost-wake-up argument).
+    if (find_task(task, true) || core.finished()) {
+        give_up_poller_role();
+        // If a submitter claimed the wake-up instead, its notify() only makes a later
+        // wait return early.
+        core.claim_wake(*this);
+        finished = !(task.fiber || task.cb);
+        return !finished;
+    }
+    // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
+    // asleep and wakes us (add_timer).
+    const std::int64_t deadline_ticks = earliest_deadline();
+    sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
+    if (deadline_ticks == no_deadline) {
+        wait_for_work(nullptr);
+    } else {
+        const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
+        wait_for_work(&deadline);
+    }
+    core.claim_wake(*this);
+    sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
+    give_up_poller_role();
+    return false;
+}
+
+// Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
-    fire_due_timers();
+    fire_due_timers(std::chrono::steady_clock::now());
     QueuedTask back;
     back.thread = FiberAccess::resume_thread(*yielded);
-    back.woken = true;
+    back.kind = TaskKind::woken;
     back.fiber = std::move(yielded);
     const bool own_pinned = back.thread >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -2499,11 +2910,13 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         next = std::move(back);  // nothing else to run: straight back to it
         return;
     }
-    (own_pinned ? pinned : tasks).push_back(std::move(back));
-    std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
-    next = std::move(from.front());
-    from.pop_front();
-    update_hints();
+    try {
+        push_locked(std::move(back), own_pinned);
+    } catch (...) {
+        next = std::move(back);  // no room to queue it: run it now rather than lose it
+        return;
+    }
+    pop_locked(next);
 }
 
 #if !defined(FIBER_SCHED_HAVE_EPOLL)
@@ -2539,27 +2952,89 @@ inline void Worker::give_up_poller_role() noexcept {
 #endif
 }
 
-inline void Worker::fire_due_timers() {
-    if (timers.empty()) return;
-    const auto now = std::chrono::steady_clock::now();
-    while (!timers.empty() && timers.top().deadline <= now) {
-        Timer& top = const_cast<Timer&>(timers.top());  // popped right below
-        Fiber::ptr fiber = std::move(top.fiber);
-        std::shared_ptr<WaitState> wait = std::move(top.wait);
-        timers.pop();
-        if (wait) {
-            int expected = waiting;
-            if (!wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
-            fiber = std::move(wait->fiber);
+inline void Worker::reserve_timer() {
+    std::lock_guard<SpinLock> lock(timer_lock);
+    if (FIBER_SCHED_FAULT(timer_alloc)) throw std::bad_alloc();
+    if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
+}
+
+inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept {
+    const std::int64_t ticks = to_ticks(deadline);
+    bool earliest;
+    {
+        std::lock_guard<SpinLock> lock(timer_lock);
+        // Satisfied timed waits leave their timers behind (a notifier cannot reach into
+        // this heap); sweep them out whenever the heap has doubled, so memory follows the
+        // live timers, not every wait ever made. Amortised O(1) per timer.
+        if (timers.size() >= 64 && timers.size() >= 2 * timers_after_sweep) {
+            timers.erase(std::remove_if(timers.begin(), timers.end(), [](const Timer& t) { return t.dead(); }),
+                         timers.end());
+            std::make_heap(timers.begin(), timers.end(), std::greater<Timer>());
+            timers_after_sweep = timers.size();
         }
-        wake(std::move(fiber));
+        // reserve_timer() made room (the sweep only shrinks): push_back does not allocate.
+        timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
+        std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
+        earliest = timers.front().sequence == timer_sequence - 1;
+        if (earliest) timer_earliest.store(ticks, std::memory_order_seq_cst);
+    }
+    // A worker asleep until a later deadline would miss this one while this worker is busy:
+    // wake it to sleep again until this one. Its `sleeping` is set before it reads the
+    // deadlines (seq_cst both sides), so either it saw timer_earliest or we see it asleep.
+    if (!earliest || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    for (auto& w : core.workers) {
+        if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
+        if (ticks < w->sleep_deadline.load(std::memory_order_seq_cst)) {
+            core.wake(*w);
+            return;
+        }
     }
 }
 
+inline bool Worker::fire_due_timers(TimePoint now) {
+    const std::int64_t now_ticks = to_ticks(now);
+    if (timer_earliest.load(std::memory_order_relaxed) > now_ticks) return false;
+    bool any = false;
+    for (;;) {
+        Timer due;
+        {
+            std::lock_guard<SpinLock> lock(timer_lock);
+            if (timers.empty() || timers.front().deadline > now) return any;
+            std::pop_heap(timers.begin(), timers.end(), std::greater<Timer>());
+            due = std::move(timers.back());
+            timers.pop_back();
+            timer_earliest.store(timers.empty() ? no_deadline : to_ticks(timers.front().deadline),
+                                 std::memory_order_seq_cst);
+        }
+        Fiber::ptr fiber = std::move(due.fiber);
+        if (due.wait) {
+            int expected = waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
+            fiber = std::move(due.wait->fiber);
+        }
+        wake(std::move(fiber));  // to its pinned worker, if any
+        any = true;
+    }
+}
+
+inline std::int64_t Worker::earliest_deadline() const noexcept {
+    std::int64_t earliest = no_deadline;
+    for (auto& w : core.workers) earliest = std::min(earliest, w->timer_earliest.load(std::memory_order_seq_cst));
+    return earliest;
+}
+
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    fire_due_timers();
+    const TimePoint now = std::chrono::steady_clock::now();
+    fire_due_timers(now);
     if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
+    // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
+    // look again; a woken unpinned fiber comes to this worker's queue.
+    bool fired = false;
+    for (std::size_t i = 1; i < n; ++i) {
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers(now) || fired;
+    }
+    if (fired && pop(out, false)) return true;
     // Every other worker once, starting somewhere new each time a steal succeeds.
     for (std::size_t i = 0; i + 1 < n; ++i) {
         const std::size_t offset = 1 + (steal_start + i) % (n - 1);
@@ -2584,14 +3059,33 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 
 inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
-    Fiber::ptr fiber = pooled ? fiber_for(std::move(task.cb)) : std::move(task.fiber);
     const int thread = task.thread;
-    const bool woken = task.woken;
+    const TaskKind kind = task.kind;
+    Fiber::ptr fiber;
+    if (pooled) {
+        try {
+            fiber = fiber_for(std::move(task.cb));
+        } catch (...) {
+            // No memory or no stack for the callback's fiber: the task cannot run. Its
+            // failure goes to the exception handler like one it threw; the rest run on.
+            task = QueuedTask{};
+            core.report(std::current_exception());
+            core.task_finished();
+            return;
+        }
+    } else {
+        fiber = std::move(task.fiber);
+    }
     task = QueuedTask{};
-    if (woken) {
+    switch (kind) {
+    case TaskKind::fresh:
+        if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) return;  // runs when it has left
+        break;
+    case TaskKind::woken:
         FiberAccess::claim_woken(*fiber);
-    } else if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) {
-        return;
+        break;
+    case TaskKind::claimed:
+        break;
     }
     ThreadState* ts = thread_state();
     ts->task_fiber = fiber.get();
@@ -2616,12 +3110,13 @@ inline void Worker::run_task(QueuedTask& task) {
 }
 
 void resume_deferred(Fiber& fiber) {
-    Scheduler* scheduler = FiberAccess::resume_scheduler(fiber);
+    // The fiber has left the scheduler and is still claimed (Running) for this resume.
+    FiberAccess::take_deferred(fiber);
     QueuedTask task;
-    task.woken = true;  // Suspended now, and this task is its only way back
+    task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
     task.thread = FiberAccess::resume_thread(fiber);
-    SchedulerCore::of(*scheduler).enqueue(std::move(task));
+    SchedulerCore::of(*FiberAccess::resume_scheduler(fiber)).enqueue_fiber(std::move(task));
 }
 
 Fiber::ptr take_task_ref() noexcept {
@@ -2634,13 +3129,13 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
     FiberAccess::park_current(on_parked, arg);
 }
 
-void wake(Fiber::ptr fiber) {
+void wake(Fiber::ptr fiber) noexcept {
     Scheduler* scheduler = FiberAccess::resume_scheduler(*fiber);
     QueuedTask task;
-    task.woken = true;
+    task.kind = TaskKind::woken;
     task.thread = FiberAccess::resume_thread(*fiber);
     task.fiber = std::move(fiber);
-    SchedulerCore::of(*scheduler).enqueue(std::move(task));
+    SchedulerCore::of(*scheduler).enqueue_fiber(std::move(task));
 }
 
 bool in_scheduler_task() noexcept {
@@ -2648,16 +3143,41 @@ bool in_scheduler_task() noexcept {
     return ts->task_fiber && ts->current == ts->task_fiber;
 }
 
+void reserve_timer() { thread_state()->worker->reserve_timer(); }
+
+std::size_t pending_timers(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->timer_lock);
+        n += w->timers.size();
+    }
+    return n;
+}
+
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
         std::this_thread::sleep_until(deadline);
         return;
     }
+    reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
     park([](Fiber*, void* arg) {
-        // On the worker the fiber parked from; only that worker touches its heap.
+        // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
         thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
                                           take_task_ref(), nullptr);
     }, &deadline);
+}
+
+void SchedulerCore::launch_threads() {
+    for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
+        Worker* worker = workers[i].get();
+        worker->thread = std::thread([this, worker] {
+#if defined(__linux__)
+            std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
+            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
+#endif
+            worker->run_loop();
+        });
+    }
 }
 
 }  // namespace detail
@@ -2673,48 +3193,56 @@ void Scheduler::start() {
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.started) return;
     core.started = true;
-    for (std::size_t i = core.use_caller ? 1 : 0; i < core.workers.size(); ++i) {
-        detail::Worker* worker = core.workers[i].get();
-        worker->thread = std::thread([this, worker] {
-#if defined(__linux__)
-            std::string thread_name = name_.substr(0, 11) + "-" + std::to_string(worker->index);
-            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
-#endif
-            worker->run_loop();
-        });
-    }
+    core.launch_threads();
 }
 
 void Scheduler::stop() {
     detail::SchedulerCore& core = *core_;
     FIBER_SCHED_ASSERT(current() != this && "stop(): called from inside one of the scheduler's own tasks");
-    FIBER_SCHED_ASSERT((!core.use_caller || std::this_thread::get_id() == core.caller_thread) &&
-                       "stop(): with use_caller, call stop() from the thread that constructed the scheduler");
+    FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? Fiber::current() == core.caller_fiber
+                                                               : std::this_thread::get_id() == core.caller_thread)) &&
+                       "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     start();
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
-    if (core.stopped.load(std::memory_order_relaxed)) return;
+    if (core.closed()) return;
     core.stopping.store(true, std::memory_order_seq_cst);
-    core.wake_all();
-    if (core.use_caller) core.workers[0]->run_loop();
-    for (auto& worker : core.workers) {
-        if (worker->thread.joinable()) worker->thread.join();
+    for (;;) {
+        core.wake_all();
+        if (core.use_caller) core.workers[0]->run_loop();
+        for (auto& worker : core.workers) {
+            if (worker->thread.joinable()) worker->thread.join();
+        }
+        // The workers left once nothing was outstanding; close unless a schedule() came
+        // in since. Any submit after this CAS sees closed_bit and is refused.
+        std::int64_t idle = 0;
+        if (core.outstanding.compare_exchange_strong(idle, detail::SchedulerCore::closed_bit,
+                                                     std::memory_order_seq_cst)) {
+            return;
+        }
+        core.launch_threads();  // run what was scheduled during stop()
     }
-    core.stopped.store(true, std::memory_order_release);
 }
 
 void Scheduler::submit(ScheduleTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
-    core.outstanding.fetch_add(1, std::memory_order_seq_cst);
-    core.enqueue(detail::QueuedTask{std::move(task.fiber), std::move(task.cb), task.thread, false});
+    detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
+    core.count_new(1);
+    try {
+        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+        core.enqueue(std::move(queued));
+    } catch (...) {
+        core.task_finished();  // not queued: not outstanding either
+        throw;
+    }
 }
 
 void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
     for (const ScheduleTask& task : tasks) core.check_task(task);
-    core.outstanding.fetch_add(static_cast<std::int64_t>(tasks.size()), std::memory_order_seq_cst);
-    // One lock per worker: group pinned tasks by worker, deal the rest out in runs.
+    // One lock per worker: group pinned tasks by worker, deal the rest out in runs. Built
+    // before anything is counted, so running out of memory here changes nothing.
     const std::size_t n = core.workers.size();
     std::vector<std::vector<detail::QueuedTask>> pinned(n), unpinned(n);
     detail::Worker* here = core.current_worker();
@@ -2725,7 +3253,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     const std::size_t run = here ? free_count : (free_count + n - 1) / n;
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
-        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, false};
+        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
         if (queued.thread >= 0) {
             pinned[static_cast<std::size_t>(queued.thread)].push_back(std::move(queued));
             continue;
@@ -2736,17 +3264,44 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
             next = (next + 1) % n;
         }
     }
-    for (std::size_t i = 0; i < n; ++i) {
-        detail::Worker& w = *core.workers[i];
-        if (pinned[i].empty() && unpinned[i].empty()) continue;
-        {
-            std::lock_guard<detail::SpinLock> lock(w.queue_lock);
-            for (detail::QueuedTask& t : pinned[i]) w.pinned.push_back(std::move(t));
-            for (detail::QueuedTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
-            w.update_hints();
+    const auto total = static_cast<std::int64_t>(tasks.size());
+    core.count_new(total);
+    std::int64_t queued_count = 0;
+    try {
+        for (std::size_t i = 0; i < n; ++i) {
+            detail::Worker& w = *core.workers[i];
+            if (pinned[i].empty() && unpinned[i].empty()) continue;
+            {
+                std::lock_guard<detail::SpinLock> lock(w.queue_lock);
+                // All of this worker's share or none of it: a failed push_back changed nothing,
+                // and what this loop pushed before is taken back.
+                std::size_t pushed_pinned = 0, pushed_unpinned = 0;
+                try {
+                    for (detail::QueuedTask& t : pinned[i]) {
+                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                        w.push_locked(std::move(t), true);
+                        ++pushed_pinned;
+                    }
+                    for (detail::QueuedTask& t : unpinned[i]) {
+                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                        w.push_locked(std::move(t), false);
+                        ++pushed_unpinned;
+                    }
+                } catch (...) {
+                    for (; pushed_pinned > 0; --pushed_pinned) w.pinned.pop_back();
+                    for (; pushed_unpinned > 0; --pushed_unpinned) w.tasks.pop_back();
+                    throw;
+                }
+                w.update_hints();
+            }
+            queued_count += static_cast<std::int64_t>(pinned[i].size() + unpinned[i].size());
+            if (!pinned[i].empty()) core.after_push(w, true, 1);
+            if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
         }
-        if (!pinned[i].empty()) core.after_push(w, true, 1);
-        if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
+    } catch (...) {
+        // The workers' shares queued so far run; the rest were not queued and are not counted.
+        for (std::int64_t k = queued_count; k < total; ++k) core.task_finished();
+        throw;
     }
 }
 
@@ -2758,8 +3313,9 @@ int Scheduler::worker_index() noexcept {
 }
 
 void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> handler) {
+    auto shared = std::make_shared<const std::function<void(std::exception_ptr)>>(std::move(handler));
     std::lock_guard<std::mutex> lock(core_->handler_mutex);
-    core_->handler = std::move(handler);
+    core_->handler = std::move(shared);
 }
 
 namespace this_fiber {
@@ -2810,13 +3366,28 @@ void release_after_park(Fiber*, void* arg) {
 
 }  // namespace
 
+void prepare_timed_wait(Waiter& w) {
+    if (w.shared || !in_scheduler_task()) return;
+    if (FIBER_SCHED_FAULT(wait_alloc)) throw std::bad_alloc();
+    // The timer may outlive the waiter's frame: the state it races for lives on the heap.
+    w.shared = std::make_shared<WaitState>();
+    w.state = w.shared.get();
+    reserve_timer();
+}
+
 bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
            void* context) {
     if (in_scheduler_task()) {
-        if (deadline) {
-            // The timer may outlive this frame: the state it races for lives on the heap.
-            w.shared = std::make_shared<WaitState>();
-            w.state = w.shared.get();
+        if (deadline && !w.shared) {
+            // Callers should have prepared this before taking the lock; if not, do it now
+            // and, should it fail, leave nothing behind.
+            try {
+                prepare_timed_wait(w);
+            } catch (...) {
+                unlink(context, w);
+                lock.unlock();
+                throw;
+            }
         }
         ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
@@ -2843,7 +3414,7 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     return true;
 }
 
-void wake_claimed(Waiter& w) {
+void wake_claimed(Waiter& w) noexcept {
     WaitState& state = *w.state;
     if (state.fiber) {
         wake(std::move(state.fiber));
@@ -2975,11 +3546,11 @@ void ConditionVariable::notify_one() {
 }
 
 void ConditionVariable::notify_all() {
-    std::vector<detail::Waiter*> woken;
+    detail::WaitList woken;
     lock_.lock();
     detail::pop_all_claimed(waiters_, woken);
     lock_.unlock();
-    for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+    detail::wake_all_claimed(woken);
 }
 
 void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
@@ -2997,6 +3568,7 @@ std::cv_status ConditionVariable::wait_until_steady(std::unique_lock<Mutex>& loc
                                                     std::chrono::steady_clock::time_point deadline) {
     FIBER_SCHED_ASSERT(lock.owns_lock() && "ConditionVariable::wait_until(): the lock does not own its mutex");
     detail::Waiter self;
+    detail::prepare_timed_wait(self);  // may throw, with `lock` still held, as it should be
     lock_.lock();
     waiters_.push_back(&self);
     lock.mutex()->unlock();
@@ -3010,7 +3582,7 @@ WaitGroup::WaitGroup(std::int64_t initial) : count_(initial) {
 }
 
 void WaitGroup::add(std::int64_t n) {
-    std::vector<detail::Waiter*> woken;
+    detail::WaitList woken;
     lock_.lock();
     const bool below_zero = count_ + n < 0;
     if (!below_zero) count_ += n;
@@ -3019,7 +3591,7 @@ void WaitGroup::add(std::int64_t n) {
     }
     lock_.unlock();
     FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");
-    for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+    detail::wake_all_claimed(woken);
 }
 
 void WaitGroup::wait() {

@@ -34,8 +34,10 @@ function(fiber_sched_add_test_executable target)
   endif()
   add_executable(${target} "${arg_TESTS_DIR}/main.cpp" "${arg_TESTS_DIR}/impl.cpp" ${test_sources})
   target_link_libraries(${target} PRIVATE fiber_sched::fiber_sched ${arg_LIBRARIES})
+  # FIBER_SCHED_FAULT_INJECTION: the test-only hooks that make allocation, stack and fd
+  # sites fail on demand (tests/test_faults.cpp).
   target_compile_definitions(${target} PRIVATE
-    "FIBER_SCHED_TEST_VARIANT=\"${arg_VARIANT}\"" ${arg_DEFINITIONS})
+    "FIBER_SCHED_TEST_VARIANT=\"${arg_VARIANT}\"" FIBER_SCHED_FAULT_INJECTION ${arg_DEFINITIONS})
   fiber_sched_strict_warnings(${target})
   target_compile_options(${target} PRIVATE ${arg_COMPILE_OPTIONS})
   target_link_options(${target} PRIVATE ${arg_LINK_OPTIONS})

@@ -49,6 +49,19 @@
 #define FIBER_SCHED_HAVE_EPOLL 1
 #endif
 
+// Switch the C++ runtime's exception state with each fiber where the runtime exposes it
+// (the Itanium C++ ABI's __cxa_get_globals: libstdc++, libc++abi).
+#if !defined(FIBER_SCHED_SWITCH_EH_STATE)
+#if defined(__has_include)
+#if __has_include(<cxxabi.h>)
+#define FIBER_SCHED_SWITCH_EH_STATE 1
+#endif
+#endif
+#endif
+#if !defined(FIBER_SCHED_SWITCH_EH_STATE)
+#define FIBER_SCHED_SWITCH_EH_STATE 0
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define FIBER_SCHED_ASAN 1
 #elif defined(__has_feature)
@@ -73,7 +86,42 @@ const char* backend() noexcept;
 namespace detail {
 
 // Prints the rule quoted in `expr` (if any), the expression and where, then aborts.
-[[noreturn]] void assert_failed(const char* expr, const char* file, int line) noexcept;
+[[noreturn]] void assert_failed(const char* expr, const char* file, int line);
+
+// A pause for spin-wait loops.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+// Test-only fault injection (FIBER_SCHED_FAULT_INJECTION): each site where the library
+// acquires memory, a stack or an fd can be made to fail, to test that the failure reaches
+// the caller or the exception handler with nothing lost or leaked.
+enum class FaultSite : int {
+    stack_map,    // mapping a fiber stack
+    fd_open,      // an epoll instance or eventfd of a Scheduler
+    task_queue,   // queueing a scheduled task
+    fiber_alloc,  // the fiber a worker makes for a callback
+    timer_alloc,  // room for a sleep's or a timed wait's timer
+    wait_alloc,   // the shared state of a timed wait
+    io_alloc,     // the record of an fd that a fiber waits for
+    count
+};
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// True when this hit of `site` is to fail.
+bool fault_hit(FaultSite site) noexcept;
+// Makes the nth next hit of `site` fail (1: the next one), once; 0 disarms it.
+void inject_fault(FaultSite site, long nth) noexcept;
+// With FIBER_SCHED_FAULT_INJECTION, FIBER_SCHED_ASSERT's default throws
+// std::logic_error(rule) instead of aborting while this is set (to test refusals).
+void set_assert_throws(bool on) noexcept;
+#define FIBER_SCHED_FAULT(site) (::fsched::detail::fault_hit(::fsched::detail::FaultSite::site))
+#else
+#define FIBER_SCHED_FAULT(site) false
+#endif
 
 // Defined only by the translation unit that defines FIBER_SCHED_IMPLEMENTATION. Every other
 // unit references it, so forgetting the macro fails at link time with this name.

@@ -11,17 +11,40 @@ namespace detail {
 
 class Worker;
 
-// Fiber::State plus one internal state. A fiber moves between them so (arrows name who):
+// Fiber::State plus three internal states. A fiber moves between them so (arrows name who):
 //
-//   Ready ----resume/claim----> Running ---switch-out done (resumer)---> Suspended / Term
-//   Suspended --resume/claim--> Running
-//   Running ---schedule() of a fiber still running (claim_or_defer)---> RunningResumePending
-//   RunningResumePending ---switch-out done (resumer)---> Suspended, and the resumer
-//                                                         re-enqueues it: resumed once, later
+//   Ready/Suspended --resume(), or a scheduler's claim--> Running
+//   Running --yield, switch-out done (resumer)--> Suspended          (left the scheduler)
+//   Running --park, switch-out done (resumer)--> Parked              (a wait or sleep)
+//   Parked --its wake-up runs (claim_woken)--> Running
+//   Running/Parked --schedule() (claim_or_defer)--> RunningResumePending/ParkedResumePending
+//   ParkedResumePending --its wake-up runs--> RunningResumePending
+//   RunningResumePending --park--> ParkedResumePending
+//   RunningResumePending --yield, switch-out done--> Running, and the resumer re-enqueues it
+//   Running --returned--> Term
 //
 // Only the resumer leaves Running, and only after the switch-out has completed, so whoever
-// sees Suspended may resume the fiber at once on any thread.
-enum class FiberState : std::uint8_t { Ready, Running, Suspended, Term, RunningResumePending };
+// sees Suspended may resume the fiber at once on any thread. A Parked fiber belongs to
+// whatever it waits for: a schedule() that finds it Parked (someone got its pointer before
+// its wake-up ran) is deferred, like one that finds it Running, until the fiber leaves the
+// scheduler, and then it is resumed exactly once.
+enum class FiberState : std::uint8_t {
+    Ready,
+    Running,
+    Suspended,
+    Term,
+    RunningResumePending,
+    Parked,
+    ParkedResumePending
+};
+
+// The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
+// stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
+// that parks inside a catch block must find its own exception there when it resumes.
+struct EhState {
+    void* caught = nullptr;
+    unsigned int uncaught = 0;
+};
 
 // How a resume ended, for the scheduler.
 enum class SwitchOutcome { Returned, Parked, Yielded };
@@ -39,6 +62,8 @@ struct ThreadState {
     bool has_altstack = false;         // an alternate signal stack is set for this thread
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
+    EhState* eh = nullptr;             // this thread's exception state (eh_globals())
+    bool exited = false;               // thread-exit clean-up has run; count stacks globally
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 8;
     Stack cached_stacks[stack_cache_capacity];
@@ -55,6 +80,8 @@ void register_thread(ThreadState* ts);
 
 // This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
 ThreadState* thread_state() noexcept;
+// Sets ts->eh to the thread's exception state; returns it.
+EhState* eh_globals(ThreadState* ts) noexcept;
 
 // What the sanitizers need to follow a switch; unused fields cost a few bytes.
 struct SwitchShadow {
@@ -93,8 +120,13 @@ public:
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
     State state() const noexcept {
-        detail::FiberState s = state_.load(std::memory_order_acquire);
-        return s == detail::FiberState::RunningResumePending ? State::Running : static_cast<State>(s);
+        switch (state_.load(std::memory_order_acquire)) {
+        case detail::FiberState::Ready: return State::Ready;
+        case detail::FiberState::Running:
+        case detail::FiberState::RunningResumePending: return State::Running;
+        case detail::FiberState::Term: return State::Term;
+        default: return State::Suspended;  // Suspended, Parked, ParkedResumePending
+        }
     }
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
@@ -135,6 +167,11 @@ private:
     // fiber is pinned to. Written before the state change that publishes them.
     Scheduler* resume_scheduler_ = nullptr;
     int resume_thread_ = -1;
+    // Where a deferred schedule() (the *ResumePending states) wants the fiber to go; moved
+    // into resume_* once the fiber has left the scheduler.
+    Scheduler* deferred_scheduler_ = nullptr;
+    int deferred_thread_ = -1;
+    detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };
 

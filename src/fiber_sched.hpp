@@ -108,6 +108,9 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include <algorithm>
 #include <cerrno>
+#if FIBER_SCHED_SWITCH_EH_STATE
+#include <cxxabi.h>
+#endif
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -115,7 +118,9 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <queue>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 #include <unordered_map>

@@ -35,6 +35,8 @@ __attribute__((always_inline)) inline void Fiber::resume() {
     FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
                        "resume(): fiber is already running");
     FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+    FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
+                       "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
     state_.store(FiberState::Running, std::memory_order_relaxed);
     run_claimed(false);
 }
@@ -49,6 +51,10 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     detail::Context resumer_context;
     resumer_context_ = &resumer_context;
     ts->current = this;
+    // The resumer's exception state waits in this frame while the fiber's is the thread's.
+    detail::EhState* eh = ts->eh ? ts->eh : detail::eh_globals(ts);
+    const detail::EhState resumer_eh = *eh;
+    *eh = eh_;
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
     __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
@@ -63,6 +69,8 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
 #endif
     // Back on the thread that called resume(): a resumer cannot move while it waits here.
     ts->current = resumer;
+    eh_ = *eh;
+    *eh = resumer_eh;
     auto after_switch = after_switch_;
     void* after_switch_arg = after_switch_arg_;
     after_switch_ = nullptr;
@@ -80,9 +88,11 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
         return detail::SwitchOutcome::Returned;
     }
     if (after_switch) {
-        // A parked fiber is reachable only through what its hook publishes, so no
-        // claim_or_defer() can race this store (scheduling a parked fiber is misuse).
-        state_.store(FiberState::Suspended, std::memory_order_release);
+        // A schedule() may have marked the fiber while it ran; the mark survives the park.
+        FiberState expected = FiberState::Running;
+        if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
+            state_.store(FiberState::ParkedResumePending, std::memory_order_release);
+        }
         // From here on another thread may resume, or destroy, this fiber.
         after_switch(this, after_switch_arg);
         return detail::SwitchOutcome::Parked;
@@ -93,10 +103,14 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
         state_.store(FiberState::Suspended, std::memory_order_release);
         return detail::SwitchOutcome::Yielded;
     }
-    // A scheduled fiber that yielded may have been handed to schedule() by its own code
-    // first; the exchange sees that mark or the marker sees Suspended.
-    FiberState previous = state_.exchange(FiberState::Suspended, std::memory_order_acq_rel);
-    if (previous == FiberState::RunningResumePending) detail::resume_deferred(*this);
+    // A scheduled fiber that left the scheduler may have been handed to schedule() by its
+    // own code first; the CAS sees that mark or the marker sees Suspended. A marked fiber
+    // stays claimed (Running) for the resume that was deferred.
+    FiberState expected = FiberState::Running;
+    if (!state_.compare_exchange_strong(expected, FiberState::Suspended, std::memory_order_acq_rel)) {
+        state_.store(FiberState::Running, std::memory_order_relaxed);
+        detail::resume_deferred(*this);
+    }
     return detail::SwitchOutcome::Yielded;
 }
 

@@ -97,10 +97,15 @@ void park(void (*on_parked)(Fiber*, void*), void* arg);
 // Inside a park hook only: the worker's reference to the fiber that just parked.
 Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
-void wake(Fiber::ptr fiber);
+void wake(Fiber::ptr fiber) noexcept;
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
 bool in_scheduler_task() noexcept;
+// In a scheduler task, before a park whose hook adds a timer: makes room for it on this
+// worker, so the hook cannot fail. Throws std::bad_alloc.
+void reserve_timer();
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
+// Timers held by the scheduler's workers now, satisfied-but-unswept ones included (tests).
+std::size_t pending_timers(Scheduler& scheduler) noexcept;
 }  // namespace detail
 
 namespace this_fiber {

@@ -26,6 +26,10 @@ namespace detail {
 
 // One fiber stack: usable memory [base, base + size), and `guard` bytes of PROT_NONE
 // directly below base (0 when the stack was carved without a guard page).
+// The largest stack a fiber may ask for: 1 TiB (1 GiB on 32-bit targets); every size
+// computation stays far from overflow below it.
+constexpr std::size_t max_stack_size = sizeof(std::size_t) >= 8 ? std::size_t{1} << 40 : std::size_t{1} << 30;
+
 struct Stack {
     char* base = nullptr;
     std::size_t size = 0;
@@ -33,7 +37,8 @@ struct Stack {
 };
 
 // Returns a stack of at least `size` bytes (0: FIBER_SCHED_DEFAULT_STACK_SIZE), rounded up
-// to whole pages. Throws std::system_error when no memory can be mapped.
+// to whole pages. Throws std::length_error for a size above max_stack_size, and
+// std::bad_alloc when no memory can be mapped.
 Stack acquire_stack(std::size_t size);
 // Gives a stack back to the pool. The stack's contents are dead.
 void release_stack(Stack& stack) noexcept;

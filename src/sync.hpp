@@ -21,11 +21,7 @@ public:
         while (locked_.exchange(true, std::memory_order_acquire)) {
             for (int spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
                 if (spins < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-                    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-                    __asm__ volatile("yield");
-#endif
+                    cpu_relax();
                 } else {
                     std::this_thread::yield();
                 }
@@ -72,12 +68,14 @@ struct Waiter {
     void* slot = nullptr;              // Channel: where the value comes from or goes to
     bool ok = false;                   // Channel: the transfer happened (false: closed);
                                        // Mutex: the lock was handed over
+    std::exception_ptr error;          // Channel: moving this sender's value threw that
 };
 
 // FIFO of waiters; the owning object's lock guards it.
 class WaitList {
 public:
     bool empty() const noexcept { return head_ == nullptr; }
+    Waiter* front() const noexcept { return head_; }
     void push_front(Waiter* w) noexcept {
         w->prev = nullptr;
         w->next = head_;
@@ -134,12 +132,29 @@ inline Waiter* pop_claimed(WaitList& list) noexcept {
     }
     return nullptr;
 }
-// Takes and claims every waiter of `list` into `woken`. Call under the lock.
-inline void pop_all_claimed(WaitList& list, std::vector<Waiter*>& woken) {
+// Takes and claims every waiter of `list` into `woken` (the same links: no allocation, so
+// nothing can fail between claiming a waiter and waking it). Call under the lock.
+inline void pop_all_claimed(WaitList& list, WaitList& woken) noexcept {
     while (Waiter* w = pop_claimed(list)) woken.push_back(w);
 }
+// The first waiter of `list` that can still be claimed, left in the list; timed-out ones
+// are dropped on the way (they unlink themselves only if still linked). Call under the lock.
+inline Waiter* front_waiting(WaitList& list) noexcept {
+    while (Waiter* w = list.front()) {
+        if (w->state->status.load(std::memory_order_acquire) == waiting) return w;
+        list.remove(w);
+    }
+    return nullptr;
+}
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
-void wake_claimed(Waiter& w);
+void wake_claimed(Waiter& w) noexcept;
+// Wakes every waiter of `woken` (from pop_all_claimed). Call after releasing the lock.
+inline void wake_all_claimed(WaitList& woken) noexcept {
+    while (Waiter* w = woken.pop_front()) wake_claimed(*w);
+}
+// For a timed wait in a scheduler task: allocates the state its timer shares and makes room
+// for the timer, before any lock is taken. Throws std::bad_alloc; a no-op elsewhere.
+void prepare_timed_wait(Waiter& w);
 
 // A number unique among threads and fibers for the calling thread.
 std::uint64_t thread_identity() noexcept;
@@ -292,78 +307,93 @@ public:
     ~Channel() = default;
 
     // Sends `value`, blocking while the buffer is full (or, unbuffered, until a receiver
-    // takes it). Returns false, dropping the value, once the channel is closed.
+    // takes it). Returns false, dropping the value, once the channel is closed. If moving
+    // the value throws, send() throws it and the value was not sent; the channel and its
+    // waiters are as before (a blocked sender whose value throws on its way into the
+    // buffer is woken with that exception).
     bool send(T value) {
-        lock_.lock();
-        if (closed_) {
-            lock_.unlock();
-            return false;
-        }
-        if (detail::Waiter* receiver = detail::pop_claimed(receivers_)) {
-            *static_cast<std::optional<T>*>(receiver->slot) = std::move(value);
-            receiver->ok = true;
-            lock_.unlock();
-            detail::wake_claimed(*receiver);
-            return true;
+        std::unique_lock<detail::SpinLock> guard(lock_);
+        if (closed_) return false;
+        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
+            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
+            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
+            receivers_.remove(receiver);
+            if (detail::claim(*receiver)) {
+                receiver->ok = true;
+                guard.unlock();
+                detail::wake_claimed(*receiver);
+                return true;
+            }
+            // It gave up meanwhile (a timed receive): take the value back for the next one.
+            value = std::move(**slot);
+            slot->reset();
         }
         if (buffer_.size() < capacity_) {
-            buffer_.push_back(std::move(value));
-            lock_.unlock();
+            buffer_.push_back(std::move(value));  // strong guarantee
             return true;
         }
         detail::Waiter self;
         self.slot = &value;
         senders_.push_back(&self);
+        guard.release();  // block() releases it
         detail::block(lock_, senders_, self, nullptr);
+        if (self.error) std::rethrow_exception(self.error);
         return self.ok;
     }
 
     // Receives the oldest value, blocking while there is none. Returns std::nullopt once
-    // the channel is closed and drained.
+    // the channel is closed and drained. If moving the value throws, receive() throws it and
+    // the value stays in the channel.
     std::optional<T> receive() {
-        lock_.lock();
+        std::optional<T> result;  // the one object every path returns (named return value)
+        std::unique_lock<detail::SpinLock> guard(lock_);
         if (!buffer_.empty()) {
-            std::optional<T> value(std::move(buffer_.front()));
+            result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
             buffer_.pop_front();
-            // A sender blocked on a full buffer moves its value in behind.
-            detail::Waiter* sender = detail::pop_claimed(senders_);
-            if (sender) {
-                buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
-                sender->ok = true;
+            // A sender blocked on a full buffer moves its value in behind; if that move
+            // throws, the sender's send() throws it instead.
+            if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+                try {
+                    buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
+                    sender->ok = true;
+                } catch (...) {
+                    sender->error = std::current_exception();
+                }
+                guard.unlock();
+                detail::wake_claimed(*sender);
             }
-            lock_.unlock();
-            if (sender) detail::wake_claimed(*sender);
-            return value;
+            return result;
         }
-        if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
-            std::optional<T> value(std::move(*static_cast<T*>(sender->slot)));
-            sender->ok = true;
-            lock_.unlock();
-            detail::wake_claimed(*sender);
-            return value;
+        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
+            result.emplace(std::move(*static_cast<T*>(sender->slot)));  // may throw: sender untouched
+            senders_.remove(sender);
+            if (detail::claim(*sender)) {
+                sender->ok = true;
+                guard.unlock();
+                detail::wake_claimed(*sender);
+                return result;
+            }
+            result.reset();  // it gave up meanwhile (a timed send): its value stays its own
         }
-        if (closed_) {
-            lock_.unlock();
-            return std::nullopt;
-        }
-        std::optional<T> slot;
+        if (closed_) return result;
         detail::Waiter self;
-        self.slot = &slot;
+        self.slot = &result;
         receivers_.push_back(&self);
+        guard.release();  // block() releases it
         detail::block(lock_, receivers_, self, nullptr);
-        return slot;
+        return result;
     }
 
     // Closes the channel: later sends fail; receives drain the buffer, then get nullopt.
     // Wakes every blocked sender (false) and receiver (nullopt). Closing twice is harmless.
-    void close() {
-        std::vector<detail::Waiter*> woken;
+    void close() noexcept {
+        detail::WaitList woken;
         lock_.lock();
         closed_ = true;
         detail::pop_all_claimed(senders_, woken);
         detail::pop_all_claimed(receivers_, woken);
         lock_.unlock();
-        for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+        detail::wake_all_claimed(woken);
     }
 
     // The capacity given at construction.

@@ -287,18 +287,22 @@ TEST_CASE("sleeping fibers wake in deadline order, not before their deadline") {
         std::vector<int> order;
         std::atomic<int> early{0};
         s.start();
-        for (int ms : {30, 10, 20}) {
-            s.schedule([&, ms] {
-                const auto start = std::chrono::steady_clock::now();
-                fsched::this_fiber::sleep_for(std::chrono::milliseconds(ms));
-                if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(ms)) early++;
+        // Absolute deadlines from one base, 120 ms apart: however late each task starts on a
+        // loaded machine (TSan beside qemu in CI), the order is the deadlines' as long as all
+        // three have parked before the first one.
+        const auto base = std::chrono::steady_clock::now();
+        for (int step : {3, 1, 2}) {
+            s.schedule([&, step] {
+                const auto deadline = base + step * 120ms;
+                fsched::this_fiber::sleep_until(deadline);
+                if (std::chrono::steady_clock::now() < deadline) early++;
                 std::lock_guard<std::mutex> lock(m);
-                order.push_back(ms);
+                order.push_back(step);
             }, 0);
         }
         s.stop();
         CHECK(early == 0);
-        CHECK(order == std::vector<int>{10, 20, 30});
+        CHECK(order == std::vector<int>{1, 2, 3});
     });
 }
 
@@ -538,7 +542,7 @@ TEST_CASE("misuse of the Scheduler is a FIBER_SCHED_ASSERT naming the rule") {
             Scheduler s(2, true);
             std::thread other([&] { s.stop(); });
             other.join();
-        }, "stop(): with use_caller, call stop() from the thread that constructed the scheduler");
+        }, "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     }
     SUBCASE("stop() from one of its own tasks") {
         FSCHED_CHECK_ABORTS_WITH([] {

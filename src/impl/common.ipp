@@ -12,10 +12,37 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept { return 0; }
 // fetch_add keeps them increasing.
 std::atomic<std::uint64_t> next_fiber_id{1};
 
-void assert_failed(const char* expr, const char* file, int line) noexcept {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+namespace {
+std::atomic<long> fault_countdown[static_cast<int>(FaultSite::count)];
+std::atomic<bool> assert_throws{false};
+}  // namespace
+
+bool fault_hit(FaultSite site) noexcept {
+    std::atomic<long>& countdown = fault_countdown[static_cast<int>(site)];
+    long n = countdown.load(std::memory_order_relaxed);
+    while (n > 0) {
+        if (countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return n == 1;
+    }
+    return false;
+}
+
+void inject_fault(FaultSite site, long nth) noexcept {
+    fault_countdown[static_cast<int>(site)].store(nth, std::memory_order_relaxed);
+}
+
+void set_assert_throws(bool on) noexcept { assert_throws.store(on, std::memory_order_relaxed); }
+#endif
+
+void assert_failed(const char* expr, const char* file, int line) {
     // Every library check reads `cond && "rule"`: print the rule first, where a user looks.
     const char* rule = std::strchr(expr, '"');
     const char* rule_end = rule ? std::strchr(rule + 1, '"') : nullptr;
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (assert_throws.load(std::memory_order_relaxed)) {
+        throw std::logic_error(rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr));
+    }
+#endif
     if (rule && rule_end) {
         std::fprintf(stderr, "fiber_sched: %.*s\n", static_cast<int>(rule_end - rule - 1), rule + 1);
     }
@@ -33,6 +60,18 @@ __attribute__((noinline)) ThreadState* thread_state() noexcept {
     return p;
 }
 
+EhState* eh_globals(ThreadState* ts) noexcept {
+#if FIBER_SCHED_SWITCH_EH_STATE
+    // Its address never changes for a thread, so it is looked up once. The runtime's
+    // declaration is `const`: calling it after a switch could reuse another thread's answer.
+    ts->eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
+#else
+    static thread_local EhState unused;
+    ts->eh = &unused;
+#endif
+    return ts->eh;
+}
+
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
@@ -40,8 +79,9 @@ struct FiberAccess {
     static Scheduler* resume_scheduler(const Fiber& f) noexcept { return f.resume_scheduler_; }
     static int resume_thread(const Fiber& f) noexcept { return f.resume_thread_; }
 
-    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running or
-    // switching out, marks it so its resumer re-enqueues it once switched out (false).
+    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running,
+    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
+    // (false).
     static bool claim_or_defer(Fiber& f, Scheduler& scheduler, int thread) {
         FiberState state = f.state_.load(std::memory_order_acquire);
         for (;;) {
@@ -56,16 +96,21 @@ struct FiberAccess {
                 }
                 break;
             case FiberState::Running:
-                // Published by the release half of the exchange below; the resumer reads
-                // them after its acq_rel exchange observes RunningResumePending.
-                f.resume_scheduler_ = &scheduler;
-                f.resume_thread_ = thread;
-                if (f.state_.compare_exchange_weak(state, FiberState::RunningResumePending,
-                                                   std::memory_order_acq_rel, std::memory_order_acquire)) {
+            case FiberState::Parked: {
+                // Published by the release half of the CAS below; the resumer reads them
+                // after its CAS observes the mark.
+                f.deferred_scheduler_ = &scheduler;
+                f.deferred_thread_ = thread;
+                const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
+                                                                       : FiberState::ParkedResumePending;
+                if (f.state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel,
+                                                   std::memory_order_acquire)) {
                     return false;
                 }
                 break;
+            }
             case FiberState::RunningResumePending:
+            case FiberState::ParkedResumePending:
                 FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
                 return false;
             case FiberState::Term:
@@ -75,9 +120,25 @@ struct FiberAccess {
         }
     }
 
-    // A fiber coming back from a park is Suspended and reachable only through the task
-    // that woke it: no one can race for it, so a plain store claims it.
-    static void claim_woken(Fiber& f) noexcept { f.state_.store(FiberState::Running, std::memory_order_relaxed); }
+    // A fiber coming back from a park: Parked, or ParkedResumePending when a schedule()
+    // found it parked. Only its wake-up task leaves these states, but a schedule() may mark
+    // it concurrently, hence the CAS.
+    static void claim_woken(Fiber& f) noexcept {
+        FiberState state = f.state_.load(std::memory_order_acquire);
+        for (;;) {
+            const FiberState next =
+                state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
+            if (f.state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                return;
+            }
+        }
+    }
+
+    // The deferred schedule() now takes effect: the fiber belongs to that scheduler.
+    static void take_deferred(Fiber& f) noexcept {
+        f.resume_scheduler_ = f.deferred_scheduler_;
+        f.resume_thread_ = f.deferred_thread_;
+    }
 
     static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 

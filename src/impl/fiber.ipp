@@ -61,6 +61,13 @@ void Fiber::reset(std::function<void()> fn) {
 #if defined(FIBER_SCHED_ASAN)
         __asan_unpoison_memory_region(stack_.base, stack_.size);
 #endif
+#if defined(FIBER_SCHED_TSAN)
+        // The finished run's entry frame never returned, so its TSan context still holds
+        // that frame: reusing it would grow TSan's shadow call stack by a frame per reuse
+        // until it overflows. A new run gets a new context.
+        __tsan_destroy_fiber(shadow_.tsan_fiber);
+        shadow_.tsan_fiber = __tsan_create_fiber(0);
+#endif
         prepare_context();
         state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
     }

@@ -37,8 +37,14 @@
 namespace fsched {
 namespace detail {
 
+using TimePoint = std::chrono::steady_clock::time_point;
+
+// A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
+inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
+constexpr std::int64_t no_deadline = INT64_MAX;
+
 struct Timer {
-    std::chrono::steady_clock::time_point deadline;
+    TimePoint deadline;
     std::uint64_t sequence;  // FIFO among equal deadlines
     Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
     // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
@@ -46,15 +52,25 @@ struct Timer {
     bool operator>(const Timer& other) const noexcept {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
+    // A timed wait already satisfied (or given up) by someone else: nothing left to do.
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != waiting; }
 };
 
-// What the queues hold: a ScheduleTask, plus whether its fiber is one of ours coming back
-// from a park (then it is certainly Suspended and owned by this task: no claim needed).
+// How a queued fiber is to be taken when its task runs.
+enum class TaskKind : std::uint8_t {
+    fresh,    // schedule(): claim it, or defer when it is still running or parked
+    woken,    // coming back from a park: Parked, and this task is its wake-up
+    claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
+};
+
+// What the queues hold: a ScheduleTask and how to take its fiber. `sequence` orders a
+// worker's two queues against each other (see Worker::pop).
 struct QueuedTask {
     Fiber::ptr fiber;
     std::function<void()> cb;
     int thread = -1;
-    bool woken = false;
+    TaskKind kind = TaskKind::fresh;
+    std::uint64_t sequence = 0;
 };
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -79,6 +95,7 @@ public:
     SpinLock queue_lock;
     std::deque<QueuedTask> tasks;    // stealable, under queue_lock
     std::deque<QueuedTask> pinned;   // this worker only, under queue_lock
+    std::uint64_t next_sequence = 0;  // under queue_lock
     // tasks.size() + pinned.size() and tasks.size(), updated under queue_lock and read
     // without it as hints: a stale read only costs a needless lock or a later look. The
     // last look before sleeping ignores them and takes every lock (see run_loop).
@@ -88,6 +105,9 @@ public:
     // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
     // or the worker itself), and that one decrements core.sleepers. seq_cst: see above.
     std::atomic<bool> sleeping{false};
+    // The deadline this worker's idle wait ends at (no_deadline: none, or awake). Written
+    // after `sleeping` is set and reset after waking; add_timer() reads it (see there).
+    std::atomic<std::int64_t> sleep_deadline{no_deadline};
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     // The idle wait is epoll_wait: on this epoll instance, which holds only wake_fd, or, for
     // the worker that holds the poller role, on the scheduler's IO instance (see io.ipp).
@@ -102,18 +122,30 @@ public:
     bool notified = false;  // under idle_mutex
 #endif
 
+    // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
+    // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
+    SpinLock timer_lock;
+    std::vector<Timer> timers;          // under timer_lock
+    std::uint64_t timer_sequence = 0;   // under timer_lock
+    std::size_t timers_after_sweep = 0; // under timer_lock
+    // The earliest deadline in `timers` (no_deadline: none), for other workers to read
+    // without the lock; seq_cst, paired with `sleeping` (see add_timer).
+    std::atomic<std::int64_t> timer_earliest{no_deadline};
+
     // Only this worker's thread touches these.
-    std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
-    std::uint64_t timer_sequence = 0;
     std::vector<Fiber::ptr> spare_fibers;
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
+    unsigned tasks_since_io_poll = 0;
 
+    // Makes room for one more timer, so that add_timer() in a park hook cannot fail.
+    // Called by the fiber about to park on this worker; may throw std::bad_alloc.
+    void reserve_timer();
     // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
-    void add_timer(std::chrono::steady_clock::time_point deadline, Fiber::ptr fiber,
-                   std::shared_ptr<WaitState> wait) {
-        timers.push(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
-    }
+    // Only on this worker's thread, after reserve_timer(); never throws.
+    void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
+    // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
+    bool fire_due_timers(TimePoint now);
 
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
@@ -121,63 +153,102 @@ public:
         queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
     }
 
+    // Appends under queue_lock (held). Strong guarantee: on std::bad_alloc nothing changed.
+    void push_locked(QueuedTask&& task, bool own_pinned) {
+        task.sequence = next_sequence;
+        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        ++next_sequence;
+    }
+
     void push(QueuedTask&& task, bool own_pinned) {
         std::lock_guard<SpinLock> lock(queue_lock);
-        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        push_locked(std::move(task), own_pinned);
         update_hints();
+    }
+
+    // Takes the oldest of the two queue fronts under queue_lock (held): pinned and unpinned
+    // tasks are served in the order they arrived, so neither kind can starve the other.
+    bool pop_locked(QueuedTask& out) {
+        std::deque<QueuedTask>* from;
+        if (pinned.empty()) {
+            from = &tasks;
+        } else if (tasks.empty()) {
+            from = &pinned;
+        } else {
+            from = pinned.front().sequence < tasks.front().sequence ? &pinned : &tasks;
+        }
+        if (from->empty()) return false;
+        out = std::move(from->front());
+        from->pop_front();
+        update_hints();
+        return true;
     }
 
     bool pop(QueuedTask& out, bool trust_hint) {
         if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
         std::lock_guard<SpinLock> lock(queue_lock);
-        std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
-        if (from.empty()) return false;
-        out = std::move(from.front());
-        from.pop_front();
-        update_hints();
-        return true;
+        return pop_locked(out);
     }
 
     // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
     bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
         if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
-        std::vector<QueuedTask> taken;
+        QueuedTask taken[32];
+        std::size_t n;
         {
             std::lock_guard<SpinLock> lock(queue_lock);
-            std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
+            n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             if (n == 0) return false;
-            taken.reserve(n);
             for (std::size_t i = 0; i < n; ++i) {
-                taken.push_back(std::move(tasks.back()));
+                taken[i] = std::move(tasks.back());
                 tasks.pop_back();
             }
             update_hints();
         }
-        first = std::move(taken.back());
-        taken.pop_back();
-        if (!taken.empty()) {
+        // taken[n - 1] is the oldest: run it first, queue the rest oldest first.
+        first = std::move(taken[n - 1]);
+        if (n > 1) {
             std::lock_guard<SpinLock> lock(thief.queue_lock);
-            // Oldest first, as they stood in the victim's queue.
-            for (auto it = taken.rbegin(); it != taken.rend(); ++it) thief.tasks.push_back(std::move(*it));
+            std::size_t i = n - 1;
+            try {
+                while (i > 0) {
+                    thief.push_locked(std::move(taken[i - 1]), false);  // strong guarantee
+                    --i;
+                }
+            } catch (...) {
+                // Out of memory: keep taken[0 .. i-1] aside, newest first, so the back of
+                // `overflow` is the oldest. It was reserved for a whole steal.
+                for (std::size_t k = 0; k < i; ++k) thief.overflow.push_back(std::move(taken[k]));
+            }
             thief.update_hints();
         }
         return true;
     }
 
+    // Tasks a thief stole but could not queue for lack of memory (see steal_into), run
+    // before anything else, oldest (the back) first. Only this worker's thread touches it;
+    // its capacity is reserved at construction, so pushing a steal's worth never allocates.
+    std::vector<QueuedTask> overflow;
+
     // Ends this worker's idle wait (or makes its next one return at once).
     void notify();
     // The idle wait, the one place a worker blocks: until notify(), `deadline`, or (for the
     // poller) an fd becoming ready.
-    void wait_for_work(const std::chrono::steady_clock::time_point* deadline);
+    void wait_for_work(const TimePoint* deadline);
 
+    // The run loop and its steps, in the order run_loop() takes them.
     void run_loop();
+    bool next_task(QueuedTask& task);        // yielded fiber, then own queues, timers, steal
+    void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
+    bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
+    bool sleep_until_work(QueuedTask& task, bool& finished);
     void requeue_yielded(QueuedTask& next);
     void give_up_poller_role() noexcept;
-    unsigned loops_since_io_poll = 0;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
-    void fire_due_timers();
+    // The earliest timer deadline of any worker (no_deadline: none).
+    std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
     Fiber::ptr fiber_for(std::function<void()>&& cb);
 };
@@ -185,10 +256,13 @@ public:
 class SchedulerCore {
 public:
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
-        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()) {
+        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
+          caller_fiber(Fiber::current()) {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
+        FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        open_io();
+        for (auto& w : workers) w->overflow.reserve(32);
+        open_io();  // releases what it opened before it throws
     }
     ~SchedulerCore() { close_io(); }
     SchedulerCore(const SchedulerCore&) = delete;
@@ -213,17 +287,22 @@ public:
 
     Scheduler& owner;
     const bool use_caller;
+    // Where stop() must be called from with use_caller: the constructing thread, or the
+    // constructing fiber when the scheduler was made inside one (it may change threads).
     const std::thread::id caller_thread;
+    Fiber* const caller_fiber;
     std::vector<std::unique_ptr<Worker>> workers;
 
     std::mutex lifecycle_mutex;  // start() and stop()
     bool started = false;  // under lifecycle_mutex
-    // Set once stop() has joined the workers; read by schedule() to refuse new work.
-    std::atomic<bool> stopped{false};
     // Set by stop(); workers read it to know they may exit once outstanding is zero.
     std::atomic<bool> stopping{false};
     // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
     // before a task is queued, decremented when it finishes; seq_cst pairs with `sleeping`.
+    // stop() ends by setting closed_bit with a CAS from 0, and a submit whose increment
+    // finds the bit is refused: so every accepted task was counted before the close, and
+    // the close waits for it.
+    static constexpr std::int64_t closed_bit = std::int64_t{1} << 62;
     std::atomic<std::int64_t> outstanding{0};
     // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument.
     std::atomic<int> spinning{0};
@@ -232,7 +311,8 @@ public:
     std::atomic<unsigned> next_worker{0};
 
     std::mutex handler_mutex;
-    std::function<void(std::exception_ptr)> handler;
+    // Shared so report() takes it without copying a std::function (which could throw).
+    std::shared_ptr<const std::function<void(std::exception_ptr)>> handler;
 
     static SchedulerCore& of(Scheduler& s) noexcept { return *s.core_; }
 
@@ -241,24 +321,48 @@ public:
         return ts->scheduler == &owner ? ts->worker : nullptr;
     }
 
+    // Starts the worker threads (all but worker 0 with use_caller). Under lifecycle_mutex.
+    void launch_threads();
+
+    bool closed() const noexcept { return (outstanding.load(std::memory_order_acquire) & closed_bit) != 0; }
+
     bool finished() const noexcept {
         return stopping.load(std::memory_order_seq_cst) && outstanding.load(std::memory_order_seq_cst) == 0;
     }
 
-    // Queues a task that is already counted in `outstanding`.
-    void enqueue(QueuedTask&& task) {
-        Worker* here = current_worker();
-        Worker* target;
-        if (task.thread >= 0) {
-            target = workers[static_cast<std::size_t>(task.thread)].get();
-        } else if (here) {
-            target = here;
-        } else {
-            target = workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()].get();
+    // Counts `n` new tasks; refuses them once stop() has closed the scheduler.
+    void count_new(std::int64_t n) {
+        if (outstanding.fetch_add(n, std::memory_order_seq_cst) & closed_bit) {
+            outstanding.fetch_sub(n, std::memory_order_seq_cst);
+            FIBER_SCHED_ASSERT(false && "schedule(): scheduler has stopped (stop() has returned)");
         }
+    }
+
+    Worker& target_for(int thread) {
+        if (thread >= 0) return *workers[static_cast<std::size_t>(thread)];
+        if (Worker* here = current_worker()) return *here;
+        return *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
+    }
+
+    // Queues a task that is already counted in `outstanding`. Strong guarantee.
+    void enqueue(QueuedTask&& task) {
+        Worker& target = target_for(task.thread);
         const bool pinned = task.thread >= 0;
-        target->push(std::move(task), pinned);
-        after_push(*target, pinned, 1);
+        target.push(std::move(task), pinned);
+        after_push(target, pinned, 1);
+    }
+
+    // Queues a fiber coming back from a park (or a deferred schedule): it is counted and
+    // has no other way back, so it must not be dropped. Out of memory, wait for some.
+    void enqueue_fiber(QueuedTask&& task) noexcept {
+        for (;;) {
+            try {
+                enqueue(std::move(task));
+                return;
+            } catch (...) {
+                std::this_thread::yield();  // push_back's strong guarantee: task is intact
+            }
+        }
     }
 
     // Wakes whoever should take newly queued work; `count` tasks went to `target`.
@@ -285,31 +389,38 @@ public:
     }
 
     // Wakes `w` if it sleeps; true if this call claimed that.
-    bool wake(Worker& w) {
+    bool wake(Worker& w) noexcept {
         if (!claim_wake(w)) return false;
         w.notify();
         return true;
     }
 
-    void wake_all() {
+    void wake_all() noexcept {
         for (auto& w : workers) wake(*w);
     }
 
-    void task_finished() {
+    void task_finished() noexcept {
         if (outstanding.fetch_sub(1, std::memory_order_seq_cst) == 1 && stopping.load(std::memory_order_seq_cst)) {
             wake_all();
         }
     }
 
-    void report(std::exception_ptr error) {
-        std::function<void(std::exception_ptr)> h;
+    void report(std::exception_ptr error) noexcept {
+        std::shared_ptr<const std::function<void(std::exception_ptr)>> h;
         {
             std::lock_guard<std::mutex> lock(handler_mutex);
             h = handler;
         }
-        if (h) {
-            h(error);
-            return;
+        if (h && *h) {
+            try {
+                (*h)(error);
+                return;
+            } catch (...) {
+                std::fprintf(stderr, "fiber_sched: the exception handler of scheduler '%s' threw; terminating\n",
+                             owner.name().c_str());
+                std::fflush(stderr);
+                std::terminate();
+            }
         }
         try {
             std::rethrow_exception(error);
@@ -320,6 +431,7 @@ public:
             std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s'\n",
                          owner.name().c_str());
         }
+        std::fflush(stderr);
         std::terminate();
     }
 
@@ -330,96 +442,124 @@ public:
                            "schedule(): thread index out of range");
         FIBER_SCHED_ASSERT((!task.fiber || task.fiber->state() != Fiber::State::Term) &&
                            "schedule(): fiber has terminated");
-        FIBER_SCHED_ASSERT(!stopped.load(std::memory_order_acquire) && "schedule(): scheduler has stopped");
+        FIBER_SCHED_ASSERT(!closed() && "schedule(): scheduler has stopped (stop() has returned)");
     }
 };
 
+// The run loop (marl's runUntilShutdown): each pass takes one step of a fixed policy.
+// A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
+// however the tasks arrive; then the worker's own queues and due timers (its own, then
+// any other worker's), then stealing; then a short spin; then the sleep, whose last look
+// at the queues is what the lost-wake-up argument above is about.
 inline void Worker::run_loop() {
     ThreadState* ts = thread_state();
+    // Saved and restored: a use_caller scheduler may run inside a task of another one.
+    Scheduler* const outer_scheduler = ts->scheduler;
+    Worker* const outer_worker = ts->worker;
+    Fiber* const outer_task = ts->task_fiber;
+    std::shared_ptr<Fiber>* const outer_ref = ts->task_ref;
     ts->scheduler = &core.owner;
     ts->worker = this;
     QueuedTask task;
-    for (;;) {
-        if (yielded) {
-            requeue_yielded(task);
-            run_task(task);
-            continue;
-        }
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
-        // then, so fibers waiting for IO are not starved by a busy scheduler.
-        if (++loops_since_io_poll >= 32) {
-            loops_since_io_poll = 0;
-            if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-                core.poller.load(std::memory_order_relaxed) == nullptr) {
-                core.poll_io();
-            }
-        }
-#endif
-        if (find_task(task)) {
-            run_task(task);
-            continue;
-        }
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) continue;
-#endif
-        // Spin a few microseconds before paying for a sleep and a wake-up.
-        core.spinning.fetch_add(1, std::memory_order_seq_cst);
-        bool found = false;
-        for (int i = 0; i < 64 && !found; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#elif defined(__aarch64__)
-            __asm__ volatile("yield");
-#endif
-            found = find_task(task);
-        }
-        core.spinning.fetch_sub(1, std::memory_order_seq_cst);
-        if (found) {
-            run_task(task);
-            continue;
-        }
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
-        Worker* no_poller = nullptr;
-        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-            core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
-            is_poller.store(true, std::memory_order_relaxed);
-        }
-#endif
-        sleeping.store(true, std::memory_order_seq_cst);
-        core.sleepers.fetch_add(1, std::memory_order_seq_cst);
-        if (find_task(task, true) || core.finished()) {
-            give_up_poller_role();
-            // If a submitter claimed the wake-up instead, its notify() only makes a later
-            // wait return early.
-            core.claim_wake(*this);
-            if (task.fiber || task.cb) {
-                run_task(task);
-                continue;
-            }
-            break;  // finished
-        }
-        if (timers.empty()) {
-            wait_for_work(nullptr);
-        } else {
-            const auto deadline = timers.top().deadline;
-            wait_for_work(&deadline);
-        }
-        core.claim_wake(*this);
-        give_up_poller_role();
+    bool finished = false;
+    while (!finished) {
+        poll_io_now_and_then();
+        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished)) run_task(task);
     }
-    ts->scheduler = nullptr;
-    ts->worker = nullptr;
+    ts->scheduler = outer_scheduler;
+    ts->worker = outer_worker;
+    ts->task_fiber = outer_task;
+    ts->task_ref = outer_ref;
 }
 
-// Puts the fiber that yielded at the back of its queue and takes the front task, under one
+inline void Worker::poll_io_now_and_then() {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
+    // then, so fibers waiting for IO are not starved by a busy scheduler, nor by a task
+    // that yields in a loop.
+    if (++tasks_since_io_poll >= 32) {
+        tasks_since_io_poll = 0;
+        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+            core.poller.load(std::memory_order_relaxed) == nullptr) {
+            core.poll_io();
+        }
+    }
+#endif
+}
+
+inline bool Worker::next_task(QueuedTask& task) {
+    if (!overflow.empty()) {
+        task = std::move(overflow.back());
+        overflow.pop_back();
+        return true;
+    }
+    if (yielded) {
+        requeue_yielded(task);
+        return true;
+    }
+    if (find_task(task)) return true;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) return find_task(task);
+#endif
+    return false;
+}
+
+inline bool Worker::spin_for_work(QueuedTask& task) {
+    // Spin a few microseconds before paying for a sleep and a wake-up.
+    core.spinning.fetch_add(1, std::memory_order_seq_cst);
+    bool found = false;
+    for (int i = 0; i < 64 && !found; ++i) {
+        cpu_relax();
+        found = find_task(task);
+    }
+    core.spinning.fetch_sub(1, std::memory_order_seq_cst);
+    return found;
+}
+
+// Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
+inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
+    Worker* no_poller = nullptr;
+    if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
+        core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+        is_poller.store(true, std::memory_order_relaxed);
+    }
+#endif
+    sleeping.store(true, std::memory_order_seq_cst);
+    core.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // The look that pairs with every submitter (see the lost-wake-up argument).
+    if (find_task(task, true) || core.finished()) {
+        give_up_poller_role();
+        // If a submitter claimed the wake-up instead, its notify() only makes a later
+        // wait return early.
+        core.claim_wake(*this);
+        finished = !(task.fiber || task.cb);
+        return !finished;
+    }
+    // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
+    // asleep and wakes us (add_timer).
+    const std::int64_t deadline_ticks = earliest_deadline();
+    sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
+    if (deadline_ticks == no_deadline) {
+        wait_for_work(nullptr);
+    } else {
+        const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
+        wait_for_work(&deadline);
+    }
+    core.claim_wake(*this);
+    sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
+    give_up_poller_role();
+    return false;
+}
+
+// Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
-    fire_due_timers();
+    fire_due_timers(std::chrono::steady_clock::now());
     QueuedTask back;
     back.thread = FiberAccess::resume_thread(*yielded);
-    back.woken = true;
+    back.kind = TaskKind::woken;
     back.fiber = std::move(yielded);
     const bool own_pinned = back.thread >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -427,11 +567,13 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         next = std::move(back);  // nothing else to run: straight back to it
         return;
     }
-    (own_pinned ? pinned : tasks).push_back(std::move(back));
-    std::deque<QueuedTask>& from = !pinned.empty() ? pinned : tasks;
-    next = std::move(from.front());
-    from.pop_front();
-    update_hints();
+    try {
+        push_locked(std::move(back), own_pinned);
+    } catch (...) {
+        next = std::move(back);  // no room to queue it: run it now rather than lose it
+        return;
+    }
+    pop_locked(next);
 }
 
 #if !defined(FIBER_SCHED_HAVE_EPOLL)
@@ -467,27 +609,89 @@ inline void Worker::give_up_poller_role() noexcept {
 #endif
 }
 
-inline void Worker::fire_due_timers() {
-    if (timers.empty()) return;
-    const auto now = std::chrono::steady_clock::now();
-    while (!timers.empty() && timers.top().deadline <= now) {
-        Timer& top = const_cast<Timer&>(timers.top());  // popped right below
-        Fiber::ptr fiber = std::move(top.fiber);
-        std::shared_ptr<WaitState> wait = std::move(top.wait);
-        timers.pop();
-        if (wait) {
-            int expected = waiting;
-            if (!wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
-            fiber = std::move(wait->fiber);
+inline void Worker::reserve_timer() {
+    std::lock_guard<SpinLock> lock(timer_lock);
+    if (FIBER_SCHED_FAULT(timer_alloc)) throw std::bad_alloc();
+    if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
+}
+
+inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept {
+    const std::int64_t ticks = to_ticks(deadline);
+    bool earliest;
+    {
+        std::lock_guard<SpinLock> lock(timer_lock);
+        // Satisfied timed waits leave their timers behind (a notifier cannot reach into
+        // this heap); sweep them out whenever the heap has doubled, so memory follows the
+        // live timers, not every wait ever made. Amortised O(1) per timer.
+        if (timers.size() >= 64 && timers.size() >= 2 * timers_after_sweep) {
+            timers.erase(std::remove_if(timers.begin(), timers.end(), [](const Timer& t) { return t.dead(); }),
+                         timers.end());
+            std::make_heap(timers.begin(), timers.end(), std::greater<Timer>());
+            timers_after_sweep = timers.size();
         }
-        wake(std::move(fiber));
+        // reserve_timer() made room (the sweep only shrinks): push_back does not allocate.
+        timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
+        std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
+        earliest = timers.front().sequence == timer_sequence - 1;
+        if (earliest) timer_earliest.store(ticks, std::memory_order_seq_cst);
+    }
+    // A worker asleep until a later deadline would miss this one while this worker is busy:
+    // wake it to sleep again until this one. Its `sleeping` is set before it reads the
+    // deadlines (seq_cst both sides), so either it saw timer_earliest or we see it asleep.
+    if (!earliest || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    for (auto& w : core.workers) {
+        if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
+        if (ticks < w->sleep_deadline.load(std::memory_order_seq_cst)) {
+            core.wake(*w);
+            return;
+        }
     }
 }
 
+inline bool Worker::fire_due_timers(TimePoint now) {
+    const std::int64_t now_ticks = to_ticks(now);
+    if (timer_earliest.load(std::memory_order_relaxed) > now_ticks) return false;
+    bool any = false;
+    for (;;) {
+        Timer due;
+        {
+            std::lock_guard<SpinLock> lock(timer_lock);
+            if (timers.empty() || timers.front().deadline > now) return any;
+            std::pop_heap(timers.begin(), timers.end(), std::greater<Timer>());
+            due = std::move(timers.back());
+            timers.pop_back();
+            timer_earliest.store(timers.empty() ? no_deadline : to_ticks(timers.front().deadline),
+                                 std::memory_order_seq_cst);
+        }
+        Fiber::ptr fiber = std::move(due.fiber);
+        if (due.wait) {
+            int expected = waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
+            fiber = std::move(due.wait->fiber);
+        }
+        wake(std::move(fiber));  // to its pinned worker, if any
+        any = true;
+    }
+}
+
+inline std::int64_t Worker::earliest_deadline() const noexcept {
+    std::int64_t earliest = no_deadline;
+    for (auto& w : core.workers) earliest = std::min(earliest, w->timer_earliest.load(std::memory_order_seq_cst));
+    return earliest;
+}
+
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    fire_due_timers();
+    const TimePoint now = std::chrono::steady_clock::now();
+    fire_due_timers(now);
     if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
+    // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
+    // look again; a woken unpinned fiber comes to this worker's queue.
+    bool fired = false;
+    for (std::size_t i = 1; i < n; ++i) {
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers(now) || fired;
+    }
+    if (fired && pop(out, false)) return true;
     // Every other worker once, starting somewhere new each time a steal succeeds.
     for (std::size_t i = 0; i + 1 < n; ++i) {
         const std::size_t offset = 1 + (steal_start + i) % (n - 1);
@@ -512,14 +716,33 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 
 inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
-    Fiber::ptr fiber = pooled ? fiber_for(std::move(task.cb)) : std::move(task.fiber);
     const int thread = task.thread;
-    const bool woken = task.woken;
+    const TaskKind kind = task.kind;
+    Fiber::ptr fiber;
+    if (pooled) {
+        try {
+            fiber = fiber_for(std::move(task.cb));
+        } catch (...) {
+            // No memory or no stack for the callback's fiber: the task cannot run. Its
+            // failure goes to the exception handler like one it threw; the rest run on.
+            task = QueuedTask{};
+            core.report(std::current_exception());
+            core.task_finished();
+            return;
+        }
+    } else {
+        fiber = std::move(task.fiber);
+    }
     task = QueuedTask{};
-    if (woken) {
+    switch (kind) {
+    case TaskKind::fresh:
+        if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) return;  // runs when it has left
+        break;
+    case TaskKind::woken:
         FiberAccess::claim_woken(*fiber);
-    } else if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) {
-        return;
+        break;
+    case TaskKind::claimed:
+        break;
     }
     ThreadState* ts = thread_state();
     ts->task_fiber = fiber.get();
@@ -544,12 +767,13 @@ inline void Worker::run_task(QueuedTask& task) {
 }
 
 void resume_deferred(Fiber& fiber) {
-    Scheduler* scheduler = FiberAccess::resume_scheduler(fiber);
+    // The fiber has left the scheduler and is still claimed (Running) for this resume.
+    FiberAccess::take_deferred(fiber);
     QueuedTask task;
-    task.woken = true;  // Suspended now, and this task is its only way back
+    task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
     task.thread = FiberAccess::resume_thread(fiber);
-    SchedulerCore::of(*scheduler).enqueue(std::move(task));
+    SchedulerCore::of(*FiberAccess::resume_scheduler(fiber)).enqueue_fiber(std::move(task));
 }
 
 Fiber::ptr take_task_ref() noexcept {
@@ -562,13 +786,13 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
     FiberAccess::park_current(on_parked, arg);
 }
 
-void wake(Fiber::ptr fiber) {
+void wake(Fiber::ptr fiber) noexcept {
     Scheduler* scheduler = FiberAccess::resume_scheduler(*fiber);
     QueuedTask task;
-    task.woken = true;
+    task.kind = TaskKind::woken;
     task.thread = FiberAccess::resume_thread(*fiber);
     task.fiber = std::move(fiber);
-    SchedulerCore::of(*scheduler).enqueue(std::move(task));
+    SchedulerCore::of(*scheduler).enqueue_fiber(std::move(task));
 }
 
 bool in_scheduler_task() noexcept {
@@ -576,16 +800,41 @@ bool in_scheduler_task() noexcept {
     return ts->task_fiber && ts->current == ts->task_fiber;
 }
 
+void reserve_timer() { thread_state()->worker->reserve_timer(); }
+
+std::size_t pending_timers(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->timer_lock);
+        n += w->timers.size();
+    }
+    return n;
+}
+
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
         std::this_thread::sleep_until(deadline);
         return;
     }
+    reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
     park([](Fiber*, void* arg) {
-        // On the worker the fiber parked from; only that worker touches its heap.
+        // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
         thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
                                           take_task_ref(), nullptr);
     }, &deadline);
+}
+
+void SchedulerCore::launch_threads() {
+    for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
+        Worker* worker = workers[i].get();
+        worker->thread = std::thread([this, worker] {
+#if defined(__linux__)
+            std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
+            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
+#endif
+            worker->run_loop();
+        });
+    }
 }
 
 }  // namespace detail
@@ -601,48 +850,56 @@ void Scheduler::start() {
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.started) return;
     core.started = true;
-    for (std::size_t i = core.use_caller ? 1 : 0; i < core.workers.size(); ++i) {
-        detail::Worker* worker = core.workers[i].get();
-        worker->thread = std::thread([this, worker] {
-#if defined(__linux__)
-            std::string thread_name = name_.substr(0, 11) + "-" + std::to_string(worker->index);
-            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
-#endif
-            worker->run_loop();
-        });
-    }
+    core.launch_threads();
 }
 
 void Scheduler::stop() {
     detail::SchedulerCore& core = *core_;
     FIBER_SCHED_ASSERT(current() != this && "stop(): called from inside one of the scheduler's own tasks");
-    FIBER_SCHED_ASSERT((!core.use_caller || std::this_thread::get_id() == core.caller_thread) &&
-                       "stop(): with use_caller, call stop() from the thread that constructed the scheduler");
+    FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? Fiber::current() == core.caller_fiber
+                                                               : std::this_thread::get_id() == core.caller_thread)) &&
+                       "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     start();
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
-    if (core.stopped.load(std::memory_order_relaxed)) return;
+    if (core.closed()) return;
     core.stopping.store(true, std::memory_order_seq_cst);
-    core.wake_all();
-    if (core.use_caller) core.workers[0]->run_loop();
-    for (auto& worker : core.workers) {
-        if (worker->thread.joinable()) worker->thread.join();
+    for (;;) {
+        core.wake_all();
+        if (core.use_caller) core.workers[0]->run_loop();
+        for (auto& worker : core.workers) {
+            if (worker->thread.joinable()) worker->thread.join();
+        }
+        // The workers left once nothing was outstanding; close unless a schedule() came
+        // in since. Any submit after this CAS sees closed_bit and is refused.
+        std::int64_t idle = 0;
+        if (core.outstanding.compare_exchange_strong(idle, detail::SchedulerCore::closed_bit,
+                                                     std::memory_order_seq_cst)) {
+            return;
+        }
+        core.launch_threads();  // run what was scheduled during stop()
     }
-    core.stopped.store(true, std::memory_order_release);
 }
 
 void Scheduler::submit(ScheduleTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
-    core.outstanding.fetch_add(1, std::memory_order_seq_cst);
-    core.enqueue(detail::QueuedTask{std::move(task.fiber), std::move(task.cb), task.thread, false});
+    detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
+    core.count_new(1);
+    try {
+        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+        core.enqueue(std::move(queued));
+    } catch (...) {
+        core.task_finished();  // not queued: not outstanding either
+        throw;
+    }
 }
 
 void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
     for (const ScheduleTask& task : tasks) core.check_task(task);
-    core.outstanding.fetch_add(static_cast<std::int64_t>(tasks.size()), std::memory_order_seq_cst);
-    // One lock per worker: group pinned tasks by worker, deal the rest out in runs.
+    // One lock per worker: group pinned tasks by worker, deal the rest out in runs. Built
+    // before anything is counted, so running out of memory here changes nothing.
     const std::size_t n = core.workers.size();
     std::vector<std::vector<detail::QueuedTask>> pinned(n), unpinned(n);
     detail::Worker* here = core.current_worker();
@@ -653,7 +910,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     const std::size_t run = here ? free_count : (free_count + n - 1) / n;
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
-        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, false};
+        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
         if (queued.thread >= 0) {
             pinned[static_cast<std::size_t>(queued.thread)].push_back(std::move(queued));
             continue;
@@ -664,17 +921,44 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
             next = (next + 1) % n;
         }
     }
-    for (std::size_t i = 0; i < n; ++i) {
-        detail::Worker& w = *core.workers[i];
-        if (pinned[i].empty() && unpinned[i].empty()) continue;
-        {
-            std::lock_guard<detail::SpinLock> lock(w.queue_lock);
-            for (detail::QueuedTask& t : pinned[i]) w.pinned.push_back(std::move(t));
-            for (detail::QueuedTask& t : unpinned[i]) w.tasks.push_back(std::move(t));
-            w.update_hints();
+    const auto total = static_cast<std::int64_t>(tasks.size());
+    core.count_new(total);
+    std::int64_t queued_count = 0;
+    try {
+        for (std::size_t i = 0; i < n; ++i) {
+            detail::Worker& w = *core.workers[i];
+            if (pinned[i].empty() && unpinned[i].empty()) continue;
+            {
+                std::lock_guard<detail::SpinLock> lock(w.queue_lock);
+                // All of this worker's share or none of it: a failed push_back changed nothing,
+                // and what this loop pushed before is taken back.
+                std::size_t pushed_pinned = 0, pushed_unpinned = 0;
+                try {
+                    for (detail::QueuedTask& t : pinned[i]) {
+                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                        w.push_locked(std::move(t), true);
+                        ++pushed_pinned;
+                    }
+                    for (detail::QueuedTask& t : unpinned[i]) {
+                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                        w.push_locked(std::move(t), false);
+                        ++pushed_unpinned;
+                    }
+                } catch (...) {
+                    for (; pushed_pinned > 0; --pushed_pinned) w.pinned.pop_back();
+                    for (; pushed_unpinned > 0; --pushed_unpinned) w.tasks.pop_back();
+                    throw;
+                }
+                w.update_hints();
+            }
+            queued_count += static_cast<std::int64_t>(pinned[i].size() + unpinned[i].size());
+            if (!pinned[i].empty()) core.after_push(w, true, 1);
+            if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
         }
-        if (!pinned[i].empty()) core.after_push(w, true, 1);
-        if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
+    } catch (...) {
+        // The workers' shares queued so far run; the rest were not queued and are not counted.
+        for (std::int64_t k = queued_count; k < total; ++k) core.task_finished();
+        throw;
     }
 }
 
@@ -686,8 +970,9 @@ int Scheduler::worker_index() noexcept {
 }
 
 void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> handler) {
+    auto shared = std::make_shared<const std::function<void(std::exception_ptr)>>(std::move(handler));
     std::lock_guard<std::mutex> lock(core_->handler_mutex);
-    core_->handler = std::move(handler);
+    core_->handler = std::move(shared);
 }
 
 namespace this_fiber {

@@ -15,14 +15,55 @@
 namespace fsched {
 namespace detail {
 
+// What acquire_stack() throws when the kernel refuses the memory (mmap failed: the address
+// space limit, RLIMIT_AS, or the mapping count is reached).
+class StackMapFailed : public std::bad_alloc {
+public:
+    const char* what() const noexcept override { return "fiber_sched: cannot map memory for a fiber stack"; }
+};
+
 class StackPool {
 public:
-    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {}
+    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {
+        // fork(): the child gets one thread, the one that forked. These handlers hold the
+        // pool's locks across the fork, so the child never inherits one held by a thread
+        // that does not exist there, and the child forgets the other threads' records.
+        pthread_atfork([] { stack_pool_for_fork().lock_for_fork(); }, [] { stack_pool_for_fork().unlock_after_fork(false); },
+                       [] { stack_pool_for_fork().unlock_after_fork(true); });
+    }
 
-    std::size_t usable_size(std::size_t requested) const noexcept {
+    std::size_t usable_size(std::size_t requested) const {
         std::size_t size = requested ? requested : static_cast<std::size_t>(FIBER_SCHED_DEFAULT_STACK_SIZE);
+        if (size > max_stack_size) {
+            throw std::length_error("fiber_sched: Fiber(): stack_size is above the limit (fsched::detail::max_stack_size)");
+        }
         size = std::max(size, 4 * page_);
-        return (size + page_ - 1) / page_ * page_;
+        return (size + page_ - 1) / page_ * page_;  // no overflow: size <= max_stack_size
+    }
+
+    void lock_for_fork() noexcept {
+        mutex_.lock();
+        threads_mutex_.lock();
+    }
+
+    void unlock_after_fork(bool in_child) noexcept {
+        if (in_child) {
+            ThreadState* self = thread_state();
+            for (ThreadState* ts : threads_) {
+                if (ts != self) exited_in_use_ += ts->stacks_in_use.load(std::memory_order_relaxed);
+            }
+            threads_.erase(std::remove_if(threads_.begin(), threads_.end(), [self](ThreadState* ts) { return ts != self; }),
+                           threads_.end());
+        }
+        threads_mutex_.unlock();
+        mutex_.unlock();
+    }
+
+    // Stacks acquired (+1) or released (-1) by a thread whose exit clean-up has run (a
+    // thread_local destroyed after ours): counted here, where stats() finds them.
+    void count_exited(long delta) noexcept {
+        std::lock_guard<std::mutex> lock(threads_mutex_);
+        exited_in_use_ += delta;
     }
 
     Stack acquire(std::size_t size) {
@@ -114,6 +155,8 @@ private:
         return max_maps / 4;
     }
 
+    static StackPool& stack_pool_for_fork();
+
     static int map_flags() noexcept {
         int flags = MAP_PRIVATE | MAP_ANONYMOUS;
 #ifdef MAP_NORESERVE
@@ -136,6 +179,7 @@ private:
     }
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
+        if (FIBER_SCHED_FAULT(stack_map)) return false;
         void* mem = mmap(nullptr, size + page_, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
         if (mem == MAP_FAILED) return false;
         if (mprotect(mem, page_, PROT_NONE) != 0) {
@@ -151,13 +195,14 @@ private:
 
     Stack carve_unguarded(SizeClass& cls) {
         if (cls.slab_left == 0) {
-            void* mem = mmap(nullptr, cls.size * slab_stacks, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
-            if (mem == MAP_FAILED) {
-                throw std::system_error(errno, std::generic_category(),
-                                        "fiber_sched: cannot map memory for fiber stacks");
-            }
+            // Slabs of up to 64 stacks and about 16 MiB; a huge stack gets a slab of its own.
+            const std::size_t count = std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, (16u << 20) / cls.size));
+            void* mem = FIBER_SCHED_FAULT(stack_map)
+                            ? MAP_FAILED
+                            : mmap(nullptr, cls.size * count, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
+            if (mem == MAP_FAILED) throw StackMapFailed();
             cls.slab_next = static_cast<char*>(mem);
-            cls.slab_left = slab_stacks;
+            cls.slab_left = count;
         }
         Stack stack;
         stack.base = cls.slab_next;
@@ -188,11 +233,18 @@ inline StackPool& stack_pool() {
     return *pool;
 }
 
+StackPool& StackPool::stack_pool_for_fork() { return stack_pool(); }
+
 Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
     ThreadState* ts = thread_state();
     register_thread(ts);
+    if (ts->exited) {  // a thread_local destroyed after our clean-up: no cache any more
+        Stack stack = pool.acquire(size);
+        pool.count_exited(1);
+        return stack;
+    }
     for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
         if (ts->cached_stacks[i].size == size) {
             Stack stack = ts->cached_stacks[i];
@@ -215,11 +267,16 @@ void release_stack(Stack& stack) noexcept {
 #endif
     ThreadState* ts = thread_state();
     register_thread(ts);
-    ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-    if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
-        ts->cached_stacks[ts->cached_stack_count++] = stack;
-    } else {
+    if (ts->exited) {
+        stack_pool().count_exited(-1);
         stack_pool().release(stack);
+    } else {
+        ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
+            ts->cached_stacks[ts->cached_stack_count++] = stack;
+        } else {
+            stack_pool().release(stack);
+        }
     }
     stack = Stack{};
 }

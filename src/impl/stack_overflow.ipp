@@ -119,7 +119,9 @@ struct ThreadExit {
             munmap(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
         }
-        ts->registered = false;
+        // Stays registered: a thread_local destroyed after this one may still create or
+        // destroy fibers, and those are counted in the pool's total (acquire_stack).
+        ts->exited = true;
     }
 };
 

@@ -26,13 +26,28 @@ void release_after_park(Fiber*, void* arg) {
 
 }  // namespace
 
+void prepare_timed_wait(Waiter& w) {
+    if (w.shared || !in_scheduler_task()) return;
+    if (FIBER_SCHED_FAULT(wait_alloc)) throw std::bad_alloc();
+    // The timer may outlive the waiter's frame: the state it races for lives on the heap.
+    w.shared = std::make_shared<WaitState>();
+    w.state = w.shared.get();
+    reserve_timer();
+}
+
 bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
            void* context) {
     if (in_scheduler_task()) {
-        if (deadline) {
-            // The timer may outlive this frame: the state it races for lives on the heap.
-            w.shared = std::make_shared<WaitState>();
-            w.state = w.shared.get();
+        if (deadline && !w.shared) {
+            // Callers should have prepared this before taking the lock; if not, do it now
+            // and, should it fail, leave nothing behind.
+            try {
+                prepare_timed_wait(w);
+            } catch (...) {
+                unlink(context, w);
+                lock.unlock();
+                throw;
+            }
         }
         ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
@@ -59,7 +74,7 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     return true;
 }
 
-void wake_claimed(Waiter& w) {
+void wake_claimed(Waiter& w) noexcept {
     WaitState& state = *w.state;
     if (state.fiber) {
         wake(std::move(state.fiber));
@@ -191,11 +206,11 @@ void ConditionVariable::notify_one() {
 }
 
 void ConditionVariable::notify_all() {
-    std::vector<detail::Waiter*> woken;
+    detail::WaitList woken;
     lock_.lock();
     detail::pop_all_claimed(waiters_, woken);
     lock_.unlock();
-    for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+    detail::wake_all_claimed(woken);
 }
 
 void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
@@ -213,6 +228,7 @@ std::cv_status ConditionVariable::wait_until_steady(std::unique_lock<Mutex>& loc
                                                     std::chrono::steady_clock::time_point deadline) {
     FIBER_SCHED_ASSERT(lock.owns_lock() && "ConditionVariable::wait_until(): the lock does not own its mutex");
     detail::Waiter self;
+    detail::prepare_timed_wait(self);  // may throw, with `lock` still held, as it should be
     lock_.lock();
     waiters_.push_back(&self);
     lock.mutex()->unlock();
@@ -226,7 +242,7 @@ WaitGroup::WaitGroup(std::int64_t initial) : count_(initial) {
 }
 
 void WaitGroup::add(std::int64_t n) {
-    std::vector<detail::Waiter*> woken;
+    detail::WaitList woken;
     lock_.lock();
     const bool below_zero = count_ + n < 0;
     if (!below_zero) count_ += n;
@@ -235,7 +251,7 @@ void WaitGroup::add(std::int64_t n) {
     }
     lock_.unlock();
     FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");
-    for (detail::Waiter* w : woken) detail::wake_claimed(*w);
+    detail::wake_all_claimed(woken);
 }
 
 void WaitGroup::wait() {
