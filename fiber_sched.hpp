@@ -201,7 +201,7 @@ enum class FaultSite : int {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 // True when this hit of `site` is to fail.
 bool fault_hit(FaultSite site) noexcept;
-// Makes the nth next hit of `site` fail (1: the next one), once; 0 disarms it.
+// Makes hits of `site` fail from the nth next one on (1: the next one); 0 disarms it.
 void inject_fault(FaultSite site, long nth) noexcept;
 // With FIBER_SCHED_FAULT_INJECTION, FIBER_SCHED_ASSERT's default throws
 // std::logic_error(rule) instead of aborting while this is set (to test refusals).
@@ -430,6 +430,7 @@ struct SwitchShadow {
     const void* resumer_stack_bottom = nullptr;  // the resumer's stack, as ASan reports it
     std::size_t resumer_stack_size = 0;
     void* tsan_fiber = nullptr;               // TSan's context for this fiber
+    unsigned tsan_runs = 0;                   // runs since tsan_fiber was created
     void* tsan_resumer = nullptr;             // TSan's context of whoever resumed it
 };
 
@@ -1377,10 +1378,10 @@ std::atomic<bool> assert_throws{false};
 bool fault_hit(FaultSite site) noexcept {
     std::atomic<long>& countdown = fault_countdown[static_cast<int>(site)];
     long n = countdown.load(std::memory_order_relaxed);
-    while (n > 0) {
-        if (countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return n == 1;
+    while (n > 1) {
+        if (countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return false;
     }
-    return false;
+    return n == 1;  // armed and reached: this hit and every later one fail
 }
 
 void inject_fault(FaultSite site, long nth) noexcept {
@@ -2322,11 +2323,15 @@ void Fiber::reset(std::function<void()> fn) {
         __asan_unpoison_memory_region(stack_.base, stack_.size);
 #endif
 #if defined(FIBER_SCHED_TSAN)
-        // The finished run's entry frame never returned, so its TSan context still holds
-        // that frame: reusing it would grow TSan's shadow call stack by a frame per reuse
-        // until it overflows. A new run gets a new context.
-        __tsan_destroy_fiber(shadow_.tsan_fiber);
-        shadow_.tsan_fiber = __tsan_create_fiber(0);
+        // A finished run's entry frame never returned, so its TSan context still holds that
+        // frame: reusing it forever would grow TSan's shadow call stack by a frame or two
+        // per run until it overflows (a crash in __tsan_func_entry). A fresh context costs
+        // about as much as a thousand switches, so it is renewed every 256 runs.
+        if (++shadow_.tsan_runs >= 256) {
+            __tsan_destroy_fiber(shadow_.tsan_fiber);
+            shadow_.tsan_fiber = __tsan_create_fiber(0);
+            shadow_.tsan_runs = 0;
+        }
 #endif
         prepare_context();
         state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
@@ -3048,6 +3053,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
 }
 
 inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
+    if (FIBER_SCHED_FAULT(fiber_alloc)) throw std::bad_alloc();
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
         spare_fibers.pop_back();

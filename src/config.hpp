@@ -113,7 +113,7 @@ enum class FaultSite : int {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 // True when this hit of `site` is to fail.
 bool fault_hit(FaultSite site) noexcept;
-// Makes the nth next hit of `site` fail (1: the next one), once; 0 disarms it.
+// Makes hits of `site` fail from the nth next one on (1: the next one); 0 disarms it.
 void inject_fault(FaultSite site, long nth) noexcept;
 // With FIBER_SCHED_FAULT_INJECTION, FIBER_SCHED_ASSERT's default throws
 // std::logic_error(rule) instead of aborting while this is set (to test refusals).

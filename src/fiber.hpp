@@ -89,6 +89,7 @@ struct SwitchShadow {
     const void* resumer_stack_bottom = nullptr;  // the resumer's stack, as ASan reports it
     std::size_t resumer_stack_size = 0;
     void* tsan_fiber = nullptr;               // TSan's context for this fiber
+    unsigned tsan_runs = 0;                   // runs since tsan_fiber was created
     void* tsan_resumer = nullptr;             // TSan's context of whoever resumed it
 };
 

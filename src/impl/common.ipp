@@ -21,10 +21,10 @@ std::atomic<bool> assert_throws{false};
 bool fault_hit(FaultSite site) noexcept {
     std::atomic<long>& countdown = fault_countdown[static_cast<int>(site)];
     long n = countdown.load(std::memory_order_relaxed);
-    while (n > 0) {
-        if (countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return n == 1;
+    while (n > 1) {
+        if (countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return false;
     }
-    return false;
+    return n == 1;  // armed and reached: this hit and every later one fail
 }
 
 void inject_fault(FaultSite site, long nth) noexcept {

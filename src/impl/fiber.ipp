@@ -62,11 +62,15 @@ void Fiber::reset(std::function<void()> fn) {
         __asan_unpoison_memory_region(stack_.base, stack_.size);
 #endif
 #if defined(FIBER_SCHED_TSAN)
-        // The finished run's entry frame never returned, so its TSan context still holds
-        // that frame: reusing it would grow TSan's shadow call stack by a frame per reuse
-        // until it overflows. A new run gets a new context.
-        __tsan_destroy_fiber(shadow_.tsan_fiber);
-        shadow_.tsan_fiber = __tsan_create_fiber(0);
+        // A finished run's entry frame never returned, so its TSan context still holds that
+        // frame: reusing it forever would grow TSan's shadow call stack by a frame or two
+        // per run until it overflows (a crash in __tsan_func_entry). A fresh context costs
+        // about as much as a thousand switches, so it is renewed every 256 runs.
+        if (++shadow_.tsan_runs >= 256) {
+            __tsan_destroy_fiber(shadow_.tsan_fiber);
+            shadow_.tsan_fiber = __tsan_create_fiber(0);
+            shadow_.tsan_runs = 0;
+        }
 #endif
         prepare_context();
         state_.store(detail::FiberState::Ready, std::memory_order_relaxed);

@@ -705,6 +705,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
 }
 
 inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
+    if (FIBER_SCHED_FAULT(fiber_alloc)) throw std::bad_alloc();
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
         spare_fibers.pop_back();

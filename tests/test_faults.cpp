@@ -1,0 +1,200 @@
+// Fault injection (FIBER_SCHED_FAULT_INJECTION, set for every test build): each place where
+// the library acquires a stack, memory or an fd is made to fail, and the failure must reach
+// the caller or the exception handler with nothing lost or leaked.
+#include "fiber_sched.hpp"
+#include "helpers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+using fsched::Fiber;
+using fsched::Scheduler;
+using fsched::detail::FaultSite;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Arms `site` to fail from its nth next hit on, and disarms it when it goes out of scope.
+struct Fault {
+    FaultSite site;
+    Fault(FaultSite s, long nth) : site(s) { fsched::detail::inject_fault(site, nth); }
+    ~Fault() { fsched::detail::inject_fault(site, 0); }
+    Fault(const Fault&) = delete;
+    Fault& operator=(const Fault&) = delete;
+};
+
+[[maybe_unused]] int open_fds() {
+    int n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+        while (readdir(d)) ++n;
+        closedir(d);
+    }
+    return n;
+}
+
+// Counts what the exception handler receives, by kind.
+struct Failures {
+    std::atomic<int> bad_alloc{0};
+    std::atomic<int> other{0};
+    std::function<void(std::exception_ptr)> handler() {
+        return [this](std::exception_ptr e) {
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::bad_alloc&) {
+                bad_alloc++;
+            } catch (...) {
+                other++;
+            }
+        };
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a stack that cannot be mapped is std::bad_alloc to whoever asked, and costs nothing") {
+    const auto before = fsched::stack_stats();
+    {
+        Fault fault(FaultSite::stack_map, 1);
+        // A size no cache or pool holds, so the stack must be mapped.
+        CHECK_THROWS_AS(Fiber([] {}, 333 * 4096), std::bad_alloc);
+        CHECK_THROWS_AS(std::make_shared<Fiber>([] {}, 334 * 4096), std::bad_alloc);
+    }
+    const auto after = fsched::stack_stats();
+    CHECK(after.in_use == before.in_use);
+    Fiber works([] {}, 333 * 4096);  // the pool is intact once the kernel gives memory again
+    works.resume();
+    CHECK(works.state() == Fiber::State::Term);
+}
+
+TEST_CASE("a worker that cannot make a fiber for a callback reports it and runs the rest") {
+    for (std::size_t threads : {1u, 2u, 4u}) {
+        CAPTURE(threads);
+        Scheduler s(threads, false, "no-fiber");
+        Failures failures;
+        s.set_exception_handler(failures.handler());
+        std::atomic<int> ran{0};
+        constexpr int tasks = 200;
+        {
+            // From the 50th fiber a worker makes (or takes from its pool) on, every one fails.
+            Fault fault(FaultSite::fiber_alloc, 50);
+            for (int i = 0; i < tasks; ++i) {
+                s.schedule([&] {
+                    fsched::this_fiber::yield();
+                    ran++;
+                });
+            }
+            s.start();
+            const auto end = std::chrono::steady_clock::now() + 20s;
+            while (ran + failures.bad_alloc < tasks && std::chrono::steady_clock::now() < end) {
+                std::this_thread::yield();
+            }
+        }
+        CHECK(failures.other == 0);
+        CHECK(failures.bad_alloc > 0);
+        CHECK(ran + failures.bad_alloc == tasks);
+        // The scheduler keeps running once memory is there again.
+        for (int i = 0; i < 10; ++i) s.schedule([&] { ran++; });
+        s.stop();
+        CHECK(ran + failures.bad_alloc == tasks + 10);
+    }
+}
+
+TEST_CASE("schedule() that cannot queue a task throws std::bad_alloc and stop() still returns") {
+    Scheduler s(2, false, "no-queue");
+    std::atomic<int> ran{0};
+    s.start();
+    s.schedule([&] { ran++; });
+    {
+        Fault fault(FaultSite::task_queue, 1);
+        CHECK_THROWS_AS(s.schedule([&] { ran++; }), std::bad_alloc);
+        std::vector<std::function<void()>> batch(10, [&] { ran++; });
+        CHECK_THROWS_AS(s.schedule(batch.begin(), batch.end()), std::bad_alloc);
+    }
+    {
+        // A batch spread over both workers that fails half way: what was queued runs, what
+        // was not is not counted (stop() would otherwise wait for it forever).
+        Fault fault(FaultSite::task_queue, 8);
+        std::vector<std::function<void()>> batch(10, [&] { ran++; });
+        CHECK_THROWS_AS(s.schedule(batch.begin(), batch.end()), std::bad_alloc);
+    }
+    s.schedule([&] { ran++; });
+    s.stop();
+    CHECK(ran >= 2);
+    CHECK(ran <= 2 + 10);
+}
+
+TEST_CASE("a sleep with no room for its timer throws std::bad_alloc in the fiber, before it parks") {
+    Scheduler s(1, false, "no-timer");
+    Failures failures;
+    s.set_exception_handler(failures.handler());
+    std::atomic<bool> caught{false}, later_sleep_ok{false};
+    s.start();
+    s.schedule([&] {
+        {
+            Fault fault(FaultSite::timer_alloc, 1);
+            try {
+                fsched::this_fiber::sleep_for(1ms);
+            } catch (const std::bad_alloc&) {
+                caught = true;
+            }
+        }
+        fsched::this_fiber::sleep_for(1ms);
+        later_sleep_ok = true;
+    });
+    s.schedule([&] {
+        Fault fault(FaultSite::timer_alloc, 1);
+        fsched::this_fiber::sleep_for(1ms);  // uncaught: the handler gets it
+    });
+    s.stop();
+    CHECK(caught);
+    CHECK(later_sleep_ok);
+    CHECK(failures.bad_alloc == 1);
+}
+
+TEST_CASE("a timed wait that cannot allocate throws with the lock held and leaves no waiter") {
+    for (FaultSite site : {FaultSite::wait_alloc, FaultSite::timer_alloc}) {
+        Scheduler s(2, false, "no-wait");
+        fsched::Mutex m;
+        fsched::ConditionVariable cv;
+        std::atomic<bool> threw_with_lock{false}, notified_later{false}, attempted{false};
+        bool ready = false;
+        s.start();
+        s.schedule([&] {
+            std::unique_lock<fsched::Mutex> lock(m);
+            {
+                Fault fault(site, 1);
+                try {
+                    cv.wait_for(lock, 10s);
+                } catch (const std::bad_alloc&) {
+                    threw_with_lock = lock.owns_lock();
+                }
+            }
+            attempted = true;
+            // A stale waiter left in the list would swallow this notify.
+            notified_later = cv.wait_for(lock, 20s, [&] { return ready; });
+        });
+        s.schedule([&] {
+            // No sleep here: the fault is process-wide while armed.
+            while (!attempted) fsched::this_fiber::yield();
+            std::lock_guard<fsched::Mutex> lock(m);
+            ready = true;
+            cv.notify_one();
+        });
+        s.stop();
+        CHECK(threw_with_lock);
+        CHECK(notified_later);
+    }
+}
