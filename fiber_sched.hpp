@@ -3659,11 +3659,20 @@ struct IoWait {
 
 namespace {
 
-// Live schedulers, for io::cancel(), and plain threads blocked in poll(), with the
-// eventfd that interrupts each.
-std::mutex io_registry_mutex;
-std::vector<SchedulerCore*> io_schedulers;
-std::unordered_multimap<int, int> thread_io_waits;  // fd -> the waiting thread's cancel eventfd
+// What io::cancel() must find: the live schedulers and the plain threads blocked in poll().
+struct IoRegistry {
+    std::mutex mutex;
+    std::vector<SchedulerCore*> schedulers;        // under mutex
+    std::unordered_multimap<int, int> thread_waits;  // fd -> the waiting thread's cancel eventfd; under mutex
+};
+
+// Built on first use and never destroyed: a Scheduler may be constructed by another
+// translation unit's static initialiser before this one's would run (it would then be
+// wiped from a namespace-scope registry), or destroyed after this one's statics are gone.
+IoRegistry& io_registry() {
+    static IoRegistry* const registry = new IoRegistry;
+    return *registry;
+}
 
 int checked(int rc, const char* what) {
     if (rc < 0) throw std::system_error(errno, std::generic_category(), what);
@@ -3834,10 +3843,11 @@ int thread_cancel_fd() {
 bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
     const int cancel_fd = thread_cancel_fd();
     if (cancel_fd < 0) return false;  // errno from eventfd()
+    IoRegistry& registry = io_registry();
     std::unordered_multimap<int, int>::iterator registration;
     {
-        std::lock_guard<std::mutex> lock(io_registry_mutex);
-        registration = thread_io_waits.emplace(fd, cancel_fd);
+        std::lock_guard<std::mutex> lock(registry.mutex);
+        registration = registry.thread_waits.emplace(fd, cancel_fd);
     }
     pollfd fds[2] = {{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0}, {cancel_fd, POLLIN, 0}};
     int rc;
@@ -3846,8 +3856,8 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     } while (rc < 0 && current_errno() == EINTR);
     const int poll_errno = current_errno();
     {
-        std::lock_guard<std::mutex> lock(io_registry_mutex);
-        thread_io_waits.erase(registration);
+        std::lock_guard<std::mutex> lock(registry.mutex);
+        registry.thread_waits.erase(registration);
     }
     if (rc < 0) {
         set_errno(poll_errno);
@@ -3930,14 +3940,17 @@ void SchedulerCore::open_io() {
         w->wake_fd = checked(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "fiber_sched: eventfd");
         watch(w->epoll_fd, w->wake_fd);
     }
-    std::lock_guard<std::mutex> lock(io_registry_mutex);
-    io_schedulers.push_back(this);
+    IoRegistry& registry = io_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.schedulers.push_back(this);
 }
 
 void SchedulerCore::close_io() noexcept {
     {
-        std::lock_guard<std::mutex> lock(io_registry_mutex);
-        io_schedulers.erase(std::remove(io_schedulers.begin(), io_schedulers.end(), this), io_schedulers.end());
+        IoRegistry& registry = io_registry();
+        std::lock_guard<std::mutex> lock(registry.mutex);
+        registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), this),
+                                  registry.schedulers.end());
     }
     for (auto& w : workers) {
         if (w->epoll_fd >= 0) close(w->epoll_fd);
@@ -4028,14 +4041,15 @@ int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::millisecon
 }
 
 void cancel(int fd) {
-    std::lock_guard<std::mutex> registry(detail::io_registry_mutex);
+    detail::IoRegistry& registry = detail::io_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
     const std::uint64_t one = 1;
-    auto threads = detail::thread_io_waits.equal_range(fd);
+    auto threads = registry.thread_waits.equal_range(fd);
     for (auto it = threads.first; it != threads.second; ++it) {
         ssize_t written = ::write(it->second, &one, sizeof one);
         (void)written;
     }
-    for (detail::SchedulerCore* core : detail::io_schedulers) {
+    for (detail::SchedulerCore* core : registry.schedulers) {
         detail::IoWait* woken[2];
         int count = 0;
         core->io_lock.lock();
