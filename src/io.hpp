@@ -40,8 +40,9 @@ int connect(int fd, const sockaddr* addr, socklen_t len,
 // errno's (thread-local) address from before a call that moved the fiber to another thread.
 int last_error() noexcept;
 
-// Wakes every fiber and thread waiting for `fd`: their wait returns false, errno ECANCELED.
-// Then the fd can be closed safely (closing one that is waited for is a user error).
+// Wakes every fiber and thread waiting for `fd` now: their wait returns false, errno
+// ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
+// can be closed safely (closing one that is waited for is a user error).
 void cancel(int fd);
 
 #else

@@ -43,11 +43,17 @@ struct IoWait {
 
 namespace {
 
+// A plain thread blocked in poll() for one fd, on that thread's stack.
+struct ThreadIoWait {
+    int cancel_fd;           // the thread's eventfd, which interrupts its poll()
+    bool cancelled = false;  // cancel() wrote to cancel_fd; under IoRegistry::mutex
+};
+
 // What io::cancel() must find: the live schedulers and the plain threads blocked in poll().
 struct IoRegistry {
     std::mutex mutex;
-    std::vector<SchedulerCore*> schedulers;        // under mutex
-    std::unordered_multimap<int, int> thread_waits;  // fd -> the waiting thread's cancel eventfd; under mutex
+    std::vector<SchedulerCore*> schedulers;                    // under mutex
+    std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
 };
 
 // Built on first use and never destroyed: a Scheduler may be constructed by another
@@ -228,10 +234,11 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     const int cancel_fd = thread_cancel_fd();
     if (cancel_fd < 0) return false;  // errno from eventfd()
     IoRegistry& registry = io_registry();
-    std::unordered_multimap<int, int>::iterator registration;
+    ThreadIoWait wait{cancel_fd};
+    std::unordered_multimap<int, ThreadIoWait*>::iterator registration;
     {
         std::lock_guard<std::mutex> lock(registry.mutex);
-        registration = registry.thread_waits.emplace(fd, cancel_fd);
+        registration = registry.thread_waits.emplace(fd, &wait);
     }
     pollfd fds[2] = {{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0}, {cancel_fd, POLLIN, 0}};
     int rc;
@@ -239,16 +246,20 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
         rc = ::poll(fds, 2, timeout_ms(deadline));
     } while (rc < 0 && current_errno() == EINTR);
     const int poll_errno = current_errno();
+    bool cancelled;
     {
         std::lock_guard<std::mutex> lock(registry.mutex);
         registry.thread_waits.erase(registration);
+        cancelled = wait.cancelled;
     }
+    // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
+    // came after poll() returned would otherwise fail this thread's next wait, on any fd.
+    if (cancelled) drain(cancel_fd);
     if (rc < 0) {
         set_errno(poll_errno);
         return false;
     }
     if (fds[1].revents) {
-        drain(cancel_fd);
         set_errno(ECANCELED);
         return false;
     }
@@ -430,8 +441,11 @@ void cancel(int fd) {
     const std::uint64_t one = 1;
     auto threads = registry.thread_waits.equal_range(fd);
     for (auto it = threads.first; it != threads.second; ++it) {
-        ssize_t written = ::write(it->second, &one, sizeof one);
-        (void)written;
+        detail::ThreadIoWait& wait = *it->second;
+        if (wait.cancelled) continue;  // its eventfd is already signalled
+        wait.cancelled = true;
+        ssize_t written = ::write(wait.cancel_fd, &one, sizeof one);
+        (void)written;  // an eventfd only fails to count past 2^64 - 2
     }
     for (detail::SchedulerCore* core : registry.schedulers) {
         detail::IoWait* woken[2];
