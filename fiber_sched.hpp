@@ -1245,9 +1245,11 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 // Parks until `fd` is ready for `what` (Read: data, EOF or an error; Write: room or an
-// error), or `timeout` passes (negative: no limit). Returns true when ready; false with
-// errno ETIMEDOUT on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when
-// another fiber already waits for the same fd and direction. A plain thread blocks in poll().
+// error), or `timeout` passes (negative: no limit). Returns true when ready (a wait whose
+// timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
+// on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
+// the same scheduler already waits for the same fd and direction. A plain thread blocks in
+// poll().
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 // For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what
@@ -3803,6 +3805,26 @@ void unlink_io_wait(void* context, Waiter& w) {
     rearm(*where->core, where->fd, entry, WhenIdle::disarm);
 }
 
+// poll(fd, 0): true if fd is ready for `what` now; else false, errno ETIMEDOUT (not ready),
+// EBADF (not open) or poll()'s.
+bool ready_now(int fd, io::Ready what) noexcept {
+    pollfd one{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0};
+    int rc;
+    do {
+        rc = ::poll(&one, 1, 0);
+    } while (rc < 0 && current_errno() == EINTR);
+    if (rc < 0) return false;
+    if (one.revents & POLLNVAL) {
+        set_errno(EBADF);
+        return false;
+    }
+    if (rc == 0) {
+        set_errno(ETIMEDOUT);
+        return false;
+    }
+    return true;
+}
+
 bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
     IoWait wait;
     core.io_lock.lock();
@@ -3827,6 +3849,9 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
     const bool woken = block(core.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     core.io_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (!woken) {
+        // The timer may fire before any worker has asked epoll about the fd (all were busy):
+        // a wait that ends with the fd ready reports it ready, as poll() would.
+        if (ready_now(fd, what)) return true;
         set_errno(ETIMEDOUT);
         return false;
     }
@@ -3898,6 +3923,9 @@ bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_po
         set_errno(EBADF);
         return false;
     }
+    // A zero timeout (or one a retry has used up) asks, like poll(fd, 0), without parking:
+    // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
+    if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
     if (in_scheduler_task()) {
         return fiber_wait(SchedulerCore::of(*thread_state()->scheduler), fd, what, deadline);
     }

@@ -19,9 +19,11 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 // Parks until `fd` is ready for `what` (Read: data, EOF or an error; Write: room or an
-// error), or `timeout` passes (negative: no limit). Returns true when ready; false with
-// errno ETIMEDOUT on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when
-// another fiber already waits for the same fd and direction. A plain thread blocks in poll().
+// error), or `timeout` passes (negative: no limit). Returns true when ready (a wait whose
+// timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
+// on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
+// the same scheduler already waits for the same fd and direction. A plain thread blocks in
+// poll().
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 // For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what

@@ -79,4 +79,51 @@ TEST_CASE("io reliability: a cancel that lands after a plain thread's wait ended
     CHECK(failures == 0);
 }
 
+TEST_CASE("io reliability: a zero timeout in a fiber reports a ready fd as ready, like poll(fd, 0)") {
+    for (std::size_t threads : {1u, 2u}) {
+        CAPTURE(threads);
+        Scheduler s(threads, false);
+        Sockets pair;
+        REQUIRE(::write(pair.b, "r", 1) == 1);  // pair.a: readable, and writable
+        int readable = 0, writable = 0, not_ready = 0, not_ready_errno = 0;
+        s.start();
+        s.schedule([&] {
+            for (int i = 0; i < 100; ++i) {
+                readable += fsched::io::wait(pair.a, Ready::Read, 0ms);
+                writable += fsched::io::wait(pair.a, Ready::Write, 0ms);
+            }
+            not_ready = fsched::io::wait(pair.b, Ready::Read, 0ms);  // nothing to read on b
+            not_ready_errno = fsched::io::last_error();
+        });
+        s.stop();
+        CHECK(readable == 100);
+        CHECK(writable == 100);
+        CHECK(not_ready == 0);
+        CHECK(not_ready_errno == ETIMEDOUT);
+    }
+}
+
+TEST_CASE("io reliability: a fiber whose timeout expires while its fd is ready reports ready") {
+    // One worker: the fiber parks, then a second task makes the fd ready and keeps the worker
+    // busy until well past the deadline, so the timer fires before anyone asks epoll.
+    Scheduler s(1, false);
+    Sockets pair;
+    bool ready = false;
+    int error = 0;
+    s.start();
+    s.schedule([&] {
+        const auto start = std::chrono::steady_clock::now();
+        Scheduler::current()->schedule([&, start] {  // runs once the waiter has parked
+            CHECK(::write(pair.b, "r", 1) == 1);
+            while (std::chrono::steady_clock::now() < start + 400ms) {
+            }
+        });
+        ready = fsched::io::wait(pair.a, Ready::Read, 100ms);
+        error = fsched::io::last_error();
+    });
+    s.stop();
+    CAPTURE(error);
+    CHECK(ready);
+}
+
 #endif  // FIBER_SCHED_HAVE_EPOLL
