@@ -1254,7 +1254,8 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::m
 
 // For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what
 // the system call returns with errno set, and -1 with errno ETIMEDOUT once `timeout` (over
-// all retries) passes.
+// all retries) passes. write() never raises SIGPIPE: a peer that has gone (socket or pipe)
+// is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 ssize_t write(int fd, const void* buf, std::size_t n,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
@@ -3969,6 +3970,28 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call,
     }
 }
 
+// write() that fails with EPIPE instead of raising SIGPIPE, for fds send() cannot take
+// (pipes): SIGPIPE is blocked in this thread around the call, and the one the call raised,
+// if any, is taken before the mask is restored. One that was pending before is left alone.
+// The fiber cannot move between the two pthread_sigmask calls: nothing here parks.
+ssize_t write_without_sigpipe(int fd, const void* buf, std::size_t n) noexcept {
+    sigset_t sigpipe, old_mask, pending;
+    sigemptyset(&sigpipe);
+    sigaddset(&sigpipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &sigpipe, &old_mask);
+    const bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    const ssize_t rc = ::write(fd, buf, n);
+    const int error = errno;
+    if (rc < 0 && error == EPIPE && !was_pending) {
+        const timespec no_wait{0, 0};
+        while (sigtimedwait(&sigpipe, nullptr, &no_wait) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    set_errno(error);
+    return rc;
+}
+
 }  // namespace
 
 void SchedulerCore::open_io() {
@@ -4051,14 +4074,17 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
 }
 
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
-    const ssize_t first = ::send(fd, buf, n, MSG_DONTWAIT);
+    // MSG_NOSIGNAL: a peer that has gone is EPIPE, not SIGPIPE. Not a socket (ENOTSOCK):
+    // write_without_sigpipe.
+    const ssize_t first = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (first >= 0) return first;
     const int error = detail::current_errno();
     if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) {
-        return detail::retry(fd, Ready::Write, timeout, [&] { return ::send(fd, buf, n, MSG_DONTWAIT); }, false);
+        return detail::retry(fd, Ready::Write, timeout, [&] { return ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL); },
+                             false);
     }
     if (error != ENOTSOCK) return -1;
-    return detail::retry(fd, Ready::Write, timeout, [&] { return ::write(fd, buf, n); });
+    return detail::retry(fd, Ready::Write, timeout, [&] { return detail::write_without_sigpipe(fd, buf, n); });
 }
 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {

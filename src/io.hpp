@@ -28,7 +28,8 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::m
 
 // For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what
 // the system call returns with errno set, and -1 with errno ETIMEDOUT once `timeout` (over
-// all retries) passes.
+// all retries) passes. write() never raises SIGPIPE: a peer that has gone (socket or pipe)
+// is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 ssize_t write(int fd, const void* buf, std::size_t n,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));

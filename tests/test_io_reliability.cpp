@@ -45,6 +45,39 @@ struct Sockets {
     }
 };
 
+// A pipe, non-blocking unless asked otherwise.
+struct Pipe {
+    int read_end = -1, write_end = -1;
+    explicit Pipe(bool nonblocking = true) {
+        int fds[2];
+        REQUIRE(pipe2(fds, nonblocking ? O_NONBLOCK : 0) == 0);
+        read_end = fds[0];
+        write_end = fds[1];
+    }
+    ~Pipe() {
+        if (read_end >= 0) close(read_end);
+        if (write_end >= 0) close(write_end);
+    }
+};
+
+// In a forked child doctest's checks are lost: report a failure on stderr and exit 1.
+#define FSCHED_CHILD_REQUIRE(cond)                                                            \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            std::fprintf(stderr, "line %d: failed: %s (errno %d)\n", __LINE__, #cond, errno); \
+            _exit(1);                                                                         \
+        }                                                                                     \
+    } while (0)
+
+#define FSCHED_CHECK_CHILD_SUCCEEDED(result)      \
+    do {                                          \
+        const ::test::ChildResult& r_ = (result); \
+        INFO("child stderr: " << r_.err);         \
+        CHECK(r_.signal == 0);                    \
+        CHECK(r_.exited);                         \
+        CHECK(r_.exit_code == 0);                 \
+    } while (0)
+
 }  // namespace
 
 TEST_CASE("io reliability: a cancel that lands after a plain thread's wait ended does not fail its next wait") {
@@ -124,6 +157,59 @@ TEST_CASE("io reliability: a fiber whose timeout expires while its fd is ready r
     s.stop();
     CAPTURE(error);
     CHECK(ready);
+}
+
+TEST_CASE("io reliability: writing to a peer that has gone fails with EPIPE instead of raising SIGPIPE") {
+    auto write_to_closed_peers = [] {
+        Sockets sockets;
+        close(sockets.b);
+        sockets.b = -1;
+        FSCHED_CHILD_REQUIRE(fsched::io::write(sockets.a, "x", 1, 1s) == -1);
+        FSCHED_CHILD_REQUIRE(fsched::io::last_error() == EPIPE);
+        Pipe pipe;
+        close(pipe.read_end);
+        pipe.read_end = -1;
+        FSCHED_CHILD_REQUIRE(fsched::io::write(pipe.write_end, "x", 1, 1s) == -1);
+        FSCHED_CHILD_REQUIRE(fsched::io::last_error() == EPIPE);
+        // The signal mask is as it was, with no SIGPIPE left pending.
+        sigset_t mask, pending;
+        FSCHED_CHILD_REQUIRE(pthread_sigmask(SIG_BLOCK, nullptr, &mask) == 0);
+        FSCHED_CHILD_REQUIRE(!sigismember(&mask, SIGPIPE));
+        FSCHED_CHILD_REQUIRE(sigpending(&pending) == 0);
+        FSCHED_CHILD_REQUIRE(!sigismember(&pending, SIGPIPE));
+    };
+    const auto result = test::run_in_child([&] {
+        std::signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        FSCHED_CHILD_REQUIRE(pthread_sigmask(SIG_SETMASK, &none, nullptr) == 0);
+        write_to_closed_peers();  // from a plain thread
+        {
+            Scheduler s(1, false);
+            s.start();
+            s.schedule(write_to_closed_peers);  // and from a fiber
+            s.stop();
+        }
+        // A SIGPIPE that was already pending (and blocked) before the write stays so.
+        sigset_t pipe_only;
+        sigemptyset(&pipe_only);
+        sigaddset(&pipe_only, SIGPIPE);
+        FSCHED_CHILD_REQUIRE(pthread_sigmask(SIG_BLOCK, &pipe_only, nullptr) == 0);
+        FSCHED_CHILD_REQUIRE(raise(SIGPIPE) == 0);
+        Pipe pipe;
+        close(pipe.read_end);
+        pipe.read_end = -1;
+        FSCHED_CHILD_REQUIRE(fsched::io::write(pipe.write_end, "x", 1) == -1);
+        FSCHED_CHILD_REQUIRE(fsched::io::last_error() == EPIPE);
+        sigset_t mask, pending;
+        FSCHED_CHILD_REQUIRE(pthread_sigmask(SIG_BLOCK, nullptr, &mask) == 0);
+        FSCHED_CHILD_REQUIRE(sigismember(&mask, SIGPIPE));
+        FSCHED_CHILD_REQUIRE(sigpending(&pending) == 0);
+        FSCHED_CHILD_REQUIRE(sigismember(&pending, SIGPIPE));
+        const timespec zero{0, 0};
+        FSCHED_CHILD_REQUIRE(sigtimedwait(&pipe_only, nullptr, &zero) == SIGPIPE);
+    });
+    FSCHED_CHECK_CHILD_SUCCEEDED(result);
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL
