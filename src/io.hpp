@@ -26,10 +26,12 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 // poll().
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
-// For non-blocking fds (EINVAL otherwise): each retries on EAGAIN by waiting, returns what
-// the system call returns with errno set, and -1 with errno ETIMEDOUT once `timeout` (over
-// all retries) passes. write() never raises SIGPIPE: a peer that has gone (socket or pipe)
-// is -1, errno EPIPE.
+// read, write, accept and connect take non-blocking fds only, sockets or not: a blocking fd
+// is refused with -1, errno EINVAL, before anything is done with it. Each retries on EAGAIN
+// by waiting, returns what the system call returns with errno set, and -1 with errno
+// ETIMEDOUT once `timeout` (over all retries) passes, or EBUSY when another fiber of the same
+// scheduler already waits for the same fd and direction (one reader and one writer per fd).
+// write() never raises SIGPIPE: a peer that has gone (socket or pipe) is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 ssize_t write(int fd, const void* buf, std::size_t n,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));

@@ -212,4 +212,77 @@ TEST_CASE("io reliability: writing to a peer that has gone fails with EPIPE inst
     FSCHED_CHECK_CHILD_SUCCEEDED(result);
 }
 
+TEST_CASE("io reliability: read, write, accept and connect refuse every blocking fd with EINVAL") {
+    char c = 0;
+    SUBCASE("a blocking socket pair, without touching it") {
+        Sockets blocking(false);
+        CHECK(fsched::io::read(blocking.a, &c, 1, 200ms) == -1);
+        CHECK(fsched::io::last_error() == EINVAL);
+        CHECK(fsched::io::write(blocking.a, "x", 1, 200ms) == -1);
+        CHECK(fsched::io::last_error() == EINVAL);
+        CHECK(::recv(blocking.b, &c, 1, MSG_DONTWAIT) == -1);  // nothing was sent
+        CHECK(errno == EAGAIN);
+    }
+    SUBCASE("a blocking pipe") {
+        Pipe blocking(false);
+        CHECK(fsched::io::read(blocking.read_end, &c, 1, 200ms) == -1);
+        CHECK(fsched::io::last_error() == EINVAL);
+        CHECK(fsched::io::write(blocking.write_end, "x", 1, 200ms) == -1);
+        CHECK(fsched::io::last_error() == EINVAL);
+    }
+    SUBCASE("a blocking listener, and a blocking socket to connect") {
+        const int listener = socket(AF_INET, SOCK_STREAM, 0);
+        REQUIRE(listener >= 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof addr;
+        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+        REQUIRE(listen(listener, 4) == 0);
+        CHECK(fsched::io::accept(listener, nullptr, nullptr, 200ms) == -1);
+        CHECK(fsched::io::last_error() == EINVAL);
+        const int client = socket(AF_INET, SOCK_STREAM, 0);
+        REQUIRE(client >= 0);
+        CHECK(fsched::io::connect(client, reinterpret_cast<sockaddr*>(&addr), len, 200ms) == -1);
+        CHECK(fsched::io::last_error() == EINVAL);
+        close(client);
+        close(listener);
+    }
+    SUBCASE("non-blocking ones work") {
+        Sockets sockets;
+        CHECK(fsched::io::write(sockets.a, "s", 1, 5s) == 1);
+        CHECK(fsched::io::read(sockets.b, &c, 1, 5s) == 1);
+        CHECK(c == 's');
+        Pipe pipe;
+        CHECK(fsched::io::write(pipe.write_end, "p", 1, 5s) == 1);
+        CHECK(fsched::io::read(pipe.read_end, &c, 1, 5s) == 1);
+        CHECK(c == 'p');
+    }
+}
+
+TEST_CASE("io reliability: a second reader fiber on the same fd gets EBUSY, the first still reads") {
+    // One worker: the second reader runs only once the first has parked.
+    Scheduler s(1, false);
+    Sockets pair;
+    ssize_t first = 0, second = 0;
+    int second_errno = 0;
+    char got = 0;
+    s.start();
+    s.schedule([&] {
+        Scheduler::current()->schedule([&] {
+            char c;
+            second = fsched::io::read(pair.a, &c, 1, 10s);
+            second_errno = fsched::io::last_error();
+            CHECK(::write(pair.b, "x", 1) == 1);  // now let the first reader have its byte
+        });
+        first = fsched::io::read(pair.a, &got, 1, 10s);
+    });
+    s.stop();
+    CHECK(second == -1);
+    CHECK(second_errno == EBUSY);
+    CHECK(first == 1);
+    CHECK(got == 'x');
+}
+
 #endif  // FIBER_SCHED_HAVE_EPOLL

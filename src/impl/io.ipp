@@ -313,8 +313,9 @@ bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_po
     return thread_wait(fd, what, deadline);
 }
 
-// io::read & co. take non-blocking fds only: on a blocking one the call would block the
-// worker thread (or, for a plain thread, forever), so refuse it up front.
+// io::read & co. take non-blocking fds only, sockets or not: on a blocking one the call
+// would block the worker thread (or, for a plain thread, forever), so refuse it up front.
+// One fcntl() per call: cheaper than finding out what kind of fd it is.
 bool usable_fd(int fd) {
     const int flags = fcntl(fd, F_GETFL);
     if (flags < 0) return false;  // errno EBADF
@@ -334,11 +335,10 @@ struct Deadline {
 };
 
 // Calls `call` until it succeeds or fails with something other than EAGAIN, waiting for
-// `what` in between. `check_fd`: refuse a blocking fd first (see usable_fd).
+// `what` in between; a blocking fd is refused first (see usable_fd).
 template <class Call>
-auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call, bool check_fd = true)
-    -> decltype(call()) {
-    if (check_fd && !usable_fd(fd)) return -1;
+auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call) -> decltype(call()) {
+    if (!usable_fd(fd)) return -1;
     const Deadline deadline(timeout);
     for (;;) {
         const auto rc = call();
@@ -441,30 +441,21 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
-    // A socket: recv(MSG_DONTWAIT) never blocks, whatever the fd's flags, and needs no
-    // fcntl() to find out. Anything else goes through read() on a checked non-blocking fd.
-    const ssize_t first = ::recv(fd, buf, n, MSG_DONTWAIT);
-    if (first >= 0) return first;
-    const int error = detail::current_errno();
-    if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) {
-        return detail::retry(fd, Ready::Read, timeout, [&] { return ::recv(fd, buf, n, MSG_DONTWAIT); }, false);
-    }
-    if (error != ENOTSOCK) return -1;
     return detail::retry(fd, Ready::Read, timeout, [&] { return ::read(fd, buf, n); });
 }
 
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
-    // MSG_NOSIGNAL: a peer that has gone is EPIPE, not SIGPIPE. Not a socket (ENOTSOCK):
-    // write_without_sigpipe.
-    const ssize_t first = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (first >= 0) return first;
-    const int error = detail::current_errno();
-    if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) {
-        return detail::retry(fd, Ready::Write, timeout, [&] { return ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL); },
-                             false);
-    }
-    if (error != ENOTSOCK) return -1;
-    return detail::retry(fd, Ready::Write, timeout, [&] { return detail::write_without_sigpipe(fd, buf, n); });
+    // A socket takes MSG_NOSIGNAL (a peer that has gone is EPIPE, not SIGPIPE); send() says
+    // ENOTSOCK once for anything else, which then goes through write_without_sigpipe.
+    bool is_socket = true;
+    return detail::retry(fd, Ready::Write, timeout, [&]() -> ssize_t {
+        if (is_socket) {
+            const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (rc >= 0 || detail::current_errno() != ENOTSOCK) return rc;
+            is_socket = false;
+        }
+        return detail::write_without_sigpipe(fd, buf, n);
+    });
 }
 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
