@@ -78,6 +78,18 @@ struct Pipe {
         CHECK(r_.exit_code == 0);                 \
     } while (0)
 
+// The fds open in this process, as /proc/self/fd lists them (the listing's own fd left out).
+int open_fd_count() {
+    DIR* dir = opendir("/proc/self/fd");
+    if (!dir) return -1;
+    int count = 0;
+    while (dirent* entry = readdir(dir)) {
+        if (entry->d_name[0] != '.' && std::atoi(entry->d_name) != dirfd(dir)) ++count;
+    }
+    closedir(dir);
+    return count;
+}
+
 }  // namespace
 
 TEST_CASE("io reliability: a cancel that lands after a plain thread's wait ended does not fail its next wait") {
@@ -283,6 +295,45 @@ TEST_CASE("io reliability: a second reader fiber on the same fd gets EBUSY, the 
     CHECK(second_errno == EBUSY);
     CHECK(first == 1);
     CHECK(got == 'x');
+}
+
+TEST_CASE("io reliability: a Scheduler that runs out of fds while it is built closes the ones it opened") {
+    const auto result = test::run_in_child([] {
+        rlimit old_limit{};
+        FSCHED_CHILD_REQUIRE(getrlimit(RLIMIT_NOFILE, &old_limit) == 0);
+        const int before = open_fd_count();
+        FSCHED_CHILD_REQUIRE(before > 0);
+        // Room for exactly three more fds: below the third free fd number.
+        int free_found = 0, limit = 0;
+        while (free_found < 3) {
+            if (fcntl(limit, F_GETFD) == -1) ++free_found;
+            ++limit;
+        }
+        rlimit low = old_limit;
+        low.rlim_cur = static_cast<rlim_t>(limit);
+        for (std::size_t threads : {4u, 1u}) {
+            FSCHED_CHILD_REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+            int error = 0;
+            try {
+                Scheduler s(threads, false);  // needs 2 + 2 per worker
+            } catch (const std::system_error& e) {
+                error = e.code().value();
+            }
+            FSCHED_CHILD_REQUIRE(setrlimit(RLIMIT_NOFILE, &old_limit) == 0);
+            FSCHED_CHILD_REQUIRE(error == EMFILE);
+            FSCHED_CHILD_REQUIRE(open_fd_count() == before);
+        }
+        std::atomic<bool> ran{false};
+        {
+            Scheduler s(4, false);
+            s.start();
+            s.schedule([&] { ran = true; });
+            s.stop();
+        }
+        FSCHED_CHILD_REQUIRE(ran.load());
+        FSCHED_CHILD_REQUIRE(open_fd_count() == before);
+    });
+    FSCHED_CHECK_CHILD_SUCCEEDED(result);
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL

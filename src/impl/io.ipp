@@ -64,16 +64,12 @@ IoRegistry& io_registry() {
     return *registry;
 }
 
-int checked(int rc, const char* what) {
-    if (rc < 0) throw std::system_error(errno, std::generic_category(), what);
-    return rc;
-}
-
-void watch(int epoll_fd, int fd) {
+// Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
+bool watch(int epoll_fd, int fd) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    checked(epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev), "fiber_sched: epoll_ctl");
+    return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 
 void drain(int event_fd) noexcept {
@@ -372,17 +368,44 @@ ssize_t write_without_sigpipe(int fd, const void* buf, std::size_t n) noexcept {
     return rc;
 }
 
+// Opens core's epoll instances and eventfds. On failure returns the name of the call that
+// failed, errno set, leaving open what it opened (close_io_fds closes it); nullptr on success.
+const char* open_io_fds(SchedulerCore& core) noexcept {
+    if ((core.io_epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
+    if ((core.poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
+    if (!watch(core.io_epoll_fd, core.poller_wake_fd)) return "fiber_sched: epoll_ctl";
+    for (auto& w : core.workers) {
+        if ((w->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
+        if ((w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
+        if (!watch(w->epoll_fd, w->wake_fd)) return "fiber_sched: epoll_ctl";
+    }
+    return nullptr;
+}
+
+// Closes whatever open_io_fds() opened (-1 where it did not get that far).
+void close_io_fds(SchedulerCore& core) noexcept {
+    for (auto& w : core.workers) {
+        if (w->epoll_fd >= 0) close(w->epoll_fd);
+        if (w->wake_fd >= 0) close(w->wake_fd);
+        w->epoll_fd = w->wake_fd = -1;
+    }
+    if (core.io_epoll_fd >= 0) close(core.io_epoll_fd);
+    if (core.poller_wake_fd >= 0) close(core.poller_wake_fd);
+    core.io_epoll_fd = core.poller_wake_fd = -1;
+}
+
 }  // namespace
 
 void SchedulerCore::open_io() {
-    io_epoll_fd = checked(epoll_create1(EPOLL_CLOEXEC), "fiber_sched: epoll_create1");
-    poller_wake_fd = checked(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "fiber_sched: eventfd");
-    watch(io_epoll_fd, poller_wake_fd);
-    for (auto& w : workers) {
-        w->epoll_fd = checked(epoll_create1(EPOLL_CLOEXEC), "fiber_sched: epoll_create1");
-        w->wake_fd = checked(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "fiber_sched: eventfd");
-        watch(w->epoll_fd, w->wake_fd);
+    if (const char* failed = open_io_fds(*this)) {
+        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
+        // close_io(): release the fds here, before building the exception, which may itself
+        // need memory (or, under UBSan, a pipe).
+        const int error = errno;
+        close_io_fds(*this);
+        throw std::system_error(error, std::generic_category(), failed);
     }
+    // Only a fully built scheduler is registered: io::cancel() may look at it from now on.
     IoRegistry& registry = io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
     registry.schedulers.push_back(this);
@@ -395,12 +418,7 @@ void SchedulerCore::close_io() noexcept {
         registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), this),
                                   registry.schedulers.end());
     }
-    for (auto& w : workers) {
-        if (w->epoll_fd >= 0) close(w->epoll_fd);
-        if (w->wake_fd >= 0) close(w->wake_fd);
-    }
-    if (io_epoll_fd >= 0) close(io_epoll_fd);
-    if (poller_wake_fd >= 0) close(poller_wake_fd);
+    close_io_fds(*this);
 }
 
 bool SchedulerCore::poll_io() noexcept {
