@@ -1248,8 +1248,8 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 // error), or `timeout` passes (negative: no limit). Returns true when ready (a wait whose
 // timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
 // on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
-// the same scheduler already waits for the same fd and direction. A plain thread blocks in
-// poll().
+// the same scheduler already waits for the same fd and direction, ENOMEM when no memory
+// could be had to record the wait. A plain thread blocks in poll().
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 // read, write, accept and connect take non-blocking fds only, sockets or not: a blocking fd
@@ -3682,7 +3682,20 @@ struct IoRegistry {
 // translation unit's static initialiser before this one's would run (it would then be
 // wiped from a namespace-scope registry), or destroyed after this one's statics are gone.
 IoRegistry& io_registry() {
-    static IoRegistry* const registry = new IoRegistry;
+    static IoRegistry* const registry = [] {
+        auto* r = new IoRegistry;
+        // fork(): hold the registry's lock across it, so the child never inherits it held;
+        // the child forgets the parent's schedulers and waiting threads, none of which it
+        // has (io::cancel() in the child would otherwise take their locks).
+        pthread_atfork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
+                       [] {
+                           IoRegistry& child = io_registry();
+                           child.schedulers.clear();
+                           child.thread_waits.clear();
+                           child.mutex.unlock();
+                       });
+        return r;
+    }();
     return *registry;
 }
 
@@ -3826,8 +3839,23 @@ bool ready_now(int fd, io::Ready what) noexcept {
 
 bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
     IoWait wait;
+    try {
+        if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
+    } catch (const std::bad_alloc&) {
+        set_errno(ENOMEM);
+        return false;
+    }
     core.io_lock.lock();
-    IoFd& entry = core.io_fds[fd];
+    IoFd* found;
+    try {
+        if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+        found = &core.io_fds[fd];
+    } catch (const std::bad_alloc&) {
+        core.io_lock.unlock();
+        set_errno(ENOMEM);
+        return false;
+    }
+    IoFd& entry = *found;
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
         core.io_lock.unlock();
@@ -3997,6 +4025,10 @@ const char* open_io_fds(SchedulerCore& core) noexcept {
     if ((core.poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
     if (!watch(core.io_epoll_fd, core.poller_wake_fd)) return "fiber_sched: epoll_ctl";
     for (auto& w : core.workers) {
+        if (FIBER_SCHED_FAULT(fd_open)) {
+            errno = EMFILE;
+            return "fiber_sched: epoll_create1";
+        }
         if ((w->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
         if ((w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
         if (!watch(w->epoll_fd, w->wake_fd)) return "fiber_sched: epoll_ctl";
@@ -4030,7 +4062,12 @@ void SchedulerCore::open_io() {
     // Only a fully built scheduler is registered: io::cancel() may look at it from now on.
     IoRegistry& registry = io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
-    registry.schedulers.push_back(this);
+    try {
+        registry.schedulers.push_back(this);
+    } catch (...) {
+        close_io_fds(*this);
+        throw;
+    }
 }
 
 void SchedulerCore::close_io() noexcept {

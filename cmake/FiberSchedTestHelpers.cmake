@@ -32,7 +32,10 @@ function(fiber_sched_add_test_executable target)
   if(NOT test_sources)
     message(WARNING "fiber_sched: no ${arg_TESTS_DIR}/test_*.cpp found")
   endif()
-  add_executable(${target} "${arg_TESTS_DIR}/main.cpp" "${arg_TESTS_DIR}/impl.cpp" ${test_sources})
+  # global_scheduler.cpp comes before impl.cpp: its global Scheduler is constructed before
+  # the implementation's translation unit is initialised.
+  add_executable(${target} "${arg_TESTS_DIR}/main.cpp" "${arg_TESTS_DIR}/global_scheduler.cpp"
+                 "${arg_TESTS_DIR}/impl.cpp" ${test_sources})
   target_link_libraries(${target} PRIVATE fiber_sched::fiber_sched ${arg_LIBRARIES})
   # FIBER_SCHED_FAULT_INJECTION: the test-only hooks that make allocation, stack and fd
   # sites fail on demand (tests/test_faults.cpp).

@@ -198,3 +198,49 @@ TEST_CASE("a timed wait that cannot allocate throws with the lock held and leave
         CHECK(notified_later);
     }
 }
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+TEST_CASE("a Scheduler that cannot open its fds throws std::system_error and leaks none") {
+    const int before = open_fds();
+    for (long nth : {1L, 2L, 4L}) {
+        Fault fault(FaultSite::fd_open, nth);  // the nth worker's epoll instance fails
+        CHECK_THROWS_AS(Scheduler(4, false), std::system_error);
+    }
+    CHECK(open_fds() == before);
+    Scheduler works(4, false);
+    std::atomic<bool> ran{false};
+    works.schedule([&] { ran = true; });
+    works.stop();
+    CHECK(ran);
+}
+
+TEST_CASE("an io wait that cannot record itself fails with ENOMEM and leaves the fd usable") {
+    int fds[2];
+    REQUIRE(pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0);
+    Scheduler s(1, false);
+    int error = 0, error_timed = 0;
+    bool later = false;
+    s.start();
+    s.schedule([&] {
+        {
+            Fault fault(FaultSite::io_alloc, 1);
+            CHECK_FALSE(fsched::io::wait(fds[0], fsched::io::Ready::Read));
+            error = fsched::io::last_error();
+        }
+        {
+            Fault fault(FaultSite::wait_alloc, 1);
+            CHECK_FALSE(fsched::io::wait(fds[0], fsched::io::Ready::Read, 5s));
+            error_timed = fsched::io::last_error();
+        }
+        const char c = 'x';
+        CHECK(::write(fds[1], &c, 1) == 1);
+        later = fsched::io::wait(fds[0], fsched::io::Ready::Read, 5s);
+    });
+    s.stop();
+    close(fds[0]);
+    close(fds[1]);
+    CHECK(error == ENOMEM);
+    CHECK(error_timed == ENOMEM);
+    CHECK(later);
+}
+#endif
