@@ -445,6 +445,8 @@ public:
 
     // Creates a Ready fiber that will run `fn` on its own stack of `stack_size` bytes
     // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty.
+    // Throws std::length_error above detail::max_stack_size (1 TiB), std::bad_alloc when
+    // the stack cannot be mapped. The fiber has its own C++ exception state.
     explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
     // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
     ~Fiber();
@@ -695,12 +697,18 @@ public:
     // Starts the worker threads. Calling it again does nothing.
     void start();
     // Waits until every scheduled task has finished (sleeping and blocked ones, and work
-    // scheduled meanwhile, included), then joins the workers. Harmless when called twice.
-    // With use_caller: call it from the constructing thread, which runs tasks meanwhile.
+    // scheduled meanwhile, from any thread, included), then joins the workers. It takes
+    // effect at one instant before it returns; schedule() after that is refused with a
+    // FIBER_SCHED_ASSERT. Harmless when called twice. With use_caller: call it from the
+    // constructing thread (or fiber), which runs tasks meanwhile; it may be a task of another
+    // scheduler, which it is again afterwards.
     void stop();
 
     // Queues a Fiber::ptr, a callable `void()` or a ScheduleTask, on worker `thread`
     // (-1: any; -1 .. thread_count()-1). From any thread, also before start() and in stop().
+    // A fiber that is still running or parked (someone got its pointer early) is resumed
+    // once it has left the scheduler with Fiber::yield(). Throws std::bad_alloc, with
+    // nothing scheduled, when the task cannot be queued.
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));
@@ -723,7 +731,9 @@ public:
     // This thread's worker index in current(), else -1.
     static int worker_index() noexcept;
 
-    // Receives every exception that escapes a task. Default: print it and std::terminate().
+    // Receives every exception that escapes a task, and std::bad_alloc for a task whose
+    // fiber could not be made. Default: print it and std::terminate(). A handler that
+    // throws terminates the program too.
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
 
 private:
@@ -2499,7 +2509,7 @@ public:
     // Only on this worker's thread, after reserve_timer(); never throws.
     void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
     // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
-    bool fire_due_timers(TimePoint now);
+    bool fire_due_timers();
 
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
@@ -2910,7 +2920,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
-    fire_due_timers(std::chrono::steady_clock::now());
+    fire_due_timers();
     QueuedTask back;
     back.thread = FiberAccess::resume_thread(*yielded);
     back.kind = TaskKind::woken;
@@ -3002,9 +3012,12 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
     }
 }
 
-inline bool Worker::fire_due_timers(TimePoint now) {
-    const std::int64_t now_ticks = to_ticks(now);
-    if (timer_earliest.load(std::memory_order_relaxed) > now_ticks) return false;
+inline bool Worker::fire_due_timers() {
+    // No clock read while there are no timers: the yield and spawn paths pass here.
+    const std::int64_t earliest = timer_earliest.load(std::memory_order_relaxed);
+    if (earliest == no_deadline) return false;
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (earliest > to_ticks(now)) return false;
     bool any = false;
     for (;;) {
         Timer due;
@@ -3035,15 +3048,14 @@ inline std::int64_t Worker::earliest_deadline() const noexcept {
 }
 
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    const TimePoint now = std::chrono::steady_clock::now();
-    fire_due_timers(now);
+    fire_due_timers();
     if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
     // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
     // look again; a woken unpinned fiber comes to this worker's queue.
     bool fired = false;
     for (std::size_t i = 1; i < n; ++i) {
-        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers(now) || fired;
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers() || fired;
     }
     if (fired && pop(out, false)) return true;
     // Every other worker once, starting somewhere new each time a steal succeeds.

@@ -104,6 +104,8 @@ public:
 
     // Creates a Ready fiber that will run `fn` on its own stack of `stack_size` bytes
     // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty.
+    // Throws std::length_error above detail::max_stack_size (1 TiB), std::bad_alloc when
+    // the stack cannot be mapped. The fiber has its own C++ exception state.
     explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
     // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
     ~Fiber();

@@ -28,12 +28,18 @@ public:
     // Starts the worker threads. Calling it again does nothing.
     void start();
     // Waits until every scheduled task has finished (sleeping and blocked ones, and work
-    // scheduled meanwhile, included), then joins the workers. Harmless when called twice.
-    // With use_caller: call it from the constructing thread, which runs tasks meanwhile.
+    // scheduled meanwhile, from any thread, included), then joins the workers. It takes
+    // effect at one instant before it returns; schedule() after that is refused with a
+    // FIBER_SCHED_ASSERT. Harmless when called twice. With use_caller: call it from the
+    // constructing thread (or fiber), which runs tasks meanwhile; it may be a task of another
+    // scheduler, which it is again afterwards.
     void stop();
 
     // Queues a Fiber::ptr, a callable `void()` or a ScheduleTask, on worker `thread`
     // (-1: any; -1 .. thread_count()-1). From any thread, also before start() and in stop().
+    // A fiber that is still running or parked (someone got its pointer early) is resumed
+    // once it has left the scheduler with Fiber::yield(). Throws std::bad_alloc, with
+    // nothing scheduled, when the task cannot be queued.
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));
@@ -56,7 +62,9 @@ public:
     // This thread's worker index in current(), else -1.
     static int worker_index() noexcept;
 
-    // Receives every exception that escapes a task. Default: print it and std::terminate().
+    // Receives every exception that escapes a task, and std::bad_alloc for a task whose
+    // fiber could not be made. Default: print it and std::terminate(). A handler that
+    // throws terminates the program too.
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
 
 private:

@@ -145,7 +145,7 @@ public:
     // Only on this worker's thread, after reserve_timer(); never throws.
     void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
     // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
-    bool fire_due_timers(TimePoint now);
+    bool fire_due_timers();
 
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
@@ -556,7 +556,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
-    fire_due_timers(std::chrono::steady_clock::now());
+    fire_due_timers();
     QueuedTask back;
     back.thread = FiberAccess::resume_thread(*yielded);
     back.kind = TaskKind::woken;
@@ -648,9 +648,12 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
     }
 }
 
-inline bool Worker::fire_due_timers(TimePoint now) {
-    const std::int64_t now_ticks = to_ticks(now);
-    if (timer_earliest.load(std::memory_order_relaxed) > now_ticks) return false;
+inline bool Worker::fire_due_timers() {
+    // No clock read while there are no timers: the yield and spawn paths pass here.
+    const std::int64_t earliest = timer_earliest.load(std::memory_order_relaxed);
+    if (earliest == no_deadline) return false;
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (earliest > to_ticks(now)) return false;
     bool any = false;
     for (;;) {
         Timer due;
@@ -681,15 +684,14 @@ inline std::int64_t Worker::earliest_deadline() const noexcept {
 }
 
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    const TimePoint now = std::chrono::steady_clock::now();
-    fire_due_timers(now);
+    fire_due_timers();
     if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
     // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
     // look again; a woken unpinned fiber comes to this worker's queue.
     bool fired = false;
     for (std::size_t i = 1; i < n; ++i) {
-        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers(now) || fired;
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers() || fired;
     }
     if (fired && pop(out, false)) return true;
     // Every other worker once, starting somewhere new each time a steal succeeds.
