@@ -2445,6 +2445,10 @@ struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
     bool registered = false;
+    // Bumped by each arming and carried in the epoll event: an event that a worker took out
+    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
+    // number reused) is stale and must not wake the new waiter.
+    std::uint32_t generation = 0;
 };
 #endif
 
@@ -2645,6 +2649,7 @@ public:
     std::atomic<int> io_waiters{0};
     SpinLock io_lock;          // guards io_fds and the epoll interest of each fd
     std::unordered_map<int, struct IoFd> io_fds;
+    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
     // Harvests ready fds without blocking; true if any fiber was woken.
     bool poll_io() noexcept;
 #endif
@@ -3711,11 +3716,18 @@ IoRegistry& io_registry() {
     return *registry;
 }
 
+// An epoll event's data: the fd and the generation of the arming that asked for it.
+std::uint64_t event_data(int fd, std::uint32_t generation) noexcept {
+    return static_cast<std::uint64_t>(generation) << 32 | static_cast<std::uint32_t>(fd);
+}
+int event_fd(const epoll_event& ev) noexcept { return static_cast<int>(static_cast<std::uint32_t>(ev.data.u64)); }
+std::uint32_t event_generation(const epoll_event& ev) noexcept { return static_cast<std::uint32_t>(ev.data.u64 >> 32); }
+
 // Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
 bool watch(int epoll_fd, int fd) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.fd = fd;
+    ev.data.u64 = event_data(fd, 0);
     return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 
@@ -3749,7 +3761,10 @@ enum class WhenIdle {
 int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
     const std::uint32_t events = (entry.reader ? EPOLLIN | EPOLLRDHUP : 0u) | (entry.writer ? EPOLLOUT : 0u);
     epoll_event ev{};
-    ev.data.fd = fd;
+    // Events of earlier armings are stale from now on. Numbered per scheduler, not per
+    // entry: an entry erased by cancel() and made anew must not repeat a number.
+    if (events != 0) entry.generation = ++core.io_armings;
+    ev.data.u64 = event_data(fd, entry.generation);
     if (events == 0) {
         if (when_idle == WhenIdle::remove) {
             // The fd may be closed by now; a failed delete changes nothing.
@@ -3774,11 +3789,14 @@ int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept
     return 0;
 }
 
-// Takes whichever of fd's waiters `revents` wakes; under io_lock.
-void take_ready(SchedulerCore& core, int fd, std::uint32_t revents, IoWait* woken[2], int& count) noexcept {
+// Takes whichever of fd's waiters `revents` wakes; under io_lock. An event of an earlier
+// arming than the entry's current one is ignored: the current arming reports for itself.
+void take_ready(SchedulerCore& core, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
+                int& count) noexcept {
     auto it = core.io_fds.find(fd);
     if (it == core.io_fds.end()) return;
     IoFd& entry = it->second;
+    if (entry.generation != generation) return;
     if (entry.reader && (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
         if (claim(entry.reader->waiter)) woken[count++] = entry.reader;
         entry.reader = nullptr;
@@ -3796,7 +3814,7 @@ void take_ready(SchedulerCore& core, int fd, std::uint32_t revents, IoWait* woke
 bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_poller) {
     bool any = false;
     for (int i = 0; i < n; ++i) {
-        const int fd = events[i].data.fd;
+        const int fd = event_fd(events[i]);
         if (fd == core.poller_wake_fd) {
             if (is_poller) drain(fd);
             continue;
@@ -3804,7 +3822,7 @@ bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_pol
         IoWait* woken[2];
         int count = 0;
         core.io_lock.lock();
-        take_ready(core, fd, events[i].events, woken, count);
+        take_ready(core, fd, event_generation(events[i]), events[i].events, woken, count);
         core.io_lock.unlock();
         for (int k = 0; k < count; ++k) wake_claimed(woken[k]->waiter);
         any = any || count > 0;

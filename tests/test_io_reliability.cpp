@@ -336,4 +336,42 @@ TEST_CASE("io reliability: a Scheduler that runs out of fds while it is built cl
     FSCHED_CHECK_CHILD_SUCCEEDED(result);
 }
 
+TEST_CASE("io reliability: a readiness event of a closed fd does not wake a new waiter on its reused number") {
+    // A timed wait on fd N times out just as N becomes readable; a worker has already taken
+    // N's event out of epoll_wait. N is closed, its number reused by a new socket that no one
+    // writes to, and a new wait on it must not be woken by the old event.
+#if defined(FIBER_SCHED_TSAN) || defined(FIBER_SCHED_ASAN)
+    constexpr int rounds = 150;
+#else
+    constexpr int rounds = 1000;
+#endif
+    std::atomic<int> spurious{0};
+    Scheduler s(4, false, "stale-event");
+    s.start();
+    for (int f = 0; f < 4; ++f) {
+        s.schedule([&spurious, f] {
+            for (int i = 0; i < rounds; ++i) {
+                int p[2];
+                if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, p) != 0) return;
+                std::thread writer([&] {
+                    std::this_thread::sleep_for(std::chrono::microseconds(900 + (i * 37 + f) % 200));
+                    const char c = 'x';
+                    CHECK(::write(p[1], &c, 1) == 1);
+                });
+                fsched::io::wait(p[0], Ready::Read, 1ms);  // times out about when the byte lands
+                writer.join();
+                ::close(p[0]);
+                ::close(p[1]);
+                int q[2];  // takes the numbers just freed
+                if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, q) != 0) return;
+                if (fsched::io::wait(q[0], Ready::Read, 2ms)) spurious++;  // nothing was written
+                ::close(q[0]);
+                ::close(q[1]);
+            }
+        });
+    }
+    s.stop();
+    CHECK(spurious == 0);
+}
+
 #endif  // FIBER_SCHED_HAVE_EPOLL

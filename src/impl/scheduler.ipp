@@ -81,6 +81,10 @@ struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
     bool registered = false;
+    // Bumped by each arming and carried in the epoll event: an event that a worker took out
+    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
+    // number reused) is stale and must not wake the new waiter.
+    std::uint32_t generation = 0;
 };
 #endif
 
@@ -281,6 +285,7 @@ public:
     std::atomic<int> io_waiters{0};
     SpinLock io_lock;          // guards io_fds and the epoll interest of each fd
     std::unordered_map<int, struct IoFd> io_fds;
+    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
     // Harvests ready fds without blocking; true if any fiber was woken.
     bool poll_io() noexcept;
 #endif
