@@ -1,7 +1,10 @@
 // Test helpers: run a piece of code in a forked child and collect how it ended.
 #pragma once
 
+#include "fiber_sched.hpp"
+
 #include <csignal>
+#include <mutex>
 #include <ostream>  // doctest prints std types through it
 #include <cstdio>
 #include <string>
@@ -58,6 +61,26 @@ ChildResult run_in_child(Body&& body, unsigned seconds = 30) {
 inline bool aborted_with(const ChildResult& r, const std::string& rule) {
     return r.signaled && r.signal == SIGABRT && r.err.find(rule) != std::string::npos;
 }
+
+// Fibers that suspended themselves with Fiber::yield() and wait for someone to put them back.
+class Mailbox {
+public:
+    void post(fsched::Fiber::ptr fiber) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fibers_.push_back(std::move(fiber));
+    }
+    fsched::Fiber::ptr take() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (fibers_.empty()) return nullptr;
+        fsched::Fiber::ptr fiber = std::move(fibers_.back());
+        fibers_.pop_back();
+        return fiber;
+    }
+
+private:
+    std::mutex mutex_;
+    std::vector<fsched::Fiber::ptr> fibers_;
+};
 
 // A scheduler configuration the suites run under: 1, 2, 4 and 8 workers, with and without
 // use_caller.

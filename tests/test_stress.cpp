@@ -17,25 +17,7 @@ using fsched::Scheduler;
 
 namespace {
 
-// Fibers that suspended themselves with Fiber::yield() and wait for someone to put them back.
-class Mailbox {
-public:
-    void post(Fiber::ptr fiber) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        fibers_.push_back(std::move(fiber));
-    }
-    Fiber::ptr take() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (fibers_.empty()) return nullptr;
-        Fiber::ptr fiber = std::move(fibers_.back());
-        fibers_.pop_back();
-        return fiber;
-    }
-
-private:
-    std::mutex mutex_;
-    std::vector<Fiber::ptr> fibers_;
-};
+using test::Mailbox;
 
 struct Stress {
     Scheduler& scheduler;
