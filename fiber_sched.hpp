@@ -196,6 +196,9 @@ enum class FaultSite : int {
     timer_alloc,  // room for a sleep's or a timed wait's timer
     wait_alloc,   // the shared state of a timed wait
     io_alloc,     // the record of an fd that a fiber waits for
+    thread_start, // starting a worker thread
+    enqueue_pause,  // not a failure: a 2 ms pause between queueing a task and waking a
+                    // worker, to widen that race in tests
     count
 };
 #if defined(FIBER_SCHED_FAULT_INJECTION)
@@ -1909,7 +1912,18 @@ public:
         return carve_unguarded(cls);
     }
 
+    // Stacks above this many bytes are not kept for reuse: they go back to the kernel at once
+    // (a cached 1 TiB stack would hold that much address space, and RLIMIT_AS, forever).
+    // Unguarded ones that large were carved from a slab of their own (carve_unguarded).
+    static constexpr std::size_t reuse_limit = 16u << 20;
+
+    void unmap(const Stack& stack) noexcept {
+        munmap(stack.base - stack.guard, stack.size + stack.guard);
+        (stack.guard ? guarded_ : unguarded_).fetch_sub(1, std::memory_order_relaxed);
+    }
+
     void release(const Stack& stack) noexcept {
+        if (stack.size > reuse_limit) return unmap(stack);
         std::lock_guard<std::mutex> lock(mutex_);
         SizeClass& cls = size_class(stack.size);
         std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
@@ -2017,8 +2031,10 @@ private:
 
     Stack carve_unguarded(SizeClass& cls) {
         if (cls.slab_left == 0) {
-            // Slabs of up to 64 stacks and about 16 MiB; a huge stack gets a slab of its own.
-            const std::size_t count = std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, (16u << 20) / cls.size));
+            // Slabs of up to 64 stacks and about 16 MiB; a stack above reuse_limit gets a slab
+            // of its own, so that it can be unmapped on release.
+            const std::size_t count =
+                cls.size > reuse_limit ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, reuse_limit / cls.size));
             void* mem = FIBER_SCHED_FAULT(stack_map)
                             ? MAP_FAILED
                             : mmap(nullptr, cls.size * count, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
@@ -2094,7 +2110,7 @@ void release_stack(Stack& stack) noexcept {
         stack_pool().release(stack);
     } else {
         ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-        if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
+        if (ts->cached_stack_count < ThreadState::stack_cache_capacity && stack.size <= StackPool::reuse_limit) {
             ts->cached_stacks[ts->cached_stack_count++] = stack;
         } else {
             stack_pool().release(stack);
@@ -2668,11 +2684,35 @@ public:
     std::atomic<bool> stopping{false};
     // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
     // before a task is queued, decremented when it finishes; seq_cst pairs with `sleeping`.
-    // stop() ends by setting closed_bit with a CAS from 0, and a submit whose increment
-    // finds the bit is refused: so every accepted task was counted before the close, and
-    // the close waits for it.
+    // Two high bits end a stop(): a worker that finds nothing outstanding while stopping
+    // sets exit_bit with a CAS from 0, and every worker leaves once it sees the bit (all of
+    // them, so no task can be queued on a worker that has gone while the others sleep).
+    // stop() then joins them and sets closed_bit with a CAS from exactly exit_bit; a task
+    // counted meanwhile fails that CAS, and stop() clears exit_bit and starts the workers
+    // again. A submit whose increment finds closed_bit is refused: every accepted task was
+    // counted before the close, and the close waits for it.
+    static constexpr std::int64_t exit_bit = std::int64_t{1} << 61;
     static constexpr std::int64_t closed_bit = std::int64_t{1} << 62;
     std::atomic<std::int64_t> outstanding{0};
+    // Threads outside this scheduler's workers inside enqueue() (a wake-up or a submit from
+    // elsewhere): the task they push may run and finish, and stop() return, before they
+    // are done touching this scheduler, so stop() waits for this to drop to zero.
+    std::atomic<int> outside_enqueues{0};
+    // Counts the calling thread in outside_enqueues while it lives, when `outside`.
+    class OutsideEnqueue {
+    public:
+        OutsideEnqueue(std::atomic<int>& count, bool outside) noexcept : count_(outside ? &count : nullptr) {
+            if (count_) count_->fetch_add(1, std::memory_order_seq_cst);  // before the push
+        }
+        ~OutsideEnqueue() {
+            if (count_) count_->fetch_sub(1, std::memory_order_release);  // after the last read
+        }
+        OutsideEnqueue(const OutsideEnqueue&) = delete;
+        OutsideEnqueue& operator=(const OutsideEnqueue&) = delete;
+
+    private:
+        std::atomic<int>* count_;
+    };
     // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument.
     std::atomic<int> spinning{0};
     std::atomic<int> sleepers{0};
@@ -2695,8 +2735,16 @@ public:
 
     bool closed() const noexcept { return (outstanding.load(std::memory_order_acquire) & closed_bit) != 0; }
 
-    bool finished() const noexcept {
-        return stopping.load(std::memory_order_seq_cst) && outstanding.load(std::memory_order_seq_cst) == 0;
+    // True once this worker may leave its loop: stop() runs and nothing is outstanding.
+    bool finished() noexcept {
+        std::int64_t n = outstanding.load(std::memory_order_seq_cst);
+        if (n & exit_bit) return true;
+        if (n != 0 || !stopping.load(std::memory_order_seq_cst)) return false;
+        if (outstanding.compare_exchange_strong(n, exit_bit, std::memory_order_seq_cst) || (n & exit_bit)) {
+            wake_all();  // the others leave too; a sleeper set `sleeping` before it looked
+            return true;
+        }
+        return false;
     }
 
     // Counts `n` new tasks; refuses them once stop() has closed the scheduler.
@@ -2707,17 +2755,16 @@ public:
         }
     }
 
-    Worker& target_for(int thread) {
-        if (thread >= 0) return *workers[static_cast<std::size_t>(thread)];
-        if (Worker* here = current_worker()) return *here;
-        return *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
-    }
-
     // Queues a task that is already counted in `outstanding`. Strong guarantee.
     void enqueue(QueuedTask&& task) {
-        Worker& target = target_for(task.thread);
+        Worker* here = current_worker();
+        const OutsideEnqueue guard(outside_enqueues, here == nullptr);
+        Worker& target = task.thread >= 0 ? *workers[static_cast<std::size_t>(task.thread)]
+                         : here          ? *here
+                                         : *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
         const bool pinned = task.thread >= 0;
         target.push(std::move(task), pinned);
+        if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         after_push(target, pinned, 1);
     }
 
@@ -3002,7 +3049,12 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
         timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
         std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
         earliest = timers.front().sequence == timer_sequence - 1;
-        if (earliest) timer_earliest.store(ticks, std::memory_order_seq_cst);
+        // Republished whenever the front changed: by this timer, or by the sweep (a swept
+        // front left behind would be a deadline in the past, and the idle wait would spin).
+        const std::int64_t front = to_ticks(timers.front().deadline);
+        if (timer_earliest.load(std::memory_order_relaxed) != front) {
+            timer_earliest.store(front, std::memory_order_seq_cst);
+        }
     }
     // A worker asleep until a later deadline would miss this one while this worker is busy:
     // wake it to sleep again until this one. Its `sleeping` is set before it reads the
@@ -3197,8 +3249,14 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
 }
 
 void SchedulerCore::launch_threads() {
+    // Only workers without a thread: after a failed start (out of threads) a later start()
+    // or stop() starts the rest.
     for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
         Worker* worker = workers[i].get();
+        if (worker->thread.joinable()) continue;
+        if (FIBER_SCHED_FAULT(thread_start)) {
+            throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
+        }
         worker->thread = std::thread([this, worker] {
 #if defined(__linux__)
             std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
@@ -3221,8 +3279,8 @@ void Scheduler::start() {
     detail::SchedulerCore& core = *core_;
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.started) return;
+    core.launch_threads();  // may throw std::system_error (no more threads): start() again later
     core.started = true;
-    core.launch_threads();
 }
 
 void Scheduler::stop() {
@@ -3241,15 +3299,18 @@ void Scheduler::stop() {
         for (auto& worker : core.workers) {
             if (worker->thread.joinable()) worker->thread.join();
         }
-        // The workers left once nothing was outstanding; close unless a schedule() came
-        // in since. Any submit after this CAS sees closed_bit and is refused.
-        std::int64_t idle = 0;
+        // Every worker left on exit_bit; close unless a schedule() came in since. Any
+        // submit after this CAS sees closed_bit and is refused.
+        std::int64_t idle = detail::SchedulerCore::exit_bit;
         if (core.outstanding.compare_exchange_strong(idle, detail::SchedulerCore::closed_bit,
                                                      std::memory_order_seq_cst)) {
-            return;
+            break;
         }
-        core.launch_threads();  // run what was scheduled during stop()
+        core.outstanding.fetch_sub(detail::SchedulerCore::exit_bit, std::memory_order_seq_cst);
+        core.launch_threads();  // run what was scheduled while the workers left
     }
+    // A thread that queued one of the last tasks may still be reading this scheduler.
+    while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
 void Scheduler::submit(ScheduleTask task) {
@@ -3295,6 +3356,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     }
     const auto total = static_cast<std::int64_t>(tasks.size());
     core.count_new(total);
+    const detail::SchedulerCore::OutsideEnqueue guard(core.outside_enqueues, here == nullptr);
     std::int64_t queued_count = 0;
     try {
         for (std::size_t i = 0; i < n; ++i) {

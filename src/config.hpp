@@ -108,6 +108,9 @@ enum class FaultSite : int {
     timer_alloc,  // room for a sleep's or a timed wait's timer
     wait_alloc,   // the shared state of a timed wait
     io_alloc,     // the record of an fd that a fiber waits for
+    thread_start, // starting a worker thread
+    enqueue_pause,  // not a failure: a 2 ms pause between queueing a task and waking a
+                    // worker, to widen that race in tests
     count
 };
 #if defined(FIBER_SCHED_FAULT_INJECTION)

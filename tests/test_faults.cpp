@@ -244,3 +244,51 @@ TEST_CASE("an io wait that cannot record itself fails with ENOMEM and leaves the
     CHECK(later);
 }
 #endif
+
+TEST_CASE("a start() that cannot start every worker thread can be retried; stop() runs every task") {
+    Scheduler s(3, false, "no-thread");
+    std::atomic<int> ran{0};
+    for (int w = 0; w < 3; ++w) s.schedule([&] { ran++; }, w);  // one pinned to each worker
+    {
+        Fault fault(FaultSite::thread_start, 2);  // the second worker's thread fails
+        CHECK_THROWS_AS(s.start(), std::system_error);
+    }
+    s.stop();  // starts the workers that have no thread yet
+    CHECK(ran == 3);
+}
+
+TEST_CASE("a thread whose wake-up is the last task does not outlive the scheduler it wakes") {
+    // The waker pushes the woken fiber, then pauses before it wakes a worker; meanwhile the
+    // fiber runs, finishes, and stop() would return: the scheduler must not be destroyed
+    // while the waker still reads it (ASan: heap-use-after-free in after_push).
+    for (int round = 0; round < 5; ++round) {
+        std::thread waker;
+        {
+            auto s = std::make_unique<Scheduler>(1, false, "waker");
+            fsched::Mutex m;
+            fsched::ConditionVariable cv;
+            bool ready = false;
+            std::atomic<bool> waiting{false};
+            s->start();
+            s->schedule([&] {
+                std::unique_lock<fsched::Mutex> lock(m);
+                waiting = true;
+                cv.wait(lock, [&] { return ready; });
+            });
+            while (!waiting) std::this_thread::yield();
+            waker = std::thread([&] {
+                Fault fault(FaultSite::enqueue_pause, 1);
+                {
+                    std::lock_guard<fsched::Mutex> lock(m);
+                    ready = true;
+                }
+                cv.notify_one();
+            });
+            // The worker polls its queue every few microseconds while it spins, so the fiber
+            // runs during the waker's pause; stop() must wait for the waker to be done.
+            s->stop();
+            s.reset();
+        }
+        waker.join();
+    }
+}

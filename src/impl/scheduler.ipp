@@ -304,11 +304,35 @@ public:
     std::atomic<bool> stopping{false};
     // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
     // before a task is queued, decremented when it finishes; seq_cst pairs with `sleeping`.
-    // stop() ends by setting closed_bit with a CAS from 0, and a submit whose increment
-    // finds the bit is refused: so every accepted task was counted before the close, and
-    // the close waits for it.
+    // Two high bits end a stop(): a worker that finds nothing outstanding while stopping
+    // sets exit_bit with a CAS from 0, and every worker leaves once it sees the bit (all of
+    // them, so no task can be queued on a worker that has gone while the others sleep).
+    // stop() then joins them and sets closed_bit with a CAS from exactly exit_bit; a task
+    // counted meanwhile fails that CAS, and stop() clears exit_bit and starts the workers
+    // again. A submit whose increment finds closed_bit is refused: every accepted task was
+    // counted before the close, and the close waits for it.
+    static constexpr std::int64_t exit_bit = std::int64_t{1} << 61;
     static constexpr std::int64_t closed_bit = std::int64_t{1} << 62;
     std::atomic<std::int64_t> outstanding{0};
+    // Threads outside this scheduler's workers inside enqueue() (a wake-up or a submit from
+    // elsewhere): the task they push may run and finish, and stop() return, before they
+    // are done touching this scheduler, so stop() waits for this to drop to zero.
+    std::atomic<int> outside_enqueues{0};
+    // Counts the calling thread in outside_enqueues while it lives, when `outside`.
+    class OutsideEnqueue {
+    public:
+        OutsideEnqueue(std::atomic<int>& count, bool outside) noexcept : count_(outside ? &count : nullptr) {
+            if (count_) count_->fetch_add(1, std::memory_order_seq_cst);  // before the push
+        }
+        ~OutsideEnqueue() {
+            if (count_) count_->fetch_sub(1, std::memory_order_release);  // after the last read
+        }
+        OutsideEnqueue(const OutsideEnqueue&) = delete;
+        OutsideEnqueue& operator=(const OutsideEnqueue&) = delete;
+
+    private:
+        std::atomic<int>* count_;
+    };
     // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument.
     std::atomic<int> spinning{0};
     std::atomic<int> sleepers{0};
@@ -331,8 +355,16 @@ public:
 
     bool closed() const noexcept { return (outstanding.load(std::memory_order_acquire) & closed_bit) != 0; }
 
-    bool finished() const noexcept {
-        return stopping.load(std::memory_order_seq_cst) && outstanding.load(std::memory_order_seq_cst) == 0;
+    // True once this worker may leave its loop: stop() runs and nothing is outstanding.
+    bool finished() noexcept {
+        std::int64_t n = outstanding.load(std::memory_order_seq_cst);
+        if (n & exit_bit) return true;
+        if (n != 0 || !stopping.load(std::memory_order_seq_cst)) return false;
+        if (outstanding.compare_exchange_strong(n, exit_bit, std::memory_order_seq_cst) || (n & exit_bit)) {
+            wake_all();  // the others leave too; a sleeper set `sleeping` before it looked
+            return true;
+        }
+        return false;
     }
 
     // Counts `n` new tasks; refuses them once stop() has closed the scheduler.
@@ -343,17 +375,16 @@ public:
         }
     }
 
-    Worker& target_for(int thread) {
-        if (thread >= 0) return *workers[static_cast<std::size_t>(thread)];
-        if (Worker* here = current_worker()) return *here;
-        return *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
-    }
-
     // Queues a task that is already counted in `outstanding`. Strong guarantee.
     void enqueue(QueuedTask&& task) {
-        Worker& target = target_for(task.thread);
+        Worker* here = current_worker();
+        const OutsideEnqueue guard(outside_enqueues, here == nullptr);
+        Worker& target = task.thread >= 0 ? *workers[static_cast<std::size_t>(task.thread)]
+                         : here          ? *here
+                                         : *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
         const bool pinned = task.thread >= 0;
         target.push(std::move(task), pinned);
+        if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         after_push(target, pinned, 1);
     }
 
@@ -638,7 +669,12 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
         timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
         std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
         earliest = timers.front().sequence == timer_sequence - 1;
-        if (earliest) timer_earliest.store(ticks, std::memory_order_seq_cst);
+        // Republished whenever the front changed: by this timer, or by the sweep (a swept
+        // front left behind would be a deadline in the past, and the idle wait would spin).
+        const std::int64_t front = to_ticks(timers.front().deadline);
+        if (timer_earliest.load(std::memory_order_relaxed) != front) {
+            timer_earliest.store(front, std::memory_order_seq_cst);
+        }
     }
     // A worker asleep until a later deadline would miss this one while this worker is busy:
     // wake it to sleep again until this one. Its `sleeping` is set before it reads the
@@ -833,8 +869,14 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
 }
 
 void SchedulerCore::launch_threads() {
+    // Only workers without a thread: after a failed start (out of threads) a later start()
+    // or stop() starts the rest.
     for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
         Worker* worker = workers[i].get();
+        if (worker->thread.joinable()) continue;
+        if (FIBER_SCHED_FAULT(thread_start)) {
+            throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
+        }
         worker->thread = std::thread([this, worker] {
 #if defined(__linux__)
             std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
@@ -857,8 +899,8 @@ void Scheduler::start() {
     detail::SchedulerCore& core = *core_;
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.started) return;
+    core.launch_threads();  // may throw std::system_error (no more threads): start() again later
     core.started = true;
-    core.launch_threads();
 }
 
 void Scheduler::stop() {
@@ -877,15 +919,18 @@ void Scheduler::stop() {
         for (auto& worker : core.workers) {
             if (worker->thread.joinable()) worker->thread.join();
         }
-        // The workers left once nothing was outstanding; close unless a schedule() came
-        // in since. Any submit after this CAS sees closed_bit and is refused.
-        std::int64_t idle = 0;
+        // Every worker left on exit_bit; close unless a schedule() came in since. Any
+        // submit after this CAS sees closed_bit and is refused.
+        std::int64_t idle = detail::SchedulerCore::exit_bit;
         if (core.outstanding.compare_exchange_strong(idle, detail::SchedulerCore::closed_bit,
                                                      std::memory_order_seq_cst)) {
-            return;
+            break;
         }
-        core.launch_threads();  // run what was scheduled during stop()
+        core.outstanding.fetch_sub(detail::SchedulerCore::exit_bit, std::memory_order_seq_cst);
+        core.launch_threads();  // run what was scheduled while the workers left
     }
+    // A thread that queued one of the last tasks may still be reading this scheduler.
+    while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
 void Scheduler::submit(ScheduleTask task) {
@@ -931,6 +976,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     }
     const auto total = static_cast<std::int64_t>(tasks.size());
     core.count_new(total);
+    const detail::SchedulerCore::OutsideEnqueue guard(core.outside_enqueues, here == nullptr);
     std::int64_t queued_count = 0;
     try {
         for (std::size_t i = 0; i < n; ++i) {

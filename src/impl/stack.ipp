@@ -87,7 +87,18 @@ public:
         return carve_unguarded(cls);
     }
 
+    // Stacks above this many bytes are not kept for reuse: they go back to the kernel at once
+    // (a cached 1 TiB stack would hold that much address space, and RLIMIT_AS, forever).
+    // Unguarded ones that large were carved from a slab of their own (carve_unguarded).
+    static constexpr std::size_t reuse_limit = 16u << 20;
+
+    void unmap(const Stack& stack) noexcept {
+        munmap(stack.base - stack.guard, stack.size + stack.guard);
+        (stack.guard ? guarded_ : unguarded_).fetch_sub(1, std::memory_order_relaxed);
+    }
+
     void release(const Stack& stack) noexcept {
+        if (stack.size > reuse_limit) return unmap(stack);
         std::lock_guard<std::mutex> lock(mutex_);
         SizeClass& cls = size_class(stack.size);
         std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
@@ -195,8 +206,10 @@ private:
 
     Stack carve_unguarded(SizeClass& cls) {
         if (cls.slab_left == 0) {
-            // Slabs of up to 64 stacks and about 16 MiB; a huge stack gets a slab of its own.
-            const std::size_t count = std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, (16u << 20) / cls.size));
+            // Slabs of up to 64 stacks and about 16 MiB; a stack above reuse_limit gets a slab
+            // of its own, so that it can be unmapped on release.
+            const std::size_t count =
+                cls.size > reuse_limit ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, reuse_limit / cls.size));
             void* mem = FIBER_SCHED_FAULT(stack_map)
                             ? MAP_FAILED
                             : mmap(nullptr, cls.size * count, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
@@ -272,7 +285,7 @@ void release_stack(Stack& stack) noexcept {
         stack_pool().release(stack);
     } else {
         ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-        if (ts->cached_stack_count < ThreadState::stack_cache_capacity) {
+        if (ts->cached_stack_count < ThreadState::stack_cache_capacity && stack.size <= StackPool::reuse_limit) {
             ts->cached_stacks[ts->cached_stack_count++] = stack;
         } else {
             stack_pool().release(stack);
