@@ -367,6 +367,9 @@ class Worker;
 //   RunningResumePending --yield, switch-out done--> Running, and the resumer re-enqueues it
 //   Running --returned--> Term
 //
+// this_fiber::yield() parks without leaving Running: the fiber is queued to run again at
+// once, and a schedule() that finds it there is deferred like one that finds it running.
+//
 // Only the resumer leaves Running, and only after the switch-out has completed, so whoever
 // sees Suspended may resume the fiber at once on any thread. A Parked fiber belongs to
 // whatever it waits for: a schedule() that finds it Parked (someone got its pointer before
@@ -510,6 +513,10 @@ private:
     // fiber has fully switched out (the scheduler's race-free park, see scheduler.hpp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
+    // The park is this_fiber::yield(): the fiber goes straight back to a run queue and stays
+    // claimed (Running) while it waits there, so the switch-out and its next run need no
+    // atomic read-modify-write.
+    bool park_stays_running_ = false;
     // Where a deferred resume (RunningResumePending) goes, and the worker a parked task
     // fiber is pinned to. Written before the state change that publishes them.
     Scheduler* resume_scheduler_ = nullptr;
@@ -578,10 +585,16 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     detail::Context resumer_context;
     resumer_context_ = &resumer_context;
     ts->current = this;
+#if FIBER_SCHED_SWITCH_EH_STATE
     // The resumer's exception state waits in this frame while the fiber's is the thread's.
+    // Field by field, at each field's width: a 16-byte copy of the struct would read back
+    // two narrower stores made just before and stall store-to-load forwarding (~7 ns).
     detail::EhState* eh = ts->eh ? ts->eh : detail::eh_globals(ts);
-    const detail::EhState resumer_eh = *eh;
-    *eh = eh_;
+    void* const resumer_caught = eh->caught;
+    const unsigned int resumer_uncaught = eh->uncaught;
+    eh->caught = eh_.caught;
+    eh->uncaught = eh_.uncaught;
+#endif
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
     __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
@@ -596,8 +609,12 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
 #endif
     // Back on the thread that called resume(): a resumer cannot move while it waits here.
     ts->current = resumer;
-    eh_ = *eh;
-    *eh = resumer_eh;
+#if FIBER_SCHED_SWITCH_EH_STATE
+    eh_.caught = eh->caught;
+    eh_.uncaught = eh->uncaught;
+    eh->caught = resumer_caught;
+    eh->uncaught = resumer_uncaught;
+#endif
     auto after_switch = after_switch_;
     void* after_switch_arg = after_switch_arg_;
     after_switch_ = nullptr;
@@ -615,10 +632,12 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
         return detail::SwitchOutcome::Returned;
     }
     if (after_switch) {
-        // A schedule() may have marked the fiber while it ran; the mark survives the park.
-        FiberState expected = FiberState::Running;
-        if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
-            state_.store(FiberState::ParkedResumePending, std::memory_order_release);
+        if (!park_stays_running_) {
+            // A schedule() may have marked the fiber while it ran; the mark survives the park.
+            FiberState expected = FiberState::Running;
+            if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
+                state_.store(FiberState::ParkedResumePending, std::memory_order_release);
+            }
         }
         // From here on another thread may resume, or destroy, this fiber.
         after_switch(this, after_switch_arg);
@@ -1442,8 +1461,7 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     // declaration is `const`: calling it after a switch could reuse another thread's answer.
     ts->eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
 #else
-    static thread_local EhState unused;
-    ts->eh = &unused;
+    ts->eh = nullptr;  // not switched (see FIBER_SCHED_SWITCH_EH_STATE)
 #endif
     return ts->eh;
 }
@@ -1526,10 +1544,12 @@ struct FiberAccess {
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
     // stack once the switch is complete.
-    static void park_current(void (*on_parked)(Fiber*, void*), void* arg) noexcept {
+    // `stays_running`: the hook queues the fiber to run again at once (this_fiber::yield).
+    static void park_current(void (*on_parked)(Fiber*, void*), void* arg, bool stays_running) noexcept {
         Fiber* self = thread_state()->current;
         self->after_switch_ = on_parked;
         self->after_switch_arg_ = arg;
+        self->park_stays_running_ = stays_running;
         self->switch_to_resumer(false);
     }
 };
@@ -2975,7 +2995,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
     back.thread = FiberAccess::resume_thread(*yielded);
-    back.kind = TaskKind::woken;
+    back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.thread >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -3207,7 +3227,7 @@ Fiber::ptr take_task_ref() noexcept {
 
 void park(void (*on_parked)(Fiber*, void*), void* arg) {
     FIBER_SCHED_ASSERT(in_scheduler_task() && "park(): only a scheduler task fiber can park");
-    FiberAccess::park_current(on_parked, arg);
+    FiberAccess::park_current(on_parked, arg, false);
 }
 
 void wake(Fiber::ptr fiber) noexcept {
@@ -3416,8 +3436,10 @@ void yield() {
         std::this_thread::yield();
         return;
     }
-    // The worker puts the fiber back and takes the next task under one lock (run_loop).
-    detail::park([](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr);
+    // The worker puts the fiber back and takes the next task under one lock (run_loop); the
+    // fiber stays claimed meanwhile (see detail::FiberState).
+    detail::FiberAccess::park_current(
+        [](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr, true);
 }
 
 std::uint64_t id() {

@@ -23,6 +23,9 @@ class Worker;
 //   RunningResumePending --yield, switch-out done--> Running, and the resumer re-enqueues it
 //   Running --returned--> Term
 //
+// this_fiber::yield() parks without leaving Running: the fiber is queued to run again at
+// once, and a schedule() that finds it there is deferred like one that finds it running.
+//
 // Only the resumer leaves Running, and only after the switch-out has completed, so whoever
 // sees Suspended may resume the fiber at once on any thread. A Parked fiber belongs to
 // whatever it waits for: a schedule() that finds it Parked (someone got its pointer before
@@ -166,6 +169,10 @@ private:
     // fiber has fully switched out (the scheduler's race-free park, see scheduler.hpp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
+    // The park is this_fiber::yield(): the fiber goes straight back to a run queue and stays
+    // claimed (Running) while it waits there, so the switch-out and its next run need no
+    // atomic read-modify-write.
+    bool park_stays_running_ = false;
     // Where a deferred resume (RunningResumePending) goes, and the worker a parked task
     // fiber is pinned to. Written before the state change that publishes them.
     Scheduler* resume_scheduler_ = nullptr;

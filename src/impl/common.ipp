@@ -66,8 +66,7 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     // declaration is `const`: calling it after a switch could reuse another thread's answer.
     ts->eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
 #else
-    static thread_local EhState unused;
-    ts->eh = &unused;
+    ts->eh = nullptr;  // not switched (see FIBER_SCHED_SWITCH_EH_STATE)
 #endif
     return ts->eh;
 }
@@ -150,10 +149,12 @@ struct FiberAccess {
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
     // stack once the switch is complete.
-    static void park_current(void (*on_parked)(Fiber*, void*), void* arg) noexcept {
+    // `stays_running`: the hook queues the fiber to run again at once (this_fiber::yield).
+    static void park_current(void (*on_parked)(Fiber*, void*), void* arg, bool stays_running) noexcept {
         Fiber* self = thread_state()->current;
         self->after_switch_ = on_parked;
         self->after_switch_arg_ = arg;
+        self->park_stays_running_ = stays_running;
         self->switch_to_resumer(false);
     }
 };

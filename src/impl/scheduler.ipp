@@ -595,7 +595,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
     back.thread = FiberAccess::resume_thread(*yielded);
-    back.kind = TaskKind::woken;
+    back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.thread >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -827,7 +827,7 @@ Fiber::ptr take_task_ref() noexcept {
 
 void park(void (*on_parked)(Fiber*, void*), void* arg) {
     FIBER_SCHED_ASSERT(in_scheduler_task() && "park(): only a scheduler task fiber can park");
-    FiberAccess::park_current(on_parked, arg);
+    FiberAccess::park_current(on_parked, arg, false);
 }
 
 void wake(Fiber::ptr fiber) noexcept {
@@ -1036,8 +1036,10 @@ void yield() {
         std::this_thread::yield();
         return;
     }
-    // The worker puts the fiber back and takes the next task under one lock (run_loop).
-    detail::park([](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr);
+    // The worker puts the fiber back and takes the next task under one lock (run_loop); the
+    // fiber stays claimed meanwhile (see detail::FiberState).
+    detail::FiberAccess::park_current(
+        [](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr, true);
 }
 
 std::uint64_t id() {
