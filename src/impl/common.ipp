@@ -139,7 +139,7 @@ struct FiberAccess {
         f.resume_thread_ = f.deferred_thread_;
     }
 
-    static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
+    __attribute__((always_inline)) static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, std::function<void()>&& fn) {

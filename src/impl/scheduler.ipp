@@ -128,7 +128,9 @@ public:
 
     // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
     // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
-    SpinLock timer_lock;
+    // On a cache line of their own: other workers read timer_earliest whenever they look
+    // for work, and must not pull the line of the hot queue lock across to do it.
+    alignas(64) SpinLock timer_lock;
     std::vector<Timer> timers;          // under timer_lock
     std::uint64_t timer_sequence = 0;   // under timer_lock
     std::size_t timers_after_sweep = 0; // under timer_lock
@@ -137,7 +139,7 @@ public:
     std::atomic<std::int64_t> timer_earliest{no_deadline};
 
     // Only this worker's thread touches these.
-    std::vector<Fiber::ptr> spare_fibers;
+    alignas(64) std::vector<Fiber::ptr> spare_fibers;
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
     unsigned tasks_since_io_poll = 0;
@@ -197,38 +199,39 @@ public:
     // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
     bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
         if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
-        QueuedTask taken[32];
-        std::size_t n;
+        std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
         {
             std::lock_guard<SpinLock> lock(queue_lock);
-            n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
+            const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             if (n == 0) return false;
             for (std::size_t i = 0; i < n; ++i) {
-                taken[i] = std::move(tasks.back());
+                taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
             update_hints();
         }
-        // taken[n - 1] is the oldest: run it first, queue the rest oldest first.
-        first = std::move(taken[n - 1]);
-        if (n > 1) {
+        // The back of `taken` is the oldest: run it first, queue the rest oldest first.
+        first = std::move(taken.back());
+        taken.pop_back();
+        if (!taken.empty()) {
             std::lock_guard<SpinLock> lock(thief.queue_lock);
-            std::size_t i = n - 1;
             try {
-                while (i > 0) {
-                    thief.push_locked(std::move(taken[i - 1]), false);  // strong guarantee
-                    --i;
+                while (!taken.empty()) {
+                    thief.push_locked(std::move(taken.back()), false);  // strong guarantee
+                    taken.pop_back();
                 }
             } catch (...) {
-                // Out of memory: keep taken[0 .. i-1] aside, newest first, so the back of
-                // `overflow` is the oldest. It was reserved for a whole steal.
-                for (std::size_t k = 0; k < i; ++k) thief.overflow.push_back(std::move(taken[k]));
+                // Out of memory: keep the rest aside, in the same order (the back is the
+                // oldest). `overflow` was reserved for a whole steal.
+                for (QueuedTask& t : taken) thief.overflow.push_back(std::move(t));
             }
             thief.update_hints();
         }
+        taken.clear();
         return true;
     }
 
+    std::vector<QueuedTask> steal_buffer;  // this worker's, as a thief; capacity 32
     // Tasks a thief stole but could not queue for lack of memory (see steal_into), run
     // before anything else, oldest (the back) first. Only this worker's thread touches it;
     // its capacity is reserved at construction, so pushing a steal's worth never allocates.
@@ -265,7 +268,10 @@ public:
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        for (auto& w : workers) w->overflow.reserve(32);
+        for (auto& w : workers) {
+            w->overflow.reserve(32);
+            w->steal_buffer.reserve(32);
+        }
         open_io();  // releases what it opened before it throws
     }
     ~SchedulerCore() { close_io(); }
@@ -961,6 +967,16 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     std::size_t free_count = 0;
     for (const ScheduleTask& task : tasks) free_count += task.thread < 0;
     const std::size_t run = here ? free_count : (free_count + n - 1) / n;
+    {
+        std::vector<std::size_t> pinned_count(n);
+        for (const ScheduleTask& task : tasks) {
+            if (task.thread >= 0) ++pinned_count[static_cast<std::size_t>(task.thread)];
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            pinned[i].reserve(pinned_count[i]);
+            if (!here || i == next) unpinned[i].reserve(std::min(run, free_count));
+        }
+    }
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
         detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
