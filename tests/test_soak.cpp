@@ -441,6 +441,26 @@ private:
         scheduler_.schedule(batch.begin(), batch.end());
     }
 
+    // Runs `waiter` here and `other` in a helper task, or the other way round, and returns
+    // once both are done (`helper_done` starts at 1 and the helper's side counts it down).
+    template <class Waiter, class Other>
+    void run_as_pair(Actor& a, bool we_wait, Waiter waiter, Other other, fsched::WaitGroup& helper_done) {
+        if (we_wait) {
+            spawn_helper(a, [other, &helper_done] {
+                other();
+                helper_done.done();
+            });
+            waiter();
+        } else {
+            spawn_helper(a, [waiter, &helper_done] {
+                waiter();
+                helper_done.done();
+            });
+            other();
+        }
+        helper_done.wait();
+    }
+
     // A helper task (a producer, a consumer, a server...): counted in the task ledger, not
     // in live work, since whoever spawns it waits for it (or it needs no waiting for).
     template <class Fn>
@@ -1143,20 +1163,7 @@ void Soak::io_cancel_op(Actor& a) {
             fsched::this_fiber::sleep_for(pause);
         }
     };
-    if (we_wait) {
-        spawn_helper(a, [canceller, state] {
-            canceller();
-            state->helper_done.done();
-        });
-        waiter();
-    } else {
-        spawn_helper(a, [waiter, state] {
-            waiter();
-            state->helper_done.done();
-        });
-        canceller();
-    }
-    state->helper_done.wait();
+    run_as_pair(a, we_wait, waiter, canceller, state->helper_done);
     if (state->ready) {
         violations_.add("io::wait(Read) on a silent socket returned true",
                         std::string("while waiting to be cancelled, ") +
@@ -1199,20 +1206,7 @@ void Soak::io_cancel_race_op(Actor& a) {
         if (::write(out, "r", 1) != 1) violations_.add("write() to a socketpair failed", errno_text(errno));
         if (write_first) fsched::io::cancel(in);
     };
-    if (we_wait) {
-        spawn_helper(a, [poker, state] {
-            poker();
-            state->helper_done.done();
-        });
-        waiter();
-    } else {
-        spawn_helper(a, [waiter, state] {
-            waiter();
-            state->helper_done.done();
-        });
-        poker();
-    }
-    state->helper_done.wait();
+    run_as_pair(a, we_wait, waiter, poker, state->helper_done);
     ::close(fds[0]);
     ::close(fds[1]);
 }
