@@ -1867,14 +1867,17 @@ public:
     const char* what() const noexcept override { return "fiber_sched: cannot map memory for a fiber stack"; }
 };
 
+class StackPool;
+inline StackPool& stack_pool();  // the one pool, below
+
 class StackPool {
 public:
     StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
         // pool's locks across the fork, so the child never inherits one held by a thread
         // that does not exist there, and the child forgets the other threads' records.
-        pthread_atfork([] { stack_pool_for_fork().lock_for_fork(); }, [] { stack_pool_for_fork().unlock_after_fork(false); },
-                       [] { stack_pool_for_fork().unlock_after_fork(true); });
+        pthread_atfork([] { stack_pool().lock_for_fork(); }, [] { stack_pool().unlock_after_fork(false); },
+                       [] { stack_pool().unlock_after_fork(true); });
     }
 
     std::size_t usable_size(std::size_t requested) const {
@@ -1948,11 +1951,7 @@ public:
         SizeClass& cls = size_class(stack.size);
         std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
         if (list.size() >= FIBER_SCHED_STACK_POOL_MAX) {
-            if (stack.guard) {
-                munmap(stack.base - stack.guard, stack.size + stack.guard);
-                guarded_.fetch_sub(1, std::memory_order_relaxed);
-                return;
-            }
+            if (stack.guard) return unmap(stack);
             // A carved stack cannot be unmapped without splitting its slab's mapping; give
             // its memory back and keep the address range.
             madvise(stack.base, stack.size, MADV_DONTNEED);
@@ -2010,8 +2009,6 @@ private:
         }
         return max_maps / 4;
     }
-
-    static StackPool& stack_pool_for_fork();
 
     static int map_flags() noexcept {
         int flags = MAP_PRIVATE | MAP_ANONYMOUS;
@@ -2090,8 +2087,6 @@ inline StackPool& stack_pool() {
     static StackPool* pool = new StackPool();
     return *pool;
 }
-
-StackPool& StackPool::stack_pool_for_fork() { return stack_pool(); }
 
 Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
@@ -2490,7 +2485,10 @@ struct IoFd {
 
 class alignas(64) Worker {
 public:
-    Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {}
+    Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {
+        steal_buffer.reserve(32);  // a whole steal: see steal_into()
+        overflow.reserve(32);
+    }
 
     SchedulerCore& core;
     const int index;
@@ -2668,10 +2666,6 @@ public:
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        for (auto& w : workers) {
-            w->overflow.reserve(32);
-            w->steal_buffer.reserve(32);
-        }
         open_io();  // releases what it opened before it throws
     }
     ~SchedulerCore() { close_io(); }
@@ -2841,11 +2835,13 @@ public:
         for (auto& w : workers) wake(*w);
     }
 
-    void task_finished() noexcept {
-        if (outstanding.fetch_sub(1, std::memory_order_seq_cst) == 1 && stopping.load(std::memory_order_seq_cst)) {
+    // `n` counted tasks are done (or were never queued after all).
+    void tasks_finished(std::int64_t n) noexcept {
+        if (outstanding.fetch_sub(n, std::memory_order_seq_cst) == n && stopping.load(std::memory_order_seq_cst)) {
             wake_all();
         }
     }
+    void task_finished() noexcept { tasks_finished(1); }
 
     void report(std::exception_ptr error) noexcept {
         std::shared_ptr<const std::function<void(std::exception_ptr)>> h;
@@ -3365,17 +3361,18 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     std::size_t next = here ? static_cast<std::size_t>(here->index)
                             : core.next_worker.fetch_add(1, std::memory_order_relaxed) % n;
     std::size_t free_count = 0;
-    for (const ScheduleTask& task : tasks) free_count += task.thread < 0;
-    const std::size_t run = here ? free_count : (free_count + n - 1) / n;
-    {
-        std::vector<std::size_t> pinned_count(n);
-        for (const ScheduleTask& task : tasks) {
-            if (task.thread >= 0) ++pinned_count[static_cast<std::size_t>(task.thread)];
+    std::vector<std::size_t> pinned_count(n);
+    for (const ScheduleTask& task : tasks) {
+        if (task.thread < 0) {
+            ++free_count;
+        } else {
+            ++pinned_count[static_cast<std::size_t>(task.thread)];
         }
-        for (std::size_t i = 0; i < n; ++i) {
-            pinned[i].reserve(pinned_count[i]);
-            if (!here || i == next) unpinned[i].reserve(std::min(run, free_count));
-        }
+    }
+    const std::size_t run = here ? free_count : (free_count + n - 1) / n;  // a worker's unpinned share, at most
+    for (std::size_t i = 0; i < n; ++i) {
+        pinned[i].reserve(pinned_count[i]);
+        if (!here || i == next) unpinned[i].reserve(run);
     }
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
@@ -3402,21 +3399,17 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
                 std::lock_guard<detail::SpinLock> lock(w.queue_lock);
                 // All of this worker's share or none of it: a failed push_back changed nothing,
                 // and what this loop pushed before is taken back.
-                std::size_t pushed_pinned = 0, pushed_unpinned = 0;
+                const std::size_t pinned_before = w.pinned.size(), tasks_before = w.tasks.size();
                 try {
-                    for (detail::QueuedTask& t : pinned[i]) {
-                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
-                        w.push_locked(std::move(t), true);
-                        ++pushed_pinned;
-                    }
-                    for (detail::QueuedTask& t : unpinned[i]) {
-                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
-                        w.push_locked(std::move(t), false);
-                        ++pushed_unpinned;
+                    for (const bool own_pinned : {true, false}) {
+                        for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
+                            if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                            w.push_locked(std::move(t), own_pinned);
+                        }
                     }
                 } catch (...) {
-                    for (; pushed_pinned > 0; --pushed_pinned) w.pinned.pop_back();
-                    for (; pushed_unpinned > 0; --pushed_unpinned) w.tasks.pop_back();
+                    w.pinned.erase(w.pinned.begin() + static_cast<std::ptrdiff_t>(pinned_before), w.pinned.end());
+                    w.tasks.erase(w.tasks.begin() + static_cast<std::ptrdiff_t>(tasks_before), w.tasks.end());
                     throw;
                 }
                 w.update_hints();
@@ -3427,7 +3420,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         }
     } catch (...) {
         // The workers' shares queued so far run; the rest were not queued and are not counted.
-        for (std::int64_t k = queued_count; k < total; ++k) core.task_finished();
+        core.tasks_finished(total - queued_count);
         throw;
     }
 }
@@ -3947,16 +3940,29 @@ void unlink_io_wait(void* context, Waiter& w) {
     rearm(*where->core, where->fd, entry, WhenIdle::disarm);
 }
 
-// poll(fd, 0): true if fd is ready for `what` now; else false, errno ETIMEDOUT (not ready),
-// EBADF (not open) or poll()'s.
-bool ready_now(int fd, io::Ready what) noexcept {
-    pollfd one{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0};
+// The pollfd that asks whether fd is ready for `what`.
+pollfd poll_entry(int fd, io::Ready what) noexcept {
+    return pollfd{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0};
+}
+
+// poll(), restarted when a signal interrupts it.
+int poll_restarting(pollfd* fds, nfds_t n, int timeout) noexcept {
     int rc;
     do {
-        rc = ::poll(&one, 1, 0);
+        rc = ::poll(fds, n, timeout);
     } while (rc < 0 && current_errno() == EINTR);
-    if (rc < 0) return false;
-    if (one.revents & POLLNVAL) {
+    return rc;
+}
+
+// What a poll() that returned `rc`, with `entry` the waited-for fd, says about the wait:
+// true if the fd is ready; else false with errno poll()'s (`poll_errno`), EBADF (not open)
+// or ETIMEDOUT (not ready).
+bool poll_outcome(int rc, const pollfd& entry, int poll_errno) noexcept {
+    if (rc < 0) {
+        set_errno(poll_errno);
+        return false;
+    }
+    if (entry.revents & POLLNVAL) {
         set_errno(EBADF);
         return false;
     }
@@ -3965,6 +3971,13 @@ bool ready_now(int fd, io::Ready what) noexcept {
         return false;
     }
     return true;
+}
+
+// poll(fd, 0): true if fd is ready for `what` now; else false, errno as poll_outcome().
+bool ready_now(int fd, io::Ready what) noexcept {
+    pollfd one = poll_entry(fd, what);
+    const int rc = poll_restarting(&one, 1, 0);
+    return poll_outcome(rc, one, current_errno());
 }
 
 bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
@@ -4039,11 +4052,8 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
         std::lock_guard<std::mutex> lock(registry.mutex);
         registration = registry.thread_waits.emplace(fd, &wait);
     }
-    pollfd fds[2] = {{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0}, {cancel_fd, POLLIN, 0}};
-    int rc;
-    do {
-        rc = ::poll(fds, 2, timeout_ms(deadline));
-    } while (rc < 0 && current_errno() == EINTR);
+    pollfd fds[2] = {poll_entry(fd, what), {cancel_fd, POLLIN, 0}};
+    const int rc = poll_restarting(fds, 2, timeout_ms(deadline));
     const int poll_errno = current_errno();
     bool cancelled;
     {
@@ -4054,23 +4064,11 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
     // came after poll() returned would otherwise fail this thread's next wait, on any fd.
     if (cancelled) drain(cancel_fd);
-    if (rc < 0) {
-        set_errno(poll_errno);
-        return false;
-    }
-    if (fds[1].revents) {
+    if (rc > 0 && fds[1].revents) {
         set_errno(ECANCELED);
         return false;
     }
-    if (fds[0].revents & POLLNVAL) {
-        set_errno(EBADF);
-        return false;
-    }
-    if (rc == 0) {
-        set_errno(ETIMEDOUT);
-        return false;
-    }
-    return true;
+    return poll_outcome(rc, fds[0], poll_errno);
 }
 
 bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {

@@ -268,6 +268,16 @@ TEST_CASE("a Channel stays usable, with no waiter lost, when moving a value thro
 
 namespace {
 
+// In a task: this_fiber::yield() in a loop until `flag` is set (true) or 20 s pass (false).
+bool yield_until(const std::atomic<bool>& flag) {
+    const auto end = std::chrono::steady_clock::now() + 20s;
+    while (!flag) {
+        if (std::chrono::steady_clock::now() > end) return false;
+        fsched::this_fiber::yield();
+    }
+    return true;
+}
+
 // Runs `other` (pinned to worker 0 or not) beside a fiber (pinned or not) that yields in a
 // loop until `other` has run, on one worker; true if `other` ran before the yielder gave up.
 template <class Other>
@@ -275,16 +285,7 @@ bool runs_beside_a_yielder(bool use_caller, int yielder_thread, int other_thread
     Scheduler s(1, use_caller);
     std::atomic<bool> done{false};
     std::atomic<bool> gave_up{false};
-    s.schedule([&] {
-        const auto end = std::chrono::steady_clock::now() + 20s;
-        while (!done) {
-            if (std::chrono::steady_clock::now() > end) {
-                gave_up = true;
-                break;
-            }
-            fsched::this_fiber::yield();
-        }
-    }, yielder_thread);
+    s.schedule([&] { gave_up = !yield_until(done); }, yielder_thread);
     s.schedule([&] {
         other();
         done = true;
@@ -323,16 +324,7 @@ TEST_CASE("a reader parked in io::read wakes while another fiber yields in a loo
             got = fsched::io::read(fds[0], &c, 1, 30s);
             read_done = true;
         });
-        s.schedule([&] {
-            const auto end = std::chrono::steady_clock::now() + 20s;
-            while (!read_done) {
-                if (std::chrono::steady_clock::now() > end) {
-                    gave_up = true;
-                    break;
-                }
-                fsched::this_fiber::yield();
-            }
-        });
+        s.schedule([&] { gave_up = !yield_until(read_done); });
         std::thread writer([&] {
             std::this_thread::sleep_for(20ms);  // any order works: the read waits or finds it
             const char c = 'x';

@@ -208,16 +208,29 @@ void unlink_io_wait(void* context, Waiter& w) {
     rearm(*where->core, where->fd, entry, WhenIdle::disarm);
 }
 
-// poll(fd, 0): true if fd is ready for `what` now; else false, errno ETIMEDOUT (not ready),
-// EBADF (not open) or poll()'s.
-bool ready_now(int fd, io::Ready what) noexcept {
-    pollfd one{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0};
+// The pollfd that asks whether fd is ready for `what`.
+pollfd poll_entry(int fd, io::Ready what) noexcept {
+    return pollfd{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0};
+}
+
+// poll(), restarted when a signal interrupts it.
+int poll_restarting(pollfd* fds, nfds_t n, int timeout) noexcept {
     int rc;
     do {
-        rc = ::poll(&one, 1, 0);
+        rc = ::poll(fds, n, timeout);
     } while (rc < 0 && current_errno() == EINTR);
-    if (rc < 0) return false;
-    if (one.revents & POLLNVAL) {
+    return rc;
+}
+
+// What a poll() that returned `rc`, with `entry` the waited-for fd, says about the wait:
+// true if the fd is ready; else false with errno poll()'s (`poll_errno`), EBADF (not open)
+// or ETIMEDOUT (not ready).
+bool poll_outcome(int rc, const pollfd& entry, int poll_errno) noexcept {
+    if (rc < 0) {
+        set_errno(poll_errno);
+        return false;
+    }
+    if (entry.revents & POLLNVAL) {
         set_errno(EBADF);
         return false;
     }
@@ -226,6 +239,13 @@ bool ready_now(int fd, io::Ready what) noexcept {
         return false;
     }
     return true;
+}
+
+// poll(fd, 0): true if fd is ready for `what` now; else false, errno as poll_outcome().
+bool ready_now(int fd, io::Ready what) noexcept {
+    pollfd one = poll_entry(fd, what);
+    const int rc = poll_restarting(&one, 1, 0);
+    return poll_outcome(rc, one, current_errno());
 }
 
 bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
@@ -300,11 +320,8 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
         std::lock_guard<std::mutex> lock(registry.mutex);
         registration = registry.thread_waits.emplace(fd, &wait);
     }
-    pollfd fds[2] = {{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0}, {cancel_fd, POLLIN, 0}};
-    int rc;
-    do {
-        rc = ::poll(fds, 2, timeout_ms(deadline));
-    } while (rc < 0 && current_errno() == EINTR);
+    pollfd fds[2] = {poll_entry(fd, what), {cancel_fd, POLLIN, 0}};
+    const int rc = poll_restarting(fds, 2, timeout_ms(deadline));
     const int poll_errno = current_errno();
     bool cancelled;
     {
@@ -315,23 +332,11 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
     // came after poll() returned would otherwise fail this thread's next wait, on any fd.
     if (cancelled) drain(cancel_fd);
-    if (rc < 0) {
-        set_errno(poll_errno);
-        return false;
-    }
-    if (fds[1].revents) {
+    if (rc > 0 && fds[1].revents) {
         set_errno(ECANCELED);
         return false;
     }
-    if (fds[0].revents & POLLNVAL) {
-        set_errno(EBADF);
-        return false;
-    }
-    if (rc == 0) {
-        set_errno(ETIMEDOUT);
-        return false;
-    }
-    return true;
+    return poll_outcome(rc, fds[0], poll_errno);
 }
 
 bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {

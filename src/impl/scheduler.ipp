@@ -90,7 +90,10 @@ struct IoFd {
 
 class alignas(64) Worker {
 public:
-    Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {}
+    Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {
+        steal_buffer.reserve(32);  // a whole steal: see steal_into()
+        overflow.reserve(32);
+    }
 
     SchedulerCore& core;
     const int index;
@@ -268,10 +271,6 @@ public:
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        for (auto& w : workers) {
-            w->overflow.reserve(32);
-            w->steal_buffer.reserve(32);
-        }
         open_io();  // releases what it opened before it throws
     }
     ~SchedulerCore() { close_io(); }
@@ -441,11 +440,13 @@ public:
         for (auto& w : workers) wake(*w);
     }
 
-    void task_finished() noexcept {
-        if (outstanding.fetch_sub(1, std::memory_order_seq_cst) == 1 && stopping.load(std::memory_order_seq_cst)) {
+    // `n` counted tasks are done (or were never queued after all).
+    void tasks_finished(std::int64_t n) noexcept {
+        if (outstanding.fetch_sub(n, std::memory_order_seq_cst) == n && stopping.load(std::memory_order_seq_cst)) {
             wake_all();
         }
     }
+    void task_finished() noexcept { tasks_finished(1); }
 
     void report(std::exception_ptr error) noexcept {
         std::shared_ptr<const std::function<void(std::exception_ptr)>> h;
@@ -965,17 +966,18 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     std::size_t next = here ? static_cast<std::size_t>(here->index)
                             : core.next_worker.fetch_add(1, std::memory_order_relaxed) % n;
     std::size_t free_count = 0;
-    for (const ScheduleTask& task : tasks) free_count += task.thread < 0;
-    const std::size_t run = here ? free_count : (free_count + n - 1) / n;
-    {
-        std::vector<std::size_t> pinned_count(n);
-        for (const ScheduleTask& task : tasks) {
-            if (task.thread >= 0) ++pinned_count[static_cast<std::size_t>(task.thread)];
+    std::vector<std::size_t> pinned_count(n);
+    for (const ScheduleTask& task : tasks) {
+        if (task.thread < 0) {
+            ++free_count;
+        } else {
+            ++pinned_count[static_cast<std::size_t>(task.thread)];
         }
-        for (std::size_t i = 0; i < n; ++i) {
-            pinned[i].reserve(pinned_count[i]);
-            if (!here || i == next) unpinned[i].reserve(std::min(run, free_count));
-        }
+    }
+    const std::size_t run = here ? free_count : (free_count + n - 1) / n;  // a worker's unpinned share, at most
+    for (std::size_t i = 0; i < n; ++i) {
+        pinned[i].reserve(pinned_count[i]);
+        if (!here || i == next) unpinned[i].reserve(run);
     }
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
@@ -1002,21 +1004,17 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
                 std::lock_guard<detail::SpinLock> lock(w.queue_lock);
                 // All of this worker's share or none of it: a failed push_back changed nothing,
                 // and what this loop pushed before is taken back.
-                std::size_t pushed_pinned = 0, pushed_unpinned = 0;
+                const std::size_t pinned_before = w.pinned.size(), tasks_before = w.tasks.size();
                 try {
-                    for (detail::QueuedTask& t : pinned[i]) {
-                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
-                        w.push_locked(std::move(t), true);
-                        ++pushed_pinned;
-                    }
-                    for (detail::QueuedTask& t : unpinned[i]) {
-                        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
-                        w.push_locked(std::move(t), false);
-                        ++pushed_unpinned;
+                    for (const bool own_pinned : {true, false}) {
+                        for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
+                            if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                            w.push_locked(std::move(t), own_pinned);
+                        }
                     }
                 } catch (...) {
-                    for (; pushed_pinned > 0; --pushed_pinned) w.pinned.pop_back();
-                    for (; pushed_unpinned > 0; --pushed_unpinned) w.tasks.pop_back();
+                    w.pinned.erase(w.pinned.begin() + static_cast<std::ptrdiff_t>(pinned_before), w.pinned.end());
+                    w.tasks.erase(w.tasks.begin() + static_cast<std::ptrdiff_t>(tasks_before), w.tasks.end());
                     throw;
                 }
                 w.update_hints();
@@ -1027,7 +1025,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         }
     } catch (...) {
         // The workers' shares queued so far run; the rest were not queued and are not counted.
-        for (std::int64_t k = queued_count; k < total; ++k) core.task_finished();
+        core.tasks_finished(total - queued_count);
         throw;
     }
 }

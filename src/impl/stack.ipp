@@ -22,14 +22,17 @@ public:
     const char* what() const noexcept override { return "fiber_sched: cannot map memory for a fiber stack"; }
 };
 
+class StackPool;
+inline StackPool& stack_pool();  // the one pool, below
+
 class StackPool {
 public:
     StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
         // pool's locks across the fork, so the child never inherits one held by a thread
         // that does not exist there, and the child forgets the other threads' records.
-        pthread_atfork([] { stack_pool_for_fork().lock_for_fork(); }, [] { stack_pool_for_fork().unlock_after_fork(false); },
-                       [] { stack_pool_for_fork().unlock_after_fork(true); });
+        pthread_atfork([] { stack_pool().lock_for_fork(); }, [] { stack_pool().unlock_after_fork(false); },
+                       [] { stack_pool().unlock_after_fork(true); });
     }
 
     std::size_t usable_size(std::size_t requested) const {
@@ -103,11 +106,7 @@ public:
         SizeClass& cls = size_class(stack.size);
         std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
         if (list.size() >= FIBER_SCHED_STACK_POOL_MAX) {
-            if (stack.guard) {
-                munmap(stack.base - stack.guard, stack.size + stack.guard);
-                guarded_.fetch_sub(1, std::memory_order_relaxed);
-                return;
-            }
+            if (stack.guard) return unmap(stack);
             // A carved stack cannot be unmapped without splitting its slab's mapping; give
             // its memory back and keep the address range.
             madvise(stack.base, stack.size, MADV_DONTNEED);
@@ -165,8 +164,6 @@ private:
         }
         return max_maps / 4;
     }
-
-    static StackPool& stack_pool_for_fork();
 
     static int map_flags() noexcept {
         int flags = MAP_PRIVATE | MAP_ANONYMOUS;
@@ -245,8 +242,6 @@ inline StackPool& stack_pool() {
     static StackPool* pool = new StackPool();
     return *pool;
 }
-
-StackPool& StackPool::stack_pool_for_fork() { return stack_pool(); }
 
 Stack acquire_stack(std::size_t requested) {
     StackPool& pool = stack_pool();
