@@ -341,6 +341,199 @@ void release_stack(Stack& stack) noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/stack.hpp ----
+// ---- begin src/fiber_state.hpp ----
+// ---------------------------------------------------------------------------
+// A fiber's life cycle: every state and every transition, in one place. Fiber holds one
+// FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/scheduler.ipp)
+// only call the transitions below, each named after the event that causes it.
+//
+// Fiber::State is what users see; the scheduler needs three more internal states:
+//
+//   state                  public     meaning
+//   Ready                  Ready      made or reset(), never run since
+//   Running                Running    claimed by a resumer: running, switching, or queued to run
+//   Suspended              Suspended  left by Fiber::yield(); anyone may resume or schedule it
+//   Parked                 Suspended  waits inside a scheduler (sleep, lock, channel, io)
+//   Term                   Term       its function returned or threw
+//   RunningResumePending   Running    Running, and a schedule() came meanwhile
+//   ParkedResumePending    Suspended  Parked, and a schedule() came meanwhile
+//
+//   transition (who)                                  from -> to
+//   claim_for_resume (resume() by hand)               Ready/Suspended -> Running
+//   claim_or_defer (a worker runs a schedule() task)  Ready/Suspended -> Running, true
+//                                                     Running -> RunningResumePending, false
+//                                                     Parked -> ParkedResumePending, false
+//   claim_woken (a worker runs a wake-up task)        Parked -> Running
+//                                                     ParkedResumePending -> RunningResumePending
+//   finish_parked (resumer, switch-out done)          Running -> Parked
+//                                                     RunningResumePending -> ParkedResumePending
+//   finish_yielded (resumer, switch-out done)         Running -> Suspended
+//                                                     RunningResumePending -> Running, true:
+//                                                       the resumer queues the deferred resume
+//   finish_returned (resumer, switch-out done)        Running -> Term
+//   reset_to_ready (Fiber::reset)                     Term -> Ready
+//
+// this_fiber::yield() parks without leaving Running: the fiber is queued to run again at
+// once, still claimed, so neither its switch-out nor its next run needs an atomic
+// read-modify-write; a schedule() that finds it there is deferred like one that finds it
+// running.
+//
+// Why it is race-free: only the resumer leaves Running, and only after the switch-out has
+// completed, so whoever sees Suspended may resume the fiber at once on any thread. A Parked
+// fiber belongs to whatever it waits for: a schedule() that finds it Parked (someone got its
+// pointer before its wake-up ran) is deferred, like one that finds it Running, until the
+// fiber leaves the scheduler, and then it is resumed exactly once. Leaving Running is an
+// acq_rel exchange by the resumer, so a thread that sees Suspended/Term also sees the saved
+// context, and a concurrent claim_or_defer() either claims first or is seen by the resumer.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+class Scheduler;
+
+namespace detail {
+
+enum class FiberState : std::uint8_t {
+    Ready,
+    Running,
+    Suspended,
+    Term,
+    RunningResumePending,
+    Parked,
+    ParkedResumePending
+};
+
+// Where a scheduled fiber runs: its scheduler, and the worker it is pinned to (-1: any).
+struct ResumeTarget {
+    Scheduler* scheduler = nullptr;
+    int worker = -1;
+};
+
+class FiberLifecycle {
+public:
+    // For Fiber::state() and the misuse checks; acquire: pairs with the transitions' release.
+    FiberState load() const noexcept { return state_.load(std::memory_order_acquire); }
+
+    // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
+    void claim_for_resume() noexcept {
+        const FiberState state = load();
+        FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                           "resume(): fiber is already running");
+        FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+        FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
+                           "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
+        state_.store(FiberState::Running, std::memory_order_relaxed);
+    }
+
+    // A worker takes a schedule()d fiber for `target` (true), or, when it is still running,
+    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
+    // (false).
+    bool claim_or_defer(ResumeTarget target) {
+        FiberState state = load();
+        for (;;) {
+            switch (state) {
+            case FiberState::Ready:
+            case FiberState::Suspended:
+                if (state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
+                                                 std::memory_order_acquire)) {
+                    resume_ = target;
+                    return true;
+                }
+                break;
+            case FiberState::Running:
+            case FiberState::Parked: {
+                // Published by the release half of the CAS below; the resumer reads it after
+                // its own CAS observes the mark (finish_yielded).
+                deferred_ = target;
+                const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
+                                                                       : FiberState::ParkedResumePending;
+                if (state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                    return false;
+                }
+                break;
+            }
+            case FiberState::RunningResumePending:
+            case FiberState::ParkedResumePending:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
+                return false;
+            case FiberState::Term:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
+                return false;
+            }
+        }
+    }
+
+    // A fiber's wake-up task runs. Only that task leaves the Parked states, but a schedule()
+    // may mark the fiber concurrently, hence the CAS.
+    void claim_woken() noexcept {
+        FiberState state = load();
+        for (;;) {
+            const FiberState next =
+                state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
+            if (state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                return;
+            }
+        }
+    }
+
+    // The resumer, once the fiber has switched out to wait. A schedule() that marked the
+    // fiber while it ran keeps its mark across the park.
+    void finish_parked() noexcept {
+        FiberState expected = FiberState::Running;
+        if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
+            state_.store(FiberState::ParkedResumePending, std::memory_order_release);
+        }
+    }
+
+    // The resumer, once the fiber has switched out through Fiber::yield(). `scheduled`: run
+    // by a scheduler, where the fiber's own code may have handed it to schedule() first; the
+    // CAS sees that mark or the marker sees Suspended. True when the mark was there: the
+    // fiber stays claimed (Running) for the deferred resume, which the caller must queue
+    // (take_deferred() says where). Resumed by hand, no scheduler can be racing.
+    bool finish_yielded(bool scheduled) noexcept {
+        if (!scheduled) {
+            state_.store(FiberState::Suspended, std::memory_order_release);
+            return false;
+        }
+        FiberState expected = FiberState::Running;
+        if (state_.compare_exchange_strong(expected, FiberState::Suspended, std::memory_order_acq_rel)) return false;
+        state_.store(FiberState::Running, std::memory_order_relaxed);
+        return true;
+    }
+
+    // The resumer, once the fiber's function has returned (or thrown).
+    void finish_returned(bool scheduled) noexcept {
+        if (!scheduled) {
+            state_.store(FiberState::Term, std::memory_order_release);
+            return;
+        }
+        const FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
+        FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
+                           "schedule(): the fiber returned before the scheduled resume could run");
+    }
+
+    // Fiber::reset() of a Term fiber; its owner holds it, nothing races.
+    void reset_to_ready() noexcept { state_.store(FiberState::Ready, std::memory_order_relaxed); }
+
+    // The deferred schedule() takes effect: the fiber belongs to that scheduler now.
+    ResumeTarget take_deferred() noexcept {
+        resume_ = deferred_;
+        return resume_;
+    }
+
+    // Where the fiber runs while it belongs to a scheduler (set when it was claimed).
+    ResumeTarget resume_target() const noexcept { return resume_; }
+
+private:
+    std::atomic<FiberState> state_{FiberState::Ready};
+    // Written before the state change that publishes them (see claim_or_defer).
+    ResumeTarget resume_;
+    ResumeTarget deferred_;  // where a deferred schedule() wants the fiber to go
+};
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/fiber_state.hpp ----
 // ---- begin src/fiber.hpp ----
 // ---------------------------------------------------------------------------
 // Fiber: a stackful, asymmetric coroutine (sylar's Fiber, Tars' TC_CoroutineInfo).
@@ -354,36 +547,6 @@ class Scheduler;
 namespace detail {
 
 class Worker;
-
-// Fiber::State plus three internal states. A fiber moves between them so (arrows name who):
-//
-//   Ready/Suspended --resume(), or a scheduler's claim--> Running
-//   Running --yield, switch-out done (resumer)--> Suspended          (left the scheduler)
-//   Running --park, switch-out done (resumer)--> Parked              (a wait or sleep)
-//   Parked --its wake-up runs (claim_woken)--> Running
-//   Running/Parked --schedule() (claim_or_defer)--> RunningResumePending/ParkedResumePending
-//   ParkedResumePending --its wake-up runs--> RunningResumePending
-//   RunningResumePending --park--> ParkedResumePending
-//   RunningResumePending --yield, switch-out done--> Running, and the resumer re-enqueues it
-//   Running --returned--> Term
-//
-// this_fiber::yield() parks without leaving Running: the fiber is queued to run again at
-// once, and a schedule() that finds it there is deferred like one that finds it running.
-//
-// Only the resumer leaves Running, and only after the switch-out has completed, so whoever
-// sees Suspended may resume the fiber at once on any thread. A Parked fiber belongs to
-// whatever it waits for: a schedule() that finds it Parked (someone got its pointer before
-// its wake-up ran) is deferred, like one that finds it Running, until the fiber leaves the
-// scheduler, and then it is resumed exactly once.
-enum class FiberState : std::uint8_t {
-    Ready,
-    Running,
-    Suspended,
-    Term,
-    RunningResumePending,
-    Parked,
-    ParkedResumePending
-};
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -470,7 +633,7 @@ public:
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
     State state() const noexcept {
-        switch (state_.load(std::memory_order_acquire)) {
+        switch (state_.load()) {  // the mapping is drawn in fiber_state.hpp
         case detail::FiberState::Ready: return State::Ready;
         case detail::FiberState::Running:
         case detail::FiberState::RunningResumePending: return State::Running;
@@ -503,10 +666,7 @@ private:
     detail::Stack stack_;
     std::function<void()> fn_;
     std::exception_ptr exception_;
-    // See detail::FiberState. Leaving Running is an acq_rel exchange by the resumer, so a
-    // thread that sees Suspended/Term also sees the saved context, and a concurrent
-    // claim_or_defer() either claims before or is seen by the resumer.
-    std::atomic<detail::FiberState> state_{detail::FiberState::Ready};
+    detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
@@ -517,14 +677,6 @@ private:
     // claimed (Running) while it waits there, so the switch-out and its next run need no
     // atomic read-modify-write.
     bool park_stays_running_ = false;
-    // Where a deferred resume (RunningResumePending) goes, and the worker a parked task
-    // fiber is pinned to. Written before the state change that publishes them.
-    Scheduler* resume_scheduler_ = nullptr;
-    int resume_thread_ = -1;
-    // Where a deferred schedule() (the *ResumePending states) wants the fiber to go; moved
-    // into resume_* once the fiber has left the scheduler.
-    Scheduler* deferred_scheduler_ = nullptr;
-    int deferred_thread_ = -1;
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };
@@ -564,19 +716,11 @@ void resume_deferred(Fiber& fiber);
 }  // namespace detail
 
 __attribute__((always_inline)) inline void Fiber::resume() {
-    using detail::FiberState;
-    FiberState state = state_.load(std::memory_order_acquire);
-    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
-                       "resume(): fiber is already running");
-    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
-    FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
-                       "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
-    state_.store(FiberState::Running, std::memory_order_relaxed);
+    state_.claim_for_resume();
     run_claimed(false);
 }
 
 __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
-    using detail::FiberState;
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
         detail::install_altstack(ts);
@@ -621,42 +765,17 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     if (returned_) {
         std::exception_ptr exception = std::move(exception_);
         exception_ = nullptr;
-        if (scheduled) {
-            FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
-            FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
-                               "schedule(): the fiber returned before the scheduled resume could run");
-        } else {
-            state_.store(FiberState::Term, std::memory_order_release);
-        }
+        state_.finish_returned(scheduled);
         if (exception) std::rethrow_exception(exception);
         return detail::SwitchOutcome::Returned;
     }
     if (after_switch) {
-        if (!park_stays_running_) {
-            // A schedule() may have marked the fiber while it ran; the mark survives the park.
-            FiberState expected = FiberState::Running;
-            if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
-                state_.store(FiberState::ParkedResumePending, std::memory_order_release);
-            }
-        }
+        if (!park_stays_running_) state_.finish_parked();
         // From here on another thread may resume, or destroy, this fiber.
         after_switch(this, after_switch_arg);
         return detail::SwitchOutcome::Parked;
     }
-    if (!scheduled) {
-        // Resumed by hand: whoever resumes a fiber owns it, and no scheduler can be racing
-        // for it (schedule() it only once resume() has returned).
-        state_.store(FiberState::Suspended, std::memory_order_release);
-        return detail::SwitchOutcome::Yielded;
-    }
-    // A scheduled fiber that left the scheduler may have been handed to schedule() by its
-    // own code first; the CAS sees that mark or the marker sees Suspended. A marked fiber
-    // stays claimed (Running) for the resume that was deferred.
-    FiberState expected = FiberState::Running;
-    if (!state_.compare_exchange_strong(expected, FiberState::Suspended, std::memory_order_acq_rel)) {
-        state_.store(FiberState::Running, std::memory_order_relaxed);
-        detail::resume_deferred(*this);
-    }
+    if (state_.finish_yielded(scheduled)) detail::resume_deferred(*this);
     return detail::SwitchOutcome::Yielded;
 }
 
@@ -1470,69 +1589,7 @@ EhState* eh_globals(ThreadState* ts) noexcept {
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
 
-    static Scheduler* resume_scheduler(const Fiber& f) noexcept { return f.resume_scheduler_; }
-    static int resume_thread(const Fiber& f) noexcept { return f.resume_thread_; }
-
-    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running,
-    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
-    // (false).
-    static bool claim_or_defer(Fiber& f, Scheduler& scheduler, int thread) {
-        FiberState state = f.state_.load(std::memory_order_acquire);
-        for (;;) {
-            switch (state) {
-            case FiberState::Ready:
-            case FiberState::Suspended:
-                if (f.state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
-                                                   std::memory_order_acquire)) {
-                    f.resume_scheduler_ = &scheduler;
-                    f.resume_thread_ = thread;
-                    return true;
-                }
-                break;
-            case FiberState::Running:
-            case FiberState::Parked: {
-                // Published by the release half of the CAS below; the resumer reads them
-                // after its CAS observes the mark.
-                f.deferred_scheduler_ = &scheduler;
-                f.deferred_thread_ = thread;
-                const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
-                                                                       : FiberState::ParkedResumePending;
-                if (f.state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel,
-                                                   std::memory_order_acquire)) {
-                    return false;
-                }
-                break;
-            }
-            case FiberState::RunningResumePending:
-            case FiberState::ParkedResumePending:
-                FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
-                return false;
-            case FiberState::Term:
-                FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
-                return false;
-            }
-        }
-    }
-
-    // A fiber coming back from a park: Parked, or ParkedResumePending when a schedule()
-    // found it parked. Only its wake-up task leaves these states, but a schedule() may mark
-    // it concurrently, hence the CAS.
-    static void claim_woken(Fiber& f) noexcept {
-        FiberState state = f.state_.load(std::memory_order_acquire);
-        for (;;) {
-            const FiberState next =
-                state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
-            if (f.state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
-                return;
-            }
-        }
-    }
-
-    // The deferred schedule() now takes effect: the fiber belongs to that scheduler.
-    static void take_deferred(Fiber& f) noexcept {
-        f.resume_scheduler_ = f.deferred_scheduler_;
-        f.resume_thread_ = f.deferred_thread_;
-    }
+    static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
 
     __attribute__((always_inline)) static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
@@ -2381,7 +2438,7 @@ void Fiber::reset(std::function<void()> fn) {
         }
 #endif
         prepare_context();
-        state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
+        state_.reset_to_ready();
     }
 }
 
@@ -2423,7 +2480,7 @@ Fiber::ptr Fiber::current_ptr() {
 // while still running on another worker (sylar's RUNNING-in-the-queue race cannot happen).
 // schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
 // the one case where a fiber can be found Running: claim_or_defer() then marks it
-// RunningResumePending and the resumer re-enqueues it after the switch (see FiberState).
+// RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
 //
 // Timers: each worker keeps a heap of sleeping fibers that parked on it, touched only by
 // that worker, and its idle wait ends at the earliest deadline.
@@ -2996,7 +3053,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
-    back.thread = FiberAccess::resume_thread(*yielded);
+    back.thread = FiberAccess::lifecycle(*yielded).resume_target().worker;
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.thread >= 0;
@@ -3182,10 +3239,10 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::fresh:
-        if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) return;  // runs when it has left
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, thread})) return;  // runs when it has left
         break;
     case TaskKind::woken:
-        FiberAccess::claim_woken(*fiber);
+        FiberAccess::lifecycle(*fiber).claim_woken();
         break;
     case TaskKind::claimed:
         break;
@@ -3214,12 +3271,12 @@ inline void Worker::run_task(QueuedTask& task) {
 
 void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
-    FiberAccess::take_deferred(fiber);
+    const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
     QueuedTask task;
     task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
-    task.thread = FiberAccess::resume_thread(fiber);
-    SchedulerCore::of(*FiberAccess::resume_scheduler(fiber)).enqueue_fiber(std::move(task));
+    task.thread = target.worker;
+    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
 Fiber::ptr take_task_ref() noexcept {
@@ -3233,12 +3290,12 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 }
 
 void wake(Fiber::ptr fiber) noexcept {
-    Scheduler* scheduler = FiberAccess::resume_scheduler(*fiber);
+    const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     QueuedTask task;
     task.kind = TaskKind::woken;
-    task.thread = FiberAccess::resume_thread(*fiber);
+    task.thread = target.worker;
     task.fiber = std::move(fiber);
-    SchedulerCore::of(*scheduler).enqueue_fiber(std::move(task));
+    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
 bool in_scheduler_task() noexcept {
@@ -3446,7 +3503,7 @@ void yield() {
         return;
     }
     // The worker puts the fiber back and takes the next task under one lock (run_loop); the
-    // fiber stays claimed meanwhile (see detail::FiberState).
+    // fiber stays claimed meanwhile (fiber_state.hpp).
     detail::FiberAccess::park_current(
         [](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr, true);
 }

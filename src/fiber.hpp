@@ -11,36 +11,6 @@ namespace detail {
 
 class Worker;
 
-// Fiber::State plus three internal states. A fiber moves between them so (arrows name who):
-//
-//   Ready/Suspended --resume(), or a scheduler's claim--> Running
-//   Running --yield, switch-out done (resumer)--> Suspended          (left the scheduler)
-//   Running --park, switch-out done (resumer)--> Parked              (a wait or sleep)
-//   Parked --its wake-up runs (claim_woken)--> Running
-//   Running/Parked --schedule() (claim_or_defer)--> RunningResumePending/ParkedResumePending
-//   ParkedResumePending --its wake-up runs--> RunningResumePending
-//   RunningResumePending --park--> ParkedResumePending
-//   RunningResumePending --yield, switch-out done--> Running, and the resumer re-enqueues it
-//   Running --returned--> Term
-//
-// this_fiber::yield() parks without leaving Running: the fiber is queued to run again at
-// once, and a schedule() that finds it there is deferred like one that finds it running.
-//
-// Only the resumer leaves Running, and only after the switch-out has completed, so whoever
-// sees Suspended may resume the fiber at once on any thread. A Parked fiber belongs to
-// whatever it waits for: a schedule() that finds it Parked (someone got its pointer before
-// its wake-up ran) is deferred, like one that finds it Running, until the fiber leaves the
-// scheduler, and then it is resumed exactly once.
-enum class FiberState : std::uint8_t {
-    Ready,
-    Running,
-    Suspended,
-    Term,
-    RunningResumePending,
-    Parked,
-    ParkedResumePending
-};
-
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
 // that parks inside a catch block must find its own exception there when it resumes.
@@ -126,7 +96,7 @@ public:
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
     State state() const noexcept {
-        switch (state_.load(std::memory_order_acquire)) {
+        switch (state_.load()) {  // the mapping is drawn in fiber_state.hpp
         case detail::FiberState::Ready: return State::Ready;
         case detail::FiberState::Running:
         case detail::FiberState::RunningResumePending: return State::Running;
@@ -159,10 +129,7 @@ private:
     detail::Stack stack_;
     std::function<void()> fn_;
     std::exception_ptr exception_;
-    // See detail::FiberState. Leaving Running is an acq_rel exchange by the resumer, so a
-    // thread that sees Suspended/Term also sees the saved context, and a concurrent
-    // claim_or_defer() either claims before or is seen by the resumer.
-    std::atomic<detail::FiberState> state_{detail::FiberState::Ready};
+    detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
@@ -173,14 +140,6 @@ private:
     // claimed (Running) while it waits there, so the switch-out and its next run need no
     // atomic read-modify-write.
     bool park_stays_running_ = false;
-    // Where a deferred resume (RunningResumePending) goes, and the worker a parked task
-    // fiber is pinned to. Written before the state change that publishes them.
-    Scheduler* resume_scheduler_ = nullptr;
-    int resume_thread_ = -1;
-    // Where a deferred schedule() (the *ResumePending states) wants the fiber to go; moved
-    // into resume_* once the fiber has left the scheduler.
-    Scheduler* deferred_scheduler_ = nullptr;
-    int deferred_thread_ = -1;
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };

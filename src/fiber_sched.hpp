@@ -95,6 +95,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include "context.hpp"
 #include "stack.hpp"
+#include "fiber_state.hpp"
 #include "fiber.hpp"
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"

@@ -30,19 +30,11 @@ void resume_deferred(Fiber& fiber);
 }  // namespace detail
 
 __attribute__((always_inline)) inline void Fiber::resume() {
-    using detail::FiberState;
-    FiberState state = state_.load(std::memory_order_acquire);
-    FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
-                       "resume(): fiber is already running");
-    FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
-    FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
-                       "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
-    state_.store(FiberState::Running, std::memory_order_relaxed);
+    state_.claim_for_resume();
     run_claimed(false);
 }
 
 __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
-    using detail::FiberState;
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
         detail::install_altstack(ts);
@@ -87,42 +79,17 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     if (returned_) {
         std::exception_ptr exception = std::move(exception_);
         exception_ = nullptr;
-        if (scheduled) {
-            FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
-            FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
-                               "schedule(): the fiber returned before the scheduled resume could run");
-        } else {
-            state_.store(FiberState::Term, std::memory_order_release);
-        }
+        state_.finish_returned(scheduled);
         if (exception) std::rethrow_exception(exception);
         return detail::SwitchOutcome::Returned;
     }
     if (after_switch) {
-        if (!park_stays_running_) {
-            // A schedule() may have marked the fiber while it ran; the mark survives the park.
-            FiberState expected = FiberState::Running;
-            if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
-                state_.store(FiberState::ParkedResumePending, std::memory_order_release);
-            }
-        }
+        if (!park_stays_running_) state_.finish_parked();
         // From here on another thread may resume, or destroy, this fiber.
         after_switch(this, after_switch_arg);
         return detail::SwitchOutcome::Parked;
     }
-    if (!scheduled) {
-        // Resumed by hand: whoever resumes a fiber owns it, and no scheduler can be racing
-        // for it (schedule() it only once resume() has returned).
-        state_.store(FiberState::Suspended, std::memory_order_release);
-        return detail::SwitchOutcome::Yielded;
-    }
-    // A scheduled fiber that left the scheduler may have been handed to schedule() by its
-    // own code first; the CAS sees that mark or the marker sees Suspended. A marked fiber
-    // stays claimed (Running) for the resume that was deferred.
-    FiberState expected = FiberState::Running;
-    if (!state_.compare_exchange_strong(expected, FiberState::Suspended, std::memory_order_acq_rel)) {
-        state_.store(FiberState::Running, std::memory_order_relaxed);
-        detail::resume_deferred(*this);
-    }
+    if (state_.finish_yielded(scheduled)) detail::resume_deferred(*this);
     return detail::SwitchOutcome::Yielded;
 }
 

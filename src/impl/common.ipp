@@ -75,69 +75,7 @@ EhState* eh_globals(ThreadState* ts) noexcept {
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
 
-    static Scheduler* resume_scheduler(const Fiber& f) noexcept { return f.resume_scheduler_; }
-    static int resume_thread(const Fiber& f) noexcept { return f.resume_thread_; }
-
-    // Takes a Ready/Suspended fiber for `scheduler` (true), or, when it is still running,
-    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
-    // (false).
-    static bool claim_or_defer(Fiber& f, Scheduler& scheduler, int thread) {
-        FiberState state = f.state_.load(std::memory_order_acquire);
-        for (;;) {
-            switch (state) {
-            case FiberState::Ready:
-            case FiberState::Suspended:
-                if (f.state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
-                                                   std::memory_order_acquire)) {
-                    f.resume_scheduler_ = &scheduler;
-                    f.resume_thread_ = thread;
-                    return true;
-                }
-                break;
-            case FiberState::Running:
-            case FiberState::Parked: {
-                // Published by the release half of the CAS below; the resumer reads them
-                // after its CAS observes the mark.
-                f.deferred_scheduler_ = &scheduler;
-                f.deferred_thread_ = thread;
-                const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
-                                                                       : FiberState::ParkedResumePending;
-                if (f.state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel,
-                                                   std::memory_order_acquire)) {
-                    return false;
-                }
-                break;
-            }
-            case FiberState::RunningResumePending:
-            case FiberState::ParkedResumePending:
-                FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
-                return false;
-            case FiberState::Term:
-                FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
-                return false;
-            }
-        }
-    }
-
-    // A fiber coming back from a park: Parked, or ParkedResumePending when a schedule()
-    // found it parked. Only its wake-up task leaves these states, but a schedule() may mark
-    // it concurrently, hence the CAS.
-    static void claim_woken(Fiber& f) noexcept {
-        FiberState state = f.state_.load(std::memory_order_acquire);
-        for (;;) {
-            const FiberState next =
-                state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
-            if (f.state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
-                return;
-            }
-        }
-    }
-
-    // The deferred schedule() now takes effect: the fiber belongs to that scheduler.
-    static void take_deferred(Fiber& f) noexcept {
-        f.resume_scheduler_ = f.deferred_scheduler_;
-        f.resume_thread_ = f.deferred_thread_;
-    }
+    static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
 
     __attribute__((always_inline)) static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 

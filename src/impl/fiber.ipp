@@ -73,7 +73,7 @@ void Fiber::reset(std::function<void()> fn) {
         }
 #endif
         prepare_context();
-        state_.store(detail::FiberState::Ready, std::memory_order_relaxed);
+        state_.reset_to_ready();
     }
 }
 

@@ -28,7 +28,7 @@
 // while still running on another worker (sylar's RUNNING-in-the-queue race cannot happen).
 // schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
 // the one case where a fiber can be found Running: claim_or_defer() then marks it
-// RunningResumePending and the resumer re-enqueues it after the switch (see FiberState).
+// RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
 //
 // Timers: each worker keeps a heap of sleeping fibers that parked on it, touched only by
 // that worker, and its idle wait ends at the earliest deadline.
@@ -601,7 +601,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
-    back.thread = FiberAccess::resume_thread(*yielded);
+    back.thread = FiberAccess::lifecycle(*yielded).resume_target().worker;
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.thread >= 0;
@@ -787,10 +787,10 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::fresh:
-        if (!FiberAccess::claim_or_defer(*fiber, core.owner, thread)) return;  // runs when it has left
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, thread})) return;  // runs when it has left
         break;
     case TaskKind::woken:
-        FiberAccess::claim_woken(*fiber);
+        FiberAccess::lifecycle(*fiber).claim_woken();
         break;
     case TaskKind::claimed:
         break;
@@ -819,12 +819,12 @@ inline void Worker::run_task(QueuedTask& task) {
 
 void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
-    FiberAccess::take_deferred(fiber);
+    const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
     QueuedTask task;
     task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
-    task.thread = FiberAccess::resume_thread(fiber);
-    SchedulerCore::of(*FiberAccess::resume_scheduler(fiber)).enqueue_fiber(std::move(task));
+    task.thread = target.worker;
+    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
 Fiber::ptr take_task_ref() noexcept {
@@ -838,12 +838,12 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 }
 
 void wake(Fiber::ptr fiber) noexcept {
-    Scheduler* scheduler = FiberAccess::resume_scheduler(*fiber);
+    const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     QueuedTask task;
     task.kind = TaskKind::woken;
-    task.thread = FiberAccess::resume_thread(*fiber);
+    task.thread = target.worker;
     task.fiber = std::move(fiber);
-    SchedulerCore::of(*scheduler).enqueue_fiber(std::move(task));
+    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
 bool in_scheduler_task() noexcept {
@@ -1051,7 +1051,7 @@ void yield() {
         return;
     }
     // The worker puts the fiber back and takes the next task under one lock (run_loop); the
-    // fiber stays claimed meanwhile (see detail::FiberState).
+    // fiber stays claimed meanwhile (fiber_state.hpp).
     detail::FiberAccess::park_current(
         [](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr, true);
 }

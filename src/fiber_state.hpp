@@ -1,0 +1,191 @@
+// ---------------------------------------------------------------------------
+// A fiber's life cycle: every state and every transition, in one place. Fiber holds one
+// FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/scheduler.ipp)
+// only call the transitions below, each named after the event that causes it.
+//
+// Fiber::State is what users see; the scheduler needs three more internal states:
+//
+//   state                  public     meaning
+//   Ready                  Ready      made or reset(), never run since
+//   Running                Running    claimed by a resumer: running, switching, or queued to run
+//   Suspended              Suspended  left by Fiber::yield(); anyone may resume or schedule it
+//   Parked                 Suspended  waits inside a scheduler (sleep, lock, channel, io)
+//   Term                   Term       its function returned or threw
+//   RunningResumePending   Running    Running, and a schedule() came meanwhile
+//   ParkedResumePending    Suspended  Parked, and a schedule() came meanwhile
+//
+//   transition (who)                                  from -> to
+//   claim_for_resume (resume() by hand)               Ready/Suspended -> Running
+//   claim_or_defer (a worker runs a schedule() task)  Ready/Suspended -> Running, true
+//                                                     Running -> RunningResumePending, false
+//                                                     Parked -> ParkedResumePending, false
+//   claim_woken (a worker runs a wake-up task)        Parked -> Running
+//                                                     ParkedResumePending -> RunningResumePending
+//   finish_parked (resumer, switch-out done)          Running -> Parked
+//                                                     RunningResumePending -> ParkedResumePending
+//   finish_yielded (resumer, switch-out done)         Running -> Suspended
+//                                                     RunningResumePending -> Running, true:
+//                                                       the resumer queues the deferred resume
+//   finish_returned (resumer, switch-out done)        Running -> Term
+//   reset_to_ready (Fiber::reset)                     Term -> Ready
+//
+// this_fiber::yield() parks without leaving Running: the fiber is queued to run again at
+// once, still claimed, so neither its switch-out nor its next run needs an atomic
+// read-modify-write; a schedule() that finds it there is deferred like one that finds it
+// running.
+//
+// Why it is race-free: only the resumer leaves Running, and only after the switch-out has
+// completed, so whoever sees Suspended may resume the fiber at once on any thread. A Parked
+// fiber belongs to whatever it waits for: a schedule() that finds it Parked (someone got its
+// pointer before its wake-up ran) is deferred, like one that finds it Running, until the
+// fiber leaves the scheduler, and then it is resumed exactly once. Leaving Running is an
+// acq_rel exchange by the resumer, so a thread that sees Suspended/Term also sees the saved
+// context, and a concurrent claim_or_defer() either claims first or is seen by the resumer.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+class Scheduler;
+
+namespace detail {
+
+enum class FiberState : std::uint8_t {
+    Ready,
+    Running,
+    Suspended,
+    Term,
+    RunningResumePending,
+    Parked,
+    ParkedResumePending
+};
+
+// Where a scheduled fiber runs: its scheduler, and the worker it is pinned to (-1: any).
+struct ResumeTarget {
+    Scheduler* scheduler = nullptr;
+    int worker = -1;
+};
+
+class FiberLifecycle {
+public:
+    // For Fiber::state() and the misuse checks; acquire: pairs with the transitions' release.
+    FiberState load() const noexcept { return state_.load(std::memory_order_acquire); }
+
+    // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
+    void claim_for_resume() noexcept {
+        const FiberState state = load();
+        FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                           "resume(): fiber is already running");
+        FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+        FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
+                           "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
+        state_.store(FiberState::Running, std::memory_order_relaxed);
+    }
+
+    // A worker takes a schedule()d fiber for `target` (true), or, when it is still running,
+    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
+    // (false).
+    bool claim_or_defer(ResumeTarget target) {
+        FiberState state = load();
+        for (;;) {
+            switch (state) {
+            case FiberState::Ready:
+            case FiberState::Suspended:
+                if (state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
+                                                 std::memory_order_acquire)) {
+                    resume_ = target;
+                    return true;
+                }
+                break;
+            case FiberState::Running:
+            case FiberState::Parked: {
+                // Published by the release half of the CAS below; the resumer reads it after
+                // its own CAS observes the mark (finish_yielded).
+                deferred_ = target;
+                const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
+                                                                       : FiberState::ParkedResumePending;
+                if (state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                    return false;
+                }
+                break;
+            }
+            case FiberState::RunningResumePending:
+            case FiberState::ParkedResumePending:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
+                return false;
+            case FiberState::Term:
+                FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
+                return false;
+            }
+        }
+    }
+
+    // A fiber's wake-up task runs. Only that task leaves the Parked states, but a schedule()
+    // may mark the fiber concurrently, hence the CAS.
+    void claim_woken() noexcept {
+        FiberState state = load();
+        for (;;) {
+            const FiberState next =
+                state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
+            if (state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                return;
+            }
+        }
+    }
+
+    // The resumer, once the fiber has switched out to wait. A schedule() that marked the
+    // fiber while it ran keeps its mark across the park.
+    void finish_parked() noexcept {
+        FiberState expected = FiberState::Running;
+        if (!state_.compare_exchange_strong(expected, FiberState::Parked, std::memory_order_acq_rel)) {
+            state_.store(FiberState::ParkedResumePending, std::memory_order_release);
+        }
+    }
+
+    // The resumer, once the fiber has switched out through Fiber::yield(). `scheduled`: run
+    // by a scheduler, where the fiber's own code may have handed it to schedule() first; the
+    // CAS sees that mark or the marker sees Suspended. True when the mark was there: the
+    // fiber stays claimed (Running) for the deferred resume, which the caller must queue
+    // (take_deferred() says where). Resumed by hand, no scheduler can be racing.
+    bool finish_yielded(bool scheduled) noexcept {
+        if (!scheduled) {
+            state_.store(FiberState::Suspended, std::memory_order_release);
+            return false;
+        }
+        FiberState expected = FiberState::Running;
+        if (state_.compare_exchange_strong(expected, FiberState::Suspended, std::memory_order_acq_rel)) return false;
+        state_.store(FiberState::Running, std::memory_order_relaxed);
+        return true;
+    }
+
+    // The resumer, once the fiber's function has returned (or thrown).
+    void finish_returned(bool scheduled) noexcept {
+        if (!scheduled) {
+            state_.store(FiberState::Term, std::memory_order_release);
+            return;
+        }
+        const FiberState previous = state_.exchange(FiberState::Term, std::memory_order_acq_rel);
+        FIBER_SCHED_ASSERT(previous != FiberState::RunningResumePending &&
+                           "schedule(): the fiber returned before the scheduled resume could run");
+    }
+
+    // Fiber::reset() of a Term fiber; its owner holds it, nothing races.
+    void reset_to_ready() noexcept { state_.store(FiberState::Ready, std::memory_order_relaxed); }
+
+    // The deferred schedule() takes effect: the fiber belongs to that scheduler now.
+    ResumeTarget take_deferred() noexcept {
+        resume_ = deferred_;
+        return resume_;
+    }
+
+    // Where the fiber runs while it belongs to a scheduler (set when it was claimed).
+    ResumeTarget resume_target() const noexcept { return resume_; }
+
+private:
+    std::atomic<FiberState> state_{FiberState::Ready};
+    // Written before the state change that publishes them (see claim_or_defer).
+    ResumeTarget resume_;
+    ResumeTarget deferred_;  // where a deferred schedule() wants the fiber to go
+};
+
+}  // namespace detail
+}  // namespace fsched
