@@ -118,19 +118,6 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
                              : ::fsched::detail::assert_failed(#expr, __FILE__, __LINE__))
 #endif
 
-// One detection cascade picks the context-switch backend.
-#if defined(FIBER_SCHED_USE_UCONTEXT)
-#define FIBER_SCHED_BACKEND_UCONTEXT 1
-#elif defined(__x86_64__) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
-#define FIBER_SCHED_BACKEND_X86_64_SYSV 1
-#elif defined(__aarch64__) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
-#define FIBER_SCHED_BACKEND_AARCH64_AAPCS 1
-#elif defined(__unix__) || defined(__APPLE__)
-#define FIBER_SCHED_BACKEND_UCONTEXT 1
-#else
-#error "fiber_sched: no context-switch backend for this target; define FIBER_SCHED_USE_UCONTEXT on a POSIX system, or port src/context_*.hpp"
-#endif
-
 // fsched::io and the epoll-based idle wait: Linux only. FIBER_SCHED_NO_EPOLL turns them off
 // (the scheduler then idles on a condition variable and fsched::io does not compile).
 #if defined(__linux__) && !defined(FIBER_SCHED_NO_EPOLL)
@@ -234,60 +221,46 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 
 // ---- begin src/context.hpp ----
 // ---------------------------------------------------------------------------
-// Execution contexts. Each backend provides the same internal trio:
-//   detail::Context                     a saved execution context,
-//   detail::make_context(ctx, lo, size, entry, arg)
-//                                       prepare ctx so that switching to it calls entry(arg)
-//                                       on the stack [lo, lo + size); entry never returns,
-//   detail::switch_context(from, to)    save the running context into `from`, continue `to`.
-// Only the Context type is public (Fiber stores one); the functions live in the
-// implementation section, one file per backend, so nothing above them knows which is used.
+// Execution contexts: the interface every context-switch backend implements. The backend is
+// chosen once, by the cascade in the implementation section of fiber_sched.hpp, and each
+// backend is one file, src/impl/context_<name>.ipp, that defines this trio:
+//   make_context(ctx, lo, size, entry, arg)
+//                      prepare ctx so that switching to it calls entry(arg) on the stack
+//                      [lo, lo + size); entry never returns,
+//   fsched_switch_context(&from.sp, to.sp)
+//                      save the running context, store its handle in from.sp, continue the
+//                      context whose handle is to.sp (assembly, or a function),
+//   backend_name       what fsched::backend() returns.
+// A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
+// address of a saved ucontext_t, an OS fiber), so nothing above this file knows which
+// backend is in use.
 // ---------------------------------------------------------------------------
-
-#if defined(FIBER_SCHED_BACKEND_UCONTEXT)
-#include <ucontext.h>
-#endif
 
 namespace fsched {
 namespace detail {
 
 using ContextEntry = void (*)(void* arg);
 
-#if defined(FIBER_SCHED_BACKEND_UCONTEXT)
+// A switched-out context: the handle its backend saved.
 struct Context {
-    ucontext_t uc;
-    // makecontext() passes only ints, so the entry and its argument wait here.
-    ContextEntry entry = nullptr;
-    void* arg = nullptr;
-};
-#else
-struct Context {
-    // The stack pointer of a switched-out context; everything else it needs was pushed
-    // onto its own stack by the switch routine.
     void* sp = nullptr;
 };
-#endif
 
-// Saves the running context into `from` and continues `to`.
-#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
 }  // namespace detail
 }  // namespace fsched
-extern "C" void fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) noexcept
-    __attribute__((visibility("hidden")));
+
+// Hidden: each shared object that embeds the implementation has its own.
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept __attribute__((visibility("hidden")));
+
 namespace fsched {
 namespace detail {
-inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_x86_64_sysv(&from.sp, to.sp); }
-#elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)
-}  // namespace detail
-}  // namespace fsched
-extern "C" void fsched_switch_aarch64_aapcs(void** save_sp, void* load_sp) noexcept
-    __attribute__((visibility("hidden")));
-namespace fsched {
-namespace detail {
-inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_aarch64_aapcs(&from.sp, to.sp); }
-#else
-void switch_context(Context& from, Context& to) noexcept;
-#endif
+
+// Saves the running context into `from` and continues `to`. Inline: the switch itself is
+// the only call.
+inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }
+
+// Prepares `ctx` to run entry(arg) on [stack_lo, stack_lo + size). In the backend's file.
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept;
 
 }  // namespace detail
 }  // namespace fsched
@@ -1614,13 +1587,17 @@ struct FiberAccess {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/common.ipp ----
-#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
+// The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
+// there is a routine for the ABI and the compiler takes GNU inline assembly, else ucontext
+// on POSIX systems (or where FIBER_SCHED_USE_UCONTEXT asks for it).
+#if !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && !defined(_WIN32) && \
+    (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_x86_64_sysv.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
 //
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word.
-// fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) pushes that state onto the
+// fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the
 // running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
 // A switched-out stack, from its saved sp upwards:
 //
@@ -1647,11 +1624,11 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_x86_64_sysv\n"
-    ".hidden fsched_switch_x86_64_sysv\n"
-    ".type fsched_switch_x86_64_sysv,@function\n"
+    ".globl fsched_switch_context\n"
+    ".hidden fsched_switch_context\n"
+    ".type fsched_switch_context,@function\n"
     ".p2align 4\n"
-    "fsched_switch_x86_64_sysv:\n"
+    "fsched_switch_context:\n"
     FIBER_SCHED_ENDBR
     "    pushq %rbp\n"
     "    pushq %rbx\n"
@@ -1677,7 +1654,7 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
-    ".size fsched_switch_x86_64_sysv,.-fsched_switch_x86_64_sysv\n"
+    ".size fsched_switch_context,.-fsched_switch_context\n"
     "\n"
     ".globl fsched_trampoline_x86_64_sysv\n"
     ".hidden fsched_trampoline_x86_64_sysv\n"
@@ -1745,13 +1722,14 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_x86_64_sysv.ipp ----
-#elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && !defined(_WIN32) && \
+    (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_aarch64_aapcs.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch for aarch64, AAPCS64 (Linux, BSDs).
 //
 // Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
-// halves d8-d15 of v8-v15, and FPCR. fsched_switch_aarch64_aapcs(void** save_sp,
+// halves d8-d15 of v8-v15, and FPCR. fsched_switch_context(void** save_sp,
 // void* load_sp) stores that state in a 176-byte frame below sp, stores sp to *save_sp,
 // loads load_sp, reloads the other side's frame and returns through its x30.
 //
@@ -1770,11 +1748,11 @@ extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibi
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_aarch64_aapcs\n"
-    ".hidden fsched_switch_aarch64_aapcs\n"
-    ".type fsched_switch_aarch64_aapcs,%function\n"
+    ".globl fsched_switch_context\n"
+    ".hidden fsched_switch_context\n"
+    ".type fsched_switch_context,%function\n"
     ".p2align 4\n"
-    "fsched_switch_aarch64_aapcs:\n"
+    "fsched_switch_context:\n"
     "    sub sp, sp, #176\n"
     "    stp x19, x20, [sp, #0]\n"
     "    stp x21, x22, [sp, #16]\n"
@@ -1805,7 +1783,7 @@ __asm__(
     "    msr fpcr, x9\n"
     "    add sp, sp, #176\n"
     "    ret\n"
-    ".size fsched_switch_aarch64_aapcs,.-fsched_switch_aarch64_aapcs\n"
+    ".size fsched_switch_context,.-fsched_switch_context\n"
     "\n"
     ".globl fsched_trampoline_aarch64_aapcs\n"
     ".hidden fsched_trampoline_aarch64_aapcs\n"
@@ -1858,46 +1836,66 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_aarch64_aapcs.ipp ----
-#else
+#elif defined(__unix__) || defined(__APPLE__)
 // ---- begin src/impl/context_ucontext.ipp ----
 // ---------------------------------------------------------------------------
-// Portable fallback: POSIX ucontext. swapcontext() also saves the signal mask with a
-// system call, so it is about thirty times slower than the assembly backends.
+// Context switch, portable fallback: POSIX ucontext. swapcontext() also saves the signal
+// mask with a system call, so it is about thirty times slower than the assembly backends.
+//
+// A context's handle is the address of its saved ucontext_t. A switched-out side saves its
+// ucontext_t in fsched_switch_context()'s own frame, which lives exactly as long as the
+// side stays switched out; a fresh fiber's first one sits at the top of its stack, above
+// the frames it will run, with the entry function and its argument beside it.
 // ---------------------------------------------------------------------------
+
+#include <ucontext.h>
 
 namespace fsched {
 namespace detail {
 
 const char* const backend_name = "ucontext";
 
-// makecontext() passes int arguments only: the Context's address arrives in two halves.
+struct FreshContext {
+    ucontext_t uc;
+    ContextEntry entry;
+    void* arg;
+};
+
+// makecontext() passes int arguments only: the FreshContext's address arrives in two halves.
 extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) {
     auto bits = (static_cast<std::uintptr_t>(high) << 16 << 16) | static_cast<std::uintptr_t>(low);
-    auto* ctx = reinterpret_cast<Context*>(bits);
-    ctx->entry(ctx->arg);
+    auto* fresh = reinterpret_cast<FreshContext*>(bits);
+    fresh->entry(fresh->arg);
 }
 
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
-    int rc = getcontext(&ctx.uc);
+    const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
+    const auto record = (lo + size - sizeof(FreshContext)) & ~std::uintptr_t{63};
+    auto* fresh = new (reinterpret_cast<void*>(record)) FreshContext;
+    const int rc = getcontext(&fresh->uc);
     FIBER_SCHED_ASSERT(rc == 0 && "make_context(): getcontext() failed");
-    ctx.uc.uc_stack.ss_sp = stack_lo;
-    ctx.uc.uc_stack.ss_size = size;
-    ctx.uc.uc_link = nullptr;
-    ctx.entry = entry;
-    ctx.arg = arg;
-    auto bits = reinterpret_cast<std::uintptr_t>(&ctx);
-    makecontext(&ctx.uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
-                static_cast<unsigned int>(bits >> 16 >> 16), static_cast<unsigned int>(bits & 0xffffffffu));
-}
-
-void switch_context(Context& from, Context& to) noexcept {
-    int rc = swapcontext(&from.uc, &to.uc);
-    FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
+    fresh->uc.uc_stack.ss_sp = stack_lo;
+    fresh->uc.uc_stack.ss_size = record - lo;  // the frames run below the record
+    fresh->uc.uc_link = nullptr;
+    fresh->entry = entry;
+    fresh->arg = arg;
+    makecontext(&fresh->uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
+                static_cast<unsigned int>(record >> 16 >> 16), static_cast<unsigned int>(record & 0xffffffffu));
+    ctx.sp = &fresh->uc;
 }
 
 }  // namespace detail
 }  // namespace fsched
+
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
+    ucontext_t self;
+    *save_sp = &self;
+    const int rc = swapcontext(&self, static_cast<ucontext_t*>(load_sp));
+    FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
+}
 // ---- end src/impl/context_ucontext.ipp ----
+#else
+#error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/fiber_sched.hpp (see src/README.md)."
 #endif
 // ---- begin src/impl/stack.ipp ----
 // ---------------------------------------------------------------------------

@@ -30,19 +30,6 @@
                              : ::fsched::detail::assert_failed(#expr, __FILE__, __LINE__))
 #endif
 
-// One detection cascade picks the context-switch backend.
-#if defined(FIBER_SCHED_USE_UCONTEXT)
-#define FIBER_SCHED_BACKEND_UCONTEXT 1
-#elif defined(__x86_64__) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
-#define FIBER_SCHED_BACKEND_X86_64_SYSV 1
-#elif defined(__aarch64__) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
-#define FIBER_SCHED_BACKEND_AARCH64_AAPCS 1
-#elif defined(__unix__) || defined(__APPLE__)
-#define FIBER_SCHED_BACKEND_UCONTEXT 1
-#else
-#error "fiber_sched: no context-switch backend for this target; define FIBER_SCHED_USE_UCONTEXT on a POSIX system, or port src/context_*.hpp"
-#endif
-
 // fsched::io and the epoll-based idle wait: Linux only. FIBER_SCHED_NO_EPOLL turns them off
 // (the scheduler then idles on a condition variable and fsched::io does not compile).
 #if defined(__linux__) && !defined(FIBER_SCHED_NO_EPOLL)

@@ -139,12 +139,19 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 
 #include "impl/common.ipp"
-#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
+// The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
+// there is a routine for the ABI and the compiler takes GNU inline assembly, else ucontext
+// on POSIX systems (or where FIBER_SCHED_USE_UCONTEXT asks for it).
+#if !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && !defined(_WIN32) && \
+    (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_x86_64_sysv.ipp"
-#elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && !defined(_WIN32) && \
+    (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_aarch64_aapcs.ipp"
-#else
+#elif defined(__unix__) || defined(__APPLE__)
 #include "impl/context_ucontext.ipp"
+#else
+#error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/fiber_sched.hpp (see src/README.md)."
 #endif
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"

@@ -16,7 +16,7 @@ using fsched::Fiber;
 // fn resumes fibers that scribble over all of them, so a backend that forgets one fails.
 extern "C" int call_with_marked_registers(void (*fn)(void*), void* arg);
 
-#if defined(FIBER_SCHED_BACKEND_X86_64_SYSV) || (defined(__x86_64__) && defined(FIBER_SCHED_BACKEND_UCONTEXT))
+#if defined(__x86_64__) && !defined(_WIN32)  // System V: the ABI of both Linux backends here
 #define TEST_HAVE_REGISTER_CHECK 1
 // rbx, rbp, r12-r15 get markers; after the call each is compared with its marker.
 __asm__(

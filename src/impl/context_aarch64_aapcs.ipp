@@ -2,7 +2,7 @@
 // Context switch for aarch64, AAPCS64 (Linux, BSDs).
 //
 // Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
-// halves d8-d15 of v8-v15, and FPCR. fsched_switch_aarch64_aapcs(void** save_sp,
+// halves d8-d15 of v8-v15, and FPCR. fsched_switch_context(void** save_sp,
 // void* load_sp) stores that state in a 176-byte frame below sp, stores sp to *save_sp,
 // loads load_sp, reloads the other side's frame and returns through its x30.
 //
@@ -21,11 +21,11 @@ extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibi
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_aarch64_aapcs\n"
-    ".hidden fsched_switch_aarch64_aapcs\n"
-    ".type fsched_switch_aarch64_aapcs,%function\n"
+    ".globl fsched_switch_context\n"
+    ".hidden fsched_switch_context\n"
+    ".type fsched_switch_context,%function\n"
     ".p2align 4\n"
-    "fsched_switch_aarch64_aapcs:\n"
+    "fsched_switch_context:\n"
     "    sub sp, sp, #176\n"
     "    stp x19, x20, [sp, #0]\n"
     "    stp x21, x22, [sp, #16]\n"
@@ -56,7 +56,7 @@ __asm__(
     "    msr fpcr, x9\n"
     "    add sp, sp, #176\n"
     "    ret\n"
-    ".size fsched_switch_aarch64_aapcs,.-fsched_switch_aarch64_aapcs\n"
+    ".size fsched_switch_context,.-fsched_switch_context\n"
     "\n"
     ".globl fsched_trampoline_aarch64_aapcs\n"
     ".hidden fsched_trampoline_aarch64_aapcs\n"

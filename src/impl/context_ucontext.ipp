@@ -1,37 +1,55 @@
 // ---------------------------------------------------------------------------
-// Portable fallback: POSIX ucontext. swapcontext() also saves the signal mask with a
-// system call, so it is about thirty times slower than the assembly backends.
+// Context switch, portable fallback: POSIX ucontext. swapcontext() also saves the signal
+// mask with a system call, so it is about thirty times slower than the assembly backends.
+//
+// A context's handle is the address of its saved ucontext_t. A switched-out side saves its
+// ucontext_t in fsched_switch_context()'s own frame, which lives exactly as long as the
+// side stays switched out; a fresh fiber's first one sits at the top of its stack, above
+// the frames it will run, with the entry function and its argument beside it.
 // ---------------------------------------------------------------------------
+
+#include <ucontext.h>
 
 namespace fsched {
 namespace detail {
 
 const char* const backend_name = "ucontext";
 
-// makecontext() passes int arguments only: the Context's address arrives in two halves.
+struct FreshContext {
+    ucontext_t uc;
+    ContextEntry entry;
+    void* arg;
+};
+
+// makecontext() passes int arguments only: the FreshContext's address arrives in two halves.
 extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) {
     auto bits = (static_cast<std::uintptr_t>(high) << 16 << 16) | static_cast<std::uintptr_t>(low);
-    auto* ctx = reinterpret_cast<Context*>(bits);
-    ctx->entry(ctx->arg);
+    auto* fresh = reinterpret_cast<FreshContext*>(bits);
+    fresh->entry(fresh->arg);
 }
 
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
-    int rc = getcontext(&ctx.uc);
+    const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
+    const auto record = (lo + size - sizeof(FreshContext)) & ~std::uintptr_t{63};
+    auto* fresh = new (reinterpret_cast<void*>(record)) FreshContext;
+    const int rc = getcontext(&fresh->uc);
     FIBER_SCHED_ASSERT(rc == 0 && "make_context(): getcontext() failed");
-    ctx.uc.uc_stack.ss_sp = stack_lo;
-    ctx.uc.uc_stack.ss_size = size;
-    ctx.uc.uc_link = nullptr;
-    ctx.entry = entry;
-    ctx.arg = arg;
-    auto bits = reinterpret_cast<std::uintptr_t>(&ctx);
-    makecontext(&ctx.uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
-                static_cast<unsigned int>(bits >> 16 >> 16), static_cast<unsigned int>(bits & 0xffffffffu));
-}
-
-void switch_context(Context& from, Context& to) noexcept {
-    int rc = swapcontext(&from.uc, &to.uc);
-    FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
+    fresh->uc.uc_stack.ss_sp = stack_lo;
+    fresh->uc.uc_stack.ss_size = record - lo;  // the frames run below the record
+    fresh->uc.uc_link = nullptr;
+    fresh->entry = entry;
+    fresh->arg = arg;
+    makecontext(&fresh->uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
+                static_cast<unsigned int>(record >> 16 >> 16), static_cast<unsigned int>(record & 0xffffffffu));
+    ctx.sp = &fresh->uc;
 }
 
 }  // namespace detail
 }  // namespace fsched
+
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
+    ucontext_t self;
+    *save_sp = &self;
+    const int rc = swapcontext(&self, static_cast<ucontext_t*>(load_sp));
+    FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
+}

@@ -2,7 +2,7 @@
 // Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
 //
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word.
-// fsched_switch_x86_64_sysv(void** save_sp, void* load_sp) pushes that state onto the
+// fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the
 // running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
 // A switched-out stack, from its saved sp upwards:
 //
@@ -29,11 +29,11 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_x86_64_sysv\n"
-    ".hidden fsched_switch_x86_64_sysv\n"
-    ".type fsched_switch_x86_64_sysv,@function\n"
+    ".globl fsched_switch_context\n"
+    ".hidden fsched_switch_context\n"
+    ".type fsched_switch_context,@function\n"
     ".p2align 4\n"
-    "fsched_switch_x86_64_sysv:\n"
+    "fsched_switch_context:\n"
     FIBER_SCHED_ENDBR
     "    pushq %rbp\n"
     "    pushq %rbx\n"
@@ -59,7 +59,7 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
-    ".size fsched_switch_x86_64_sysv,.-fsched_switch_x86_64_sysv\n"
+    ".size fsched_switch_context,.-fsched_switch_context\n"
     "\n"
     ".globl fsched_trampoline_x86_64_sysv\n"
     ".hidden fsched_trampoline_x86_64_sysv\n"
