@@ -795,8 +795,32 @@ struct ScheduleTask {
 };
 
 namespace detail {
-class SchedulerCore;
+struct SchedulerCore;
+
+using TimePoint = std::chrono::steady_clock::time_point;
+
+// The steady_clock time `d` from now, saturated instead of overflowing for durations like
+// hours::max(); a duration of zero or less is now.
+template <class Rep, class Period>
+TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
+    using std::chrono::steady_clock;
+    const auto now = steady_clock::now();
+    if (d <= d.zero()) return now;
+    const std::chrono::duration<double> room = TimePoint::max() - now;
+    return std::chrono::duration<double>(d) >= room ? TimePoint::max()
+                                                    : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
+
+// `t` as a steady_clock time: exact for steady_clock, else measured from Clock::now().
+template <class Clock, class Duration>
+TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
+    if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+        return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
+    } else {
+        return deadline_after(t - Clock::now());
+    }
+}
+}  // namespace detail
 
 class Scheduler {
 public:
@@ -851,7 +875,7 @@ public:
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
 
 private:
-    friend class detail::SchedulerCore;
+    friend struct detail::SchedulerCore;
 
     template <class FiberOrCb>
     static ScheduleTask make_task(FiberOrCb&& fc, int thread) {
@@ -908,24 +932,13 @@ void yield();
 // In a scheduler task: park for `d`, freeing the worker (Tars sleep). Elsewhere: sleep the thread.
 template <class Rep, class Period>
 void sleep_for(const std::chrono::duration<Rep, Period>& d) {
-    using std::chrono::steady_clock;
-    const auto now = steady_clock::now();
-    if (d <= d.zero()) return detail::sleep_until_steady(now);
-    // Saturate instead of overflowing for durations like hours::max().
-    const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
-    detail::sleep_until_steady(std::chrono::duration<double>(d) >= room
-                                   ? steady_clock::time_point::max()
-                                   : now + std::chrono::duration_cast<steady_clock::duration>(d));
+    detail::sleep_until_steady(detail::deadline_after(d));
 }
 
 // sleep_for(t - Clock::now()).
 template <class Clock, class Duration>
 void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
-    if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
-        detail::sleep_until_steady(std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t));
-    } else {
-        sleep_for(t - Clock::now());
-    }
+    detail::sleep_until_steady(detail::to_steady(t));
 }
 
 // Fiber::current()->id(); 0 outside fibers.
@@ -1048,10 +1061,10 @@ private:
 // `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
 // lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
 using Unlink = void (*)(void* context, Waiter& w);
-bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
+bool block(SpinLock& lock, Waiter& w, const TimePoint* deadline, Unlink unlink,
            void* context);
 // The same for a Waiter in a WaitList.
-inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* deadline) {
     return block(lock, w, deadline, [](void* l, Waiter& waiter) {
         if (waiter.linked) static_cast<WaitList*>(l)->remove(&waiter);
     }, &list);
@@ -1166,7 +1179,7 @@ public:
     // As wait(), but gives up at `t`: std::cv_status::timeout then.
     template <class Clock, class Duration>
     std::cv_status wait_until(std::unique_lock<Mutex>& lock, const std::chrono::time_point<Clock, Duration>& t) {
-        return wait_until_steady(lock, to_steady(t));
+        return wait_until_steady(lock, detail::to_steady(t));
     }
     // Waits until pred() holds or `t` passes; returns pred().
     template <class Clock, class Duration, class Predicate>
@@ -1179,32 +1192,15 @@ public:
     // wait_until(lock, now + d).
     template <class Rep, class Period>
     std::cv_status wait_for(std::unique_lock<Mutex>& lock, const std::chrono::duration<Rep, Period>& d) {
-        return wait_until_steady(lock, deadline_after(d));
+        return wait_until_steady(lock, detail::deadline_after(d));
     }
     template <class Rep, class Period, class Predicate>
     bool wait_for(std::unique_lock<Mutex>& lock, const std::chrono::duration<Rep, Period>& d, Predicate pred) {
-        return wait_until(lock, deadline_after(d), std::move(pred));
+        return wait_until(lock, detail::deadline_after(d), std::move(pred));
     }
 
 private:
-    template <class Rep, class Period>
-    static std::chrono::steady_clock::time_point deadline_after(const std::chrono::duration<Rep, Period>& d) {
-        using std::chrono::steady_clock;
-        const auto now = steady_clock::now();
-        if (d <= d.zero()) return now;
-        const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
-        return std::chrono::duration<double>(d) >= room ? steady_clock::time_point::max()
-                                                        : now + std::chrono::duration_cast<steady_clock::duration>(d);
-    }
-    template <class Clock, class Duration>
-    static std::chrono::steady_clock::time_point to_steady(const std::chrono::time_point<Clock, Duration>& t) {
-        if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
-            return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
-        } else {
-            return deadline_after(t - Clock::now());
-        }
-    }
-    std::cv_status wait_until_steady(std::unique_lock<Mutex>& lock, std::chrono::steady_clock::time_point deadline);
+    std::cv_status wait_until_steady(std::unique_lock<Mutex>& lock, detail::TimePoint deadline);
 
     detail::SpinLock lock_;
     detail::WaitList waiters_;
@@ -2447,6 +2443,244 @@ Fiber::ptr Fiber::current_ptr() {
 
 }  // namespace fsched
 // ---- end src/impl/fiber.ipp ----
+// The idle wait, chosen next to the context backend: epoll on Linux, else (and with
+// FIBER_SCHED_NO_EPOLL) a condition variable. Both files have the same interface.
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+// ---- begin src/impl/idle_epoll.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the idle wait on epoll (Linux), which also serves fsched::io.
+//
+// How a worker with nothing to do blocks until it is notified, its deadline passes or an fd
+// a fiber waits for becomes ready. Both idle-wait files (this one and idle_condvar.ipp)
+// provide the same interface:
+//   SchedulerIdle      the scheduler's part:  open(), close(), poll_io(unless_polled),
+//                      register_for_cancel()
+//   WorkerIdle         each worker's part:    open(), close(), notify(shared),
+//                      begin_sleep(shared), wait(shared, deadline), end_sleep(shared)
+//
+// Each scheduler has one epoll instance for the fds its fibers wait for (io_epoll_fd), and
+// each worker one of its own holding just an eventfd (wake_fd). A worker about to sleep
+// takes the poller role if no one holds it and fibers wait for IO; the poller sleeps in
+// epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
+// the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
+// wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
+// blocking every 32 tasks (poll_io) when no one is polling. What a ready fd does is
+// fsched::io's business: io.ipp.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+struct IoWait;
+struct SchedulerIdle;
+
+// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
+// scheduler's epoll instance. Under SchedulerIdle::io_lock.
+struct IoFd {
+    IoWait* reader = nullptr;
+    IoWait* writer = nullptr;
+    bool registered = false;
+    // Bumped by each arming and carried in the epoll event: an event that a worker took out
+    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
+    // number reused) is stale and must not wake the new waiter.
+    std::uint32_t generation = 0;
+};
+
+// Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
+bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept;
+// Makes `idle` visible to io::cancel() (io.ipp); throws std::bad_alloc.
+void add_to_io_registry(SchedulerIdle* idle);
+void remove_from_io_registry(SchedulerIdle* idle) noexcept;
+
+// Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
+inline bool watch(int epoll_fd, int fd) noexcept {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = static_cast<std::uint32_t>(fd);  // generation 0: see io.ipp's event_data()
+    return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+inline void drain(int event_fd) noexcept {
+    std::uint64_t count;
+    while (::read(event_fd, &count, sizeof count) > 0) {
+    }
+}
+
+inline void signal_eventfd(int fd) noexcept {
+    const std::uint64_t one = 1;
+    ssize_t written = ::write(fd, &one, sizeof one);
+    (void)written;  // an eventfd only fails to count past 2^64 - 2
+}
+
+inline void close_fd(int& fd) noexcept {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+}
+
+// Milliseconds until `deadline` for epoll_wait/poll: -1 for none, rounded up (waking a
+// little late is fine, waking early means another wait).
+inline int timeout_ms(const TimePoint* deadline) noexcept {
+    if (!deadline) return -1;
+    const auto left = *deadline - std::chrono::steady_clock::now();
+    if (left <= left.zero()) return 0;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
+}
+
+struct WorkerIdle;
+
+struct SchedulerIdle {
+    int io_epoll_fd = -1;     // every fd a fiber of this scheduler waits for, plus poller_wake_fd
+    int poller_wake_fd = -1;  // wakes whichever worker holds the poller role
+    // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
+    // worker about to sleep (begin_sleep), given up when it wakes (end_sleep).
+    std::atomic<WorkerIdle*> poller{nullptr};
+    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
+    std::atomic<int> io_waiters{0};
+    SpinLock io_lock;         // guards io_fds and the epoll interest of each fd
+    std::unordered_map<int, IoFd> io_fds;
+    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
+    bool registered = false;  // in the io registry (register_for_cancel)
+
+    // Opens the epoll instance and its eventfd. nullptr, or the name of the call that
+    // failed with errno set; close() then releases what was opened.
+    const char* open() noexcept {
+        if ((io_epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
+        if ((poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
+        if (!watch(io_epoll_fd, poller_wake_fd)) return "fiber_sched: epoll_ctl";
+        return nullptr;
+    }
+    // Once everything is open: io::cancel() may look at this scheduler from now on.
+    void register_for_cancel() {
+        add_to_io_registry(this);
+        registered = true;
+    }
+    void close() noexcept {
+        if (registered) remove_from_io_registry(this);
+        registered = false;
+        close_fd(io_epoll_fd);
+        close_fd(poller_wake_fd);
+    }
+    // Harvests ready fds without blocking; true if any fiber was woken. `unless_polled`:
+    // not while a sleeping worker waits for them anyway.
+    bool poll_io(bool unless_polled) noexcept {
+        if (io_waiters.load(std::memory_order_relaxed) == 0) return false;
+        if (unless_polled && poller.load(std::memory_order_relaxed) != nullptr) return false;
+        epoll_event events[64];
+        const int n = epoll_wait(io_epoll_fd, events, 64, 0);
+        return n > 0 && dispatch_io_events(*this, events, n, false);
+    }
+};
+
+struct WorkerIdle {
+    // This worker's epoll instance, which holds only wake_fd.
+    int epoll_fd = -1;
+    int wake_fd = -1;
+    // Written by this worker before it sets its `sleeping` flag; read by whoever claims the
+    // wake-up after its CAS on that flag, which orders the two.
+    std::atomic<bool> is_poller{false};
+
+    const char* open() noexcept {
+        if (FIBER_SCHED_FAULT(fd_open)) {
+            errno = EMFILE;
+            return "fiber_sched: epoll_create1";
+        }
+        if ((epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
+        if ((wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
+        if (!watch(epoll_fd, wake_fd)) return "fiber_sched: epoll_ctl";
+        return nullptr;
+    }
+    void close() noexcept {
+        close_fd(epoll_fd);
+        close_fd(wake_fd);
+    }
+
+    // Before the worker announces its sleep: one sleeping worker waits for the fds too (the
+    // poller), so a ready fd wakes one worker.
+    void begin_sleep(SchedulerIdle& shared) noexcept {
+        WorkerIdle* no_poller = nullptr;
+        if (shared.io_waiters.load(std::memory_order_relaxed) > 0 &&
+            shared.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+            is_poller.store(true, std::memory_order_relaxed);
+        }
+    }
+    // Blocks until notify(), `deadline`, or (for the poller) an fd becoming ready.
+    void wait(SchedulerIdle& shared, const TimePoint* deadline) noexcept {
+        epoll_event events[64];
+        const int timeout = timeout_ms(deadline);
+        if (is_poller.load(std::memory_order_relaxed)) {
+            const int n = epoll_wait(shared.io_epoll_fd, events, 64, timeout);
+            if (n > 0) dispatch_io_events(shared, events, n, true);
+            return;
+        }
+        if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
+    }
+    void end_sleep(SchedulerIdle& shared) noexcept {
+        if (is_poller.load(std::memory_order_relaxed)) {
+            is_poller.store(false, std::memory_order_relaxed);
+            shared.poller.store(nullptr, std::memory_order_release);
+        }
+    }
+    // Ends this worker's wait, or makes its next one return at once. Whoever claimed the
+    // wake-up read is_poller after its CAS on `sleeping`, and this worker set it before
+    // setting `sleeping`: the write goes where it sleeps.
+    void notify(SchedulerIdle& shared) noexcept {
+        signal_eventfd(is_poller.load(std::memory_order_relaxed) ? shared.poller_wake_fd : wake_fd);
+    }
+};
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/idle_epoll.ipp ----
+#else
+// ---- begin src/impl/idle_condvar.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the idle wait on a condition variable, for systems without epoll (and
+// FIBER_SCHED_NO_EPOLL). The same interface as idle_epoll.ipp, which describes it; there is
+// no fd to wait for, so there is no fsched::io and no poller role.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+struct SchedulerIdle {
+    const char* open() noexcept { return nullptr; }
+    void register_for_cancel() noexcept {}
+    void close() noexcept {}
+    bool poll_io(bool) noexcept { return false; }
+};
+
+struct WorkerIdle {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool notified = false;  // under mutex
+
+    const char* open() noexcept { return nullptr; }
+    void close() noexcept {}
+    void begin_sleep(SchedulerIdle&) noexcept {}
+    void wait(SchedulerIdle&, const TimePoint* deadline) {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (deadline) {
+            cv.wait_until(lock, *deadline, [this] { return notified; });
+        } else {
+            cv.wait(lock, [this] { return notified; });
+        }
+        notified = false;
+    }
+    void end_sleep(SchedulerIdle&) noexcept {}
+    void notify(SchedulerIdle&) {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            notified = true;
+        }
+        cv.notify_one();
+    }
+};
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/idle_condvar.ipp ----
+#endif
 // ---- begin src/impl/scheduler.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the scheduler.
@@ -2487,8 +2721,6 @@ Fiber::ptr Fiber::current_ptr() {
 namespace fsched {
 namespace detail {
 
-using TimePoint = std::chrono::steady_clock::time_point;
-
 // A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
 inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
 constexpr std::int64_t no_deadline = INT64_MAX;
@@ -2523,23 +2755,7 @@ struct QueuedTask {
     std::uint64_t sequence = 0;
 };
 
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-struct IoWait;
-// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
-// scheduler's epoll instance. Under SchedulerCore::io_lock.
-struct IoFd {
-    IoWait* reader = nullptr;
-    IoWait* writer = nullptr;
-    bool registered = false;
-    // Bumped by each arming and carried in the epoll event: an event that a worker took out
-    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
-    // number reused) is stale and must not wake the new waiter.
-    std::uint32_t generation = 0;
-};
-#endif
-
-class alignas(64) Worker {
-public:
+struct alignas(64) Worker {
     Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
@@ -2565,19 +2781,9 @@ public:
     // The deadline this worker's idle wait ends at (no_deadline: none, or awake). Written
     // after `sleeping` is set and reset after waking; add_timer() reads it (see there).
     std::atomic<std::int64_t> sleep_deadline{no_deadline};
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    // The idle wait is epoll_wait: on this epoll instance, which holds only wake_fd, or, for
-    // the worker that holds the poller role, on the scheduler's IO instance (see io.ipp).
-    int epoll_fd = -1;
-    int wake_fd = -1;
-    // Written by this worker before it sets `sleeping`; read by whoever claims the wake-up
-    // after its CAS on `sleeping`, which orders the two.
-    std::atomic<bool> is_poller{false};
-#else
-    std::mutex idle_mutex;
-    std::condition_variable idle_cv;
-    bool notified = false;  // under idle_mutex
-#endif
+    // The idle wait (idle_epoll.ipp or idle_condvar.ipp); its part shared by the workers
+    // is SchedulerCore::idle.
+    WorkerIdle idle;
 
     // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
     // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
@@ -2692,9 +2898,6 @@ public:
 
     // Ends this worker's idle wait (or makes its next one return at once).
     void notify();
-    // The idle wait, the one place a worker blocks: until notify(), `deadline`, or (for the
-    // poller) an fd becoming ready.
-    void wait_for_work(const TimePoint* deadline);
 
     // The run loop and its steps, in the order run_loop() takes them.
     void run_loop();
@@ -2703,7 +2906,6 @@ public:
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished);
     void requeue_yielded(QueuedTask& next);
-    void give_up_poller_role() noexcept;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
@@ -2713,37 +2915,24 @@ public:
     Fiber::ptr fiber_for(std::function<void()>&& cb);
 };
 
-class SchedulerCore {
-public:
+struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
           caller_fiber(Fiber::current()) {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        open_io();  // releases what it opened before it throws
+        open_idle();  // releases what it opened before it throws
     }
-    ~SchedulerCore() { close_io(); }
+    ~SchedulerCore() { close_idle(); }
     SchedulerCore(const SchedulerCore&) = delete;
     SchedulerCore& operator=(const SchedulerCore&) = delete;
 
-    // Creates / closes the epoll instances and eventfds (io.ipp); no-ops without epoll.
-    void open_io();
-    void close_io() noexcept;
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    int io_epoll_fd = -1;      // every fd a fiber of this scheduler waits for, plus poller_wake_fd
-    int poller_wake_fd = -1;   // wakes whichever worker holds the poller role
-    // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
-    // worker about to sleep, given up when it wakes.
-    std::atomic<Worker*> poller{nullptr};
-    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
-    std::atomic<int> io_waiters{0};
-    SpinLock io_lock;          // guards io_fds and the epoll interest of each fd
-    std::unordered_map<int, struct IoFd> io_fds;
-    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
-    // Harvests ready fds without blocking; true if any fiber was woken.
-    bool poll_io() noexcept;
-#endif
+    // Opens / closes the idle wait's fds (none on the condition-variable backend).
+    void open_idle();
+    void close_idle() noexcept;
+    // The idle wait's part shared by the workers; with epoll also what fsched::io keeps.
+    SchedulerIdle idle;
 
     Scheduler& owner;
     const bool use_caller;
@@ -2966,18 +3155,13 @@ inline void Worker::run_loop() {
 }
 
 inline void Worker::poll_io_now_and_then() {
-#if defined(FIBER_SCHED_HAVE_EPOLL)
     // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
     // then, so fibers waiting for IO are not starved by a busy scheduler, nor by a task
     // that yields in a loop.
     if (++tasks_since_io_poll >= 32) {
         tasks_since_io_poll = 0;
-        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-            core.poller.load(std::memory_order_relaxed) == nullptr) {
-            core.poll_io();
-        }
+        core.idle.poll_io(true);
     }
-#endif
 }
 
 inline bool Worker::next_task(QueuedTask& task) {
@@ -2991,10 +3175,7 @@ inline bool Worker::next_task(QueuedTask& task) {
         return true;
     }
     if (find_task(task)) return true;
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) return find_task(task);
-#endif
-    return false;
+    return core.idle.poll_io(false) && find_task(task);
 }
 
 inline bool Worker::spin_for_work(QueuedTask& task) {
@@ -3011,19 +3192,12 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 
 // Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
 inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
-    Worker* no_poller = nullptr;
-    if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-        core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
-        is_poller.store(true, std::memory_order_relaxed);
-    }
-#endif
+    idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
     sleeping.store(true, std::memory_order_seq_cst);
     core.sleepers.fetch_add(1, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
     if (find_task(task, true) || core.finished()) {
-        give_up_poller_role();
+        idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
         // wait return early.
         core.claim_wake(*this);
@@ -3035,14 +3209,14 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
     const std::int64_t deadline_ticks = earliest_deadline();
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
     if (deadline_ticks == no_deadline) {
-        wait_for_work(nullptr);
+        idle.wait(core.idle, nullptr);
     } else {
         const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
-        wait_for_work(&deadline);
+        idle.wait(core.idle, &deadline);
     }
     core.claim_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
-    give_up_poller_role();
+    idle.end_sleep(core.idle);
     return false;
 }
 
@@ -3069,37 +3243,30 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     pop_locked(next);
 }
 
-#if !defined(FIBER_SCHED_HAVE_EPOLL)
-// Without epoll the idle wait is a condition variable (and there is no fsched::io).
-inline void Worker::notify() {
-    {
-        std::lock_guard<std::mutex> lock(idle_mutex);
-        notified = true;
+inline void Worker::notify() { idle.notify(core.idle); }
+
+void SchedulerCore::open_idle() {
+    const char* failed = idle.open();
+    for (std::size_t i = 0; !failed && i < workers.size(); ++i) failed = workers[i]->idle.open();
+    if (failed) {
+        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
+        // close_idle(): release the fds here, before building the exception, which may itself
+        // need memory (or, under UBSan, a pipe).
+        const int error = errno;
+        close_idle();
+        throw std::system_error(error, std::generic_category(), failed);
     }
-    idle_cv.notify_one();
+    try {
+        idle.register_for_cancel();  // only a fully opened scheduler
+    } catch (...) {
+        close_idle();
+        throw;
+    }
 }
 
-inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
-    std::unique_lock<std::mutex> lock(idle_mutex);
-    if (deadline) {
-        idle_cv.wait_until(lock, *deadline, [this] { return notified; });
-    } else {
-        idle_cv.wait(lock, [this] { return notified; });
-    }
-    notified = false;
-}
-
-void SchedulerCore::open_io() {}
-void SchedulerCore::close_io() noexcept {}
-#endif
-
-inline void Worker::give_up_poller_role() noexcept {
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    if (is_poller.load(std::memory_order_relaxed)) {
-        is_poller.store(false, std::memory_order_relaxed);
-        core.poller.store(nullptr, std::memory_order_release);
-    }
-#endif
+void SchedulerCore::close_idle() noexcept {
+    idle.close();  // first: io::cancel() must not find it half closed
+    for (auto& w : workers) w->idle.close();
 }
 
 inline void Worker::reserve_timer() {
@@ -3786,15 +3953,8 @@ void WaitGroup::wait() {
 // ---- end src/impl/sync.ipp ----
 // ---- begin src/impl/io.ipp ----
 // ---------------------------------------------------------------------------
-// Implementation: fsched::io and the epoll-based idle wait (Linux).
-//
-// Each scheduler has one epoll instance for the fds its fibers wait for (io_epoll_fd), and
-// each worker one of its own holding just an eventfd (wake_fd). A worker about to sleep
-// takes the poller role if no one holds it and fibers wait for IO; the poller sleeps in
-// epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
-// the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
-// wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
-// blocking every 32 tasks (poll_io) when no one is polling.
+// Implementation: fsched::io (Linux). The epoll instance it registers fds with, and the
+// worker that sleeps on it (the poller), belong to the idle wait: idle_epoll.ipp.
 //
 // Registration is level-triggered and one-shot (EPOLLONESHOT), re-armed by each wait:
 // one-shot, because an fd's readiness must wake its waiter once and then stay quiet until
@@ -3839,7 +3999,7 @@ struct ThreadIoWait {
 // What io::cancel() must find: the live schedulers and the plain threads blocked in poll().
 struct IoRegistry {
     std::mutex mutex;
-    std::vector<SchedulerCore*> schedulers;                    // under mutex
+    std::vector<SchedulerIdle*> schedulers;                    // under mutex
     std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
 };
 
@@ -3871,29 +4031,6 @@ std::uint64_t event_data(int fd, std::uint32_t generation) noexcept {
 int event_fd(const epoll_event& ev) noexcept { return static_cast<int>(static_cast<std::uint32_t>(ev.data.u64)); }
 std::uint32_t event_generation(const epoll_event& ev) noexcept { return static_cast<std::uint32_t>(ev.data.u64 >> 32); }
 
-// Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
-bool watch(int epoll_fd, int fd) noexcept {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = event_data(fd, 0);
-    return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
-}
-
-void drain(int event_fd) noexcept {
-    std::uint64_t count;
-    while (::read(event_fd, &count, sizeof count) > 0) {
-    }
-}
-
-int timeout_ms(const std::chrono::steady_clock::time_point* deadline) noexcept {
-    if (!deadline) return -1;
-    const auto left = *deadline - std::chrono::steady_clock::now();
-    if (left <= left.zero()) return 0;
-    // Round up: waking a little late is fine, waking early means another wait.
-    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-    return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
-}
-
 // What to do with an fd's epoll entry once no fiber waits for it.
 enum class WhenIdle {
     keep,    // it just fired, so one-shot already disarmed it: no system call
@@ -3906,29 +4043,29 @@ enum class WhenIdle {
 // an ADD and a DEL; io_fds is keyed by fd number, so it grows no larger than the highest fd.
 // An entry left by a closed fd is found stale when its number is reused: MOD then fails
 // with ENOENT (closing removed it from epoll) and becomes an ADD.
-int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
+int rearm(SchedulerIdle& idle, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
     const std::uint32_t events = (entry.reader ? EPOLLIN | EPOLLRDHUP : 0u) | (entry.writer ? EPOLLOUT : 0u);
     epoll_event ev{};
     // Events of earlier armings are stale from now on. Numbered per scheduler, not per
     // entry: an entry erased by cancel() and made anew must not repeat a number.
-    if (events != 0) entry.generation = ++core.io_armings;
+    if (events != 0) entry.generation = ++idle.io_armings;
     ev.data.u64 = event_data(fd, entry.generation);
     if (events == 0) {
         if (when_idle == WhenIdle::remove) {
             // The fd may be closed by now; a failed delete changes nothing.
-            if (entry.registered) epoll_ctl(core.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-            core.io_fds.erase(fd);
+            if (entry.registered) epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+            idle.io_fds.erase(fd);
         } else if (when_idle == WhenIdle::disarm && entry.registered) {
             ev.events = EPOLLONESHOT;  // no events: disarmed until the next MOD
-            if (epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) entry.registered = false;
+            if (epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) entry.registered = false;
         }
         return 0;
     }
     ev.events = events | EPOLLONESHOT;
-    if (entry.registered && epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
-    if (epoll_ctl(core.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (entry.registered && epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
+    if (epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         // EEXIST: registered although we lost track (an ADD that raced a close/reuse).
-        if (errno != EEXIST || epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) {
+        if (errno != EEXIST || epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) {
             entry.registered = false;
             return errno;
         }
@@ -3939,10 +4076,10 @@ int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept
 
 // Takes whichever of fd's waiters `revents` wakes; under io_lock. An event of an earlier
 // arming than the entry's current one is ignored: the current arming reports for itself.
-void take_ready(SchedulerCore& core, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
+void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
                 int& count) noexcept {
-    auto it = core.io_fds.find(fd);
-    if (it == core.io_fds.end()) return;
+    auto it = idle.io_fds.find(fd);
+    if (it == idle.io_fds.end()) return;
     IoFd& entry = it->second;
     if (entry.generation != generation) return;
     if (entry.reader && (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
@@ -3953,25 +4090,25 @@ void take_ready(SchedulerCore& core, int fd, std::uint32_t generation, std::uint
         if (claim(entry.writer->waiter)) woken[count++] = entry.writer;
         entry.writer = nullptr;
     }
-    rearm(core, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
+    rearm(idle, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
 }
 
 // Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
 // drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
 // the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
-bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_poller) {
+bool dispatch_events(SchedulerIdle& idle, const epoll_event* events, int n, bool is_poller) noexcept {
     bool any = false;
     for (int i = 0; i < n; ++i) {
         const int fd = event_fd(events[i]);
-        if (fd == core.poller_wake_fd) {
+        if (fd == idle.poller_wake_fd) {
             if (is_poller) drain(fd);
             continue;
         }
         IoWait* woken[2];
         int count = 0;
-        core.io_lock.lock();
-        take_ready(core, fd, event_generation(events[i]), events[i].events, woken, count);
-        core.io_lock.unlock();
+        idle.io_lock.lock();
+        take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
+        idle.io_lock.unlock();
         for (int k = 0; k < count; ++k) wake_claimed(woken[k]->waiter);
         any = any || count > 0;
     }
@@ -3979,7 +4116,7 @@ bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_pol
 }
 
 struct FiberIoWait {
-    SchedulerCore* core;
+    SchedulerIdle* idle;
     int fd;
 };
 
@@ -3987,12 +4124,12 @@ struct FiberIoWait {
 void unlink_io_wait(void* context, Waiter& w) {
     auto* wait = reinterpret_cast<IoWait*>(&w);  // Waiter is IoWait's first member
     auto* where = static_cast<FiberIoWait*>(context);
-    auto it = where->core->io_fds.find(where->fd);
-    if (it == where->core->io_fds.end()) return;
+    auto it = where->idle->io_fds.find(where->fd);
+    if (it == where->idle->io_fds.end()) return;
     IoFd& entry = it->second;
     if (entry.reader == wait) entry.reader = nullptr;
     if (entry.writer == wait) entry.writer = nullptr;
-    rearm(*where->core, where->fd, entry, WhenIdle::disarm);
+    rearm(*where->idle, where->fd, entry, WhenIdle::disarm);
 }
 
 // The pollfd that asks whether fd is ready for `what`.
@@ -4035,7 +4172,7 @@ bool ready_now(int fd, io::Ready what) noexcept {
     return poll_outcome(rc, one, current_errno());
 }
 
-bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline) {
     IoWait wait;
     try {
         if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
@@ -4043,36 +4180,36 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
         set_errno(ENOMEM);
         return false;
     }
-    core.io_lock.lock();
+    idle.io_lock.lock();
     IoFd* found;
     try {
         if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
-        found = &core.io_fds[fd];
+        found = &idle.io_fds[fd];
     } catch (const std::bad_alloc&) {
-        core.io_lock.unlock();
+        idle.io_lock.unlock();
         set_errno(ENOMEM);
         return false;
     }
     IoFd& entry = *found;
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
-        core.io_lock.unlock();
+        idle.io_lock.unlock();
         set_errno(EBUSY);
         return false;
     }
     slot = &wait;
-    if (const int error = rearm(core, fd, entry, WhenIdle::keep)) {
+    if (const int error = rearm(idle, fd, entry, WhenIdle::keep)) {
         slot = nullptr;
-        if (!entry.reader && !entry.writer) core.io_fds.erase(fd);
-        core.io_lock.unlock();
+        if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
+        idle.io_lock.unlock();
         if (error == EPERM) return true;  // a regular file: always ready
         set_errno(error);
         return false;
     }
-    core.io_waiters.fetch_add(1, std::memory_order_relaxed);
-    FiberIoWait where{&core, fd};
-    const bool woken = block(core.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
-    core.io_waiters.fetch_sub(1, std::memory_order_relaxed);
+    idle.io_waiters.fetch_add(1, std::memory_order_relaxed);
+    FiberIoWait where{&idle, fd};
+    const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
+    idle.io_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (!woken) {
         // The timer may fire before any worker has asked epoll about the fd (all were busy):
         // a wait that ends with the fd ready reports it ready, as poll() would.
@@ -4097,7 +4234,7 @@ int thread_cancel_fd() {
     return cancel_fd.fd;
 }
 
-bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
     const int cancel_fd = thread_cancel_fd();
     if (cancel_fd < 0) return false;  // errno from eventfd()
     IoRegistry& registry = io_registry();
@@ -4126,7 +4263,7 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     return poll_outcome(rc, fds[0], poll_errno);
 }
 
-bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
     if (fd < 0) {
@@ -4137,7 +4274,7 @@ bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_po
     // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
     if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
     if (in_scheduler_task()) {
-        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler), fd, what, deadline);
+        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline);
     }
     return thread_wait(fd, what, deadline);
 }
@@ -4155,12 +4292,13 @@ bool usable_fd(int fd) {
     return true;
 }
 
+// An io call's timeout as a deadline; a negative timeout is none.
 struct Deadline {
     explicit Deadline(std::chrono::milliseconds timeout)
-        : has(timeout.count() >= 0), at(has ? std::chrono::steady_clock::now() + timeout : std::chrono::steady_clock::time_point{}) {}
-    const std::chrono::steady_clock::time_point* get() const noexcept { return has ? &at : nullptr; }
+        : has(timeout.count() >= 0), at(has ? deadline_after(timeout) : TimePoint{}) {}
+    const TimePoint* get() const noexcept { return has ? &at : nullptr; }
     bool has;
-    std::chrono::steady_clock::time_point at;
+    TimePoint at;
 };
 
 // Calls `call` until it succeeds or fails with something other than EAGAIN, waiting for
@@ -4201,92 +4339,23 @@ ssize_t write_without_sigpipe(int fd, const void* buf, std::size_t n) noexcept {
     return rc;
 }
 
-// Opens core's epoll instances and eventfds. On failure returns the name of the call that
-// failed, errno set, leaving open what it opened (close_io_fds closes it); nullptr on success.
-const char* open_io_fds(SchedulerCore& core) noexcept {
-    if ((core.io_epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
-    if ((core.poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
-    if (!watch(core.io_epoll_fd, core.poller_wake_fd)) return "fiber_sched: epoll_ctl";
-    for (auto& w : core.workers) {
-        if (FIBER_SCHED_FAULT(fd_open)) {
-            errno = EMFILE;
-            return "fiber_sched: epoll_create1";
-        }
-        if ((w->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
-        if ((w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
-        if (!watch(w->epoll_fd, w->wake_fd)) return "fiber_sched: epoll_ctl";
-    }
-    return nullptr;
-}
-
-// Closes whatever open_io_fds() opened (-1 where it did not get that far).
-void close_io_fds(SchedulerCore& core) noexcept {
-    for (auto& w : core.workers) {
-        if (w->epoll_fd >= 0) close(w->epoll_fd);
-        if (w->wake_fd >= 0) close(w->wake_fd);
-        w->epoll_fd = w->wake_fd = -1;
-    }
-    if (core.io_epoll_fd >= 0) close(core.io_epoll_fd);
-    if (core.poller_wake_fd >= 0) close(core.poller_wake_fd);
-    core.io_epoll_fd = core.poller_wake_fd = -1;
-}
-
 }  // namespace
 
-void SchedulerCore::open_io() {
-    if (const char* failed = open_io_fds(*this)) {
-        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
-        // close_io(): release the fds here, before building the exception, which may itself
-        // need memory (or, under UBSan, a pipe).
-        const int error = errno;
-        close_io_fds(*this);
-        throw std::system_error(error, std::generic_category(), failed);
-    }
-    // Only a fully built scheduler is registered: io::cancel() may look at it from now on.
+bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept {
+    return dispatch_events(idle, events, n, from_poller);
+}
+
+void add_to_io_registry(SchedulerIdle* idle) {
     IoRegistry& registry = io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
-    try {
-        registry.schedulers.push_back(this);
-    } catch (...) {
-        close_io_fds(*this);
-        throw;
-    }
+    registry.schedulers.push_back(idle);
 }
 
-void SchedulerCore::close_io() noexcept {
-    {
-        IoRegistry& registry = io_registry();
-        std::lock_guard<std::mutex> lock(registry.mutex);
-        registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), this),
-                                  registry.schedulers.end());
-    }
-    close_io_fds(*this);
-}
-
-bool SchedulerCore::poll_io() noexcept {
-    epoll_event events[64];
-    const int n = epoll_wait(io_epoll_fd, events, 64, 0);
-    return n > 0 && dispatch(*this, events, n, false);
-}
-
-inline void Worker::notify() {
-    const std::uint64_t one = 1;
-    // Whoever claimed the wake-up read is_poller after its CAS on `sleeping`, and this
-    // worker set it before setting `sleeping`: the write goes where it sleeps.
-    const int fd = is_poller.load(std::memory_order_relaxed) ? core.poller_wake_fd : wake_fd;
-    ssize_t written = ::write(fd, &one, sizeof one);
-    (void)written;  // an eventfd only fails to count past 2^64 - 2
-}
-
-inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
-    epoll_event events[64];
-    const int timeout = timeout_ms(deadline);
-    if (is_poller.load(std::memory_order_relaxed)) {
-        const int n = epoll_wait(core.io_epoll_fd, events, 64, timeout);
-        if (n > 0) dispatch(core, events, n, true);
-        return;
-    }
-    if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
+void remove_from_io_registry(SchedulerIdle* idle) noexcept {
+    IoRegistry& registry = io_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), idle),
+                              registry.schedulers.end());
 }
 
 }  // namespace detail
@@ -4340,21 +4409,19 @@ int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::millisecon
 void cancel(int fd) {
     detail::IoRegistry& registry = detail::io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
-    const std::uint64_t one = 1;
     auto threads = registry.thread_waits.equal_range(fd);
     for (auto it = threads.first; it != threads.second; ++it) {
         detail::ThreadIoWait& wait = *it->second;
         if (wait.cancelled) continue;  // its eventfd is already signalled
         wait.cancelled = true;
-        ssize_t written = ::write(wait.cancel_fd, &one, sizeof one);
-        (void)written;  // an eventfd only fails to count past 2^64 - 2
+        detail::signal_eventfd(wait.cancel_fd);
     }
-    for (detail::SchedulerCore* core : registry.schedulers) {
+    for (detail::SchedulerIdle* idle : registry.schedulers) {
         detail::IoWait* woken[2];
         int count = 0;
-        core->io_lock.lock();
-        auto it = core->io_fds.find(fd);
-        if (it != core->io_fds.end()) {
+        idle->io_lock.lock();
+        auto it = idle->io_fds.find(fd);
+        if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {
@@ -4363,9 +4430,9 @@ void cancel(int fd) {
                 }
                 *slot = nullptr;
             }
-            detail::rearm(*core, fd, entry, detail::WhenIdle::remove);
+            detail::rearm(*idle, fd, entry, detail::WhenIdle::remove);
         }
-        core->io_lock.unlock();
+        idle->io_lock.unlock();
         for (int k = 0; k < count; ++k) detail::wake_claimed(woken[k]->waiter);
     }
 }

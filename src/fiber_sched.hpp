@@ -156,6 +156,13 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
+// The idle wait, chosen next to the context backend: epoll on Linux, else (and with
+// FIBER_SCHED_NO_EPOLL) a condition variable. Both files have the same interface.
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include "impl/idle_epoll.ipp"
+#else
+#include "impl/idle_condvar.ipp"
+#endif
 #include "impl/scheduler.ipp"
 #include "impl/sync.ipp"
 #include "impl/io.ipp"

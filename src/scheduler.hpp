@@ -12,8 +12,32 @@ struct ScheduleTask {
 };
 
 namespace detail {
-class SchedulerCore;
+struct SchedulerCore;
+
+using TimePoint = std::chrono::steady_clock::time_point;
+
+// The steady_clock time `d` from now, saturated instead of overflowing for durations like
+// hours::max(); a duration of zero or less is now.
+template <class Rep, class Period>
+TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
+    using std::chrono::steady_clock;
+    const auto now = steady_clock::now();
+    if (d <= d.zero()) return now;
+    const std::chrono::duration<double> room = TimePoint::max() - now;
+    return std::chrono::duration<double>(d) >= room ? TimePoint::max()
+                                                    : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
+
+// `t` as a steady_clock time: exact for steady_clock, else measured from Clock::now().
+template <class Clock, class Duration>
+TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
+    if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+        return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
+    } else {
+        return deadline_after(t - Clock::now());
+    }
+}
+}  // namespace detail
 
 class Scheduler {
 public:
@@ -68,7 +92,7 @@ public:
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
 
 private:
-    friend class detail::SchedulerCore;
+    friend struct detail::SchedulerCore;
 
     template <class FiberOrCb>
     static ScheduleTask make_task(FiberOrCb&& fc, int thread) {
@@ -125,24 +149,13 @@ void yield();
 // In a scheduler task: park for `d`, freeing the worker (Tars sleep). Elsewhere: sleep the thread.
 template <class Rep, class Period>
 void sleep_for(const std::chrono::duration<Rep, Period>& d) {
-    using std::chrono::steady_clock;
-    const auto now = steady_clock::now();
-    if (d <= d.zero()) return detail::sleep_until_steady(now);
-    // Saturate instead of overflowing for durations like hours::max().
-    const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
-    detail::sleep_until_steady(std::chrono::duration<double>(d) >= room
-                                   ? steady_clock::time_point::max()
-                                   : now + std::chrono::duration_cast<steady_clock::duration>(d));
+    detail::sleep_until_steady(detail::deadline_after(d));
 }
 
 // sleep_for(t - Clock::now()).
 template <class Clock, class Duration>
 void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
-    if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
-        detail::sleep_until_steady(std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t));
-    } else {
-        sleep_for(t - Clock::now());
-    }
+    detail::sleep_until_steady(detail::to_steady(t));
 }
 
 // Fiber::current()->id(); 0 outside fibers.

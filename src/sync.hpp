@@ -111,10 +111,10 @@ private:
 // `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
 // lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
 using Unlink = void (*)(void* context, Waiter& w);
-bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
+bool block(SpinLock& lock, Waiter& w, const TimePoint* deadline, Unlink unlink,
            void* context);
 // The same for a Waiter in a WaitList.
-inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const std::chrono::steady_clock::time_point* deadline) {
+inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* deadline) {
     return block(lock, w, deadline, [](void* l, Waiter& waiter) {
         if (waiter.linked) static_cast<WaitList*>(l)->remove(&waiter);
     }, &list);
@@ -229,7 +229,7 @@ public:
     // As wait(), but gives up at `t`: std::cv_status::timeout then.
     template <class Clock, class Duration>
     std::cv_status wait_until(std::unique_lock<Mutex>& lock, const std::chrono::time_point<Clock, Duration>& t) {
-        return wait_until_steady(lock, to_steady(t));
+        return wait_until_steady(lock, detail::to_steady(t));
     }
     // Waits until pred() holds or `t` passes; returns pred().
     template <class Clock, class Duration, class Predicate>
@@ -242,32 +242,15 @@ public:
     // wait_until(lock, now + d).
     template <class Rep, class Period>
     std::cv_status wait_for(std::unique_lock<Mutex>& lock, const std::chrono::duration<Rep, Period>& d) {
-        return wait_until_steady(lock, deadline_after(d));
+        return wait_until_steady(lock, detail::deadline_after(d));
     }
     template <class Rep, class Period, class Predicate>
     bool wait_for(std::unique_lock<Mutex>& lock, const std::chrono::duration<Rep, Period>& d, Predicate pred) {
-        return wait_until(lock, deadline_after(d), std::move(pred));
+        return wait_until(lock, detail::deadline_after(d), std::move(pred));
     }
 
 private:
-    template <class Rep, class Period>
-    static std::chrono::steady_clock::time_point deadline_after(const std::chrono::duration<Rep, Period>& d) {
-        using std::chrono::steady_clock;
-        const auto now = steady_clock::now();
-        if (d <= d.zero()) return now;
-        const std::chrono::duration<double> room = steady_clock::time_point::max() - now;
-        return std::chrono::duration<double>(d) >= room ? steady_clock::time_point::max()
-                                                        : now + std::chrono::duration_cast<steady_clock::duration>(d);
-    }
-    template <class Clock, class Duration>
-    static std::chrono::steady_clock::time_point to_steady(const std::chrono::time_point<Clock, Duration>& t) {
-        if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
-            return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
-        } else {
-            return deadline_after(t - Clock::now());
-        }
-    }
-    std::cv_status wait_until_steady(std::unique_lock<Mutex>& lock, std::chrono::steady_clock::time_point deadline);
+    std::cv_status wait_until_steady(std::unique_lock<Mutex>& lock, detail::TimePoint deadline);
 
     detail::SpinLock lock_;
     detail::WaitList waiters_;

@@ -1,13 +1,6 @@
 // ---------------------------------------------------------------------------
-// Implementation: fsched::io and the epoll-based idle wait (Linux).
-//
-// Each scheduler has one epoll instance for the fds its fibers wait for (io_epoll_fd), and
-// each worker one of its own holding just an eventfd (wake_fd). A worker about to sleep
-// takes the poller role if no one holds it and fibers wait for IO; the poller sleeps in
-// epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
-// the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
-// wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
-// blocking every 32 tasks (poll_io) when no one is polling.
+// Implementation: fsched::io (Linux). The epoll instance it registers fds with, and the
+// worker that sleeps on it (the poller), belong to the idle wait: idle_epoll.ipp.
 //
 // Registration is level-triggered and one-shot (EPOLLONESHOT), re-armed by each wait:
 // one-shot, because an fd's readiness must wake its waiter once and then stay quiet until
@@ -52,7 +45,7 @@ struct ThreadIoWait {
 // What io::cancel() must find: the live schedulers and the plain threads blocked in poll().
 struct IoRegistry {
     std::mutex mutex;
-    std::vector<SchedulerCore*> schedulers;                    // under mutex
+    std::vector<SchedulerIdle*> schedulers;                    // under mutex
     std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
 };
 
@@ -84,29 +77,6 @@ std::uint64_t event_data(int fd, std::uint32_t generation) noexcept {
 int event_fd(const epoll_event& ev) noexcept { return static_cast<int>(static_cast<std::uint32_t>(ev.data.u64)); }
 std::uint32_t event_generation(const epoll_event& ev) noexcept { return static_cast<std::uint32_t>(ev.data.u64 >> 32); }
 
-// Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
-bool watch(int epoll_fd, int fd) noexcept {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = event_data(fd, 0);
-    return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
-}
-
-void drain(int event_fd) noexcept {
-    std::uint64_t count;
-    while (::read(event_fd, &count, sizeof count) > 0) {
-    }
-}
-
-int timeout_ms(const std::chrono::steady_clock::time_point* deadline) noexcept {
-    if (!deadline) return -1;
-    const auto left = *deadline - std::chrono::steady_clock::now();
-    if (left <= left.zero()) return 0;
-    // Round up: waking a little late is fine, waking early means another wait.
-    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-    return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
-}
-
 // What to do with an fd's epoll entry once no fiber waits for it.
 enum class WhenIdle {
     keep,    // it just fired, so one-shot already disarmed it: no system call
@@ -119,29 +89,29 @@ enum class WhenIdle {
 // an ADD and a DEL; io_fds is keyed by fd number, so it grows no larger than the highest fd.
 // An entry left by a closed fd is found stale when its number is reused: MOD then fails
 // with ENOENT (closing removed it from epoll) and becomes an ADD.
-int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
+int rearm(SchedulerIdle& idle, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
     const std::uint32_t events = (entry.reader ? EPOLLIN | EPOLLRDHUP : 0u) | (entry.writer ? EPOLLOUT : 0u);
     epoll_event ev{};
     // Events of earlier armings are stale from now on. Numbered per scheduler, not per
     // entry: an entry erased by cancel() and made anew must not repeat a number.
-    if (events != 0) entry.generation = ++core.io_armings;
+    if (events != 0) entry.generation = ++idle.io_armings;
     ev.data.u64 = event_data(fd, entry.generation);
     if (events == 0) {
         if (when_idle == WhenIdle::remove) {
             // The fd may be closed by now; a failed delete changes nothing.
-            if (entry.registered) epoll_ctl(core.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-            core.io_fds.erase(fd);
+            if (entry.registered) epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+            idle.io_fds.erase(fd);
         } else if (when_idle == WhenIdle::disarm && entry.registered) {
             ev.events = EPOLLONESHOT;  // no events: disarmed until the next MOD
-            if (epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) entry.registered = false;
+            if (epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) entry.registered = false;
         }
         return 0;
     }
     ev.events = events | EPOLLONESHOT;
-    if (entry.registered && epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
-    if (epoll_ctl(core.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (entry.registered && epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
+    if (epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         // EEXIST: registered although we lost track (an ADD that raced a close/reuse).
-        if (errno != EEXIST || epoll_ctl(core.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) {
+        if (errno != EEXIST || epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) {
             entry.registered = false;
             return errno;
         }
@@ -152,10 +122,10 @@ int rearm(SchedulerCore& core, int fd, IoFd& entry, WhenIdle when_idle) noexcept
 
 // Takes whichever of fd's waiters `revents` wakes; under io_lock. An event of an earlier
 // arming than the entry's current one is ignored: the current arming reports for itself.
-void take_ready(SchedulerCore& core, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
+void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
                 int& count) noexcept {
-    auto it = core.io_fds.find(fd);
-    if (it == core.io_fds.end()) return;
+    auto it = idle.io_fds.find(fd);
+    if (it == idle.io_fds.end()) return;
     IoFd& entry = it->second;
     if (entry.generation != generation) return;
     if (entry.reader && (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
@@ -166,25 +136,25 @@ void take_ready(SchedulerCore& core, int fd, std::uint32_t generation, std::uint
         if (claim(entry.writer->waiter)) woken[count++] = entry.writer;
         entry.writer = nullptr;
     }
-    rearm(core, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
+    rearm(idle, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
 }
 
 // Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
 // drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
 // the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
-bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_poller) {
+bool dispatch_events(SchedulerIdle& idle, const epoll_event* events, int n, bool is_poller) noexcept {
     bool any = false;
     for (int i = 0; i < n; ++i) {
         const int fd = event_fd(events[i]);
-        if (fd == core.poller_wake_fd) {
+        if (fd == idle.poller_wake_fd) {
             if (is_poller) drain(fd);
             continue;
         }
         IoWait* woken[2];
         int count = 0;
-        core.io_lock.lock();
-        take_ready(core, fd, event_generation(events[i]), events[i].events, woken, count);
-        core.io_lock.unlock();
+        idle.io_lock.lock();
+        take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
+        idle.io_lock.unlock();
         for (int k = 0; k < count; ++k) wake_claimed(woken[k]->waiter);
         any = any || count > 0;
     }
@@ -192,7 +162,7 @@ bool dispatch(SchedulerCore& core, const epoll_event* events, int n, bool is_pol
 }
 
 struct FiberIoWait {
-    SchedulerCore* core;
+    SchedulerIdle* idle;
     int fd;
 };
 
@@ -200,12 +170,12 @@ struct FiberIoWait {
 void unlink_io_wait(void* context, Waiter& w) {
     auto* wait = reinterpret_cast<IoWait*>(&w);  // Waiter is IoWait's first member
     auto* where = static_cast<FiberIoWait*>(context);
-    auto it = where->core->io_fds.find(where->fd);
-    if (it == where->core->io_fds.end()) return;
+    auto it = where->idle->io_fds.find(where->fd);
+    if (it == where->idle->io_fds.end()) return;
     IoFd& entry = it->second;
     if (entry.reader == wait) entry.reader = nullptr;
     if (entry.writer == wait) entry.writer = nullptr;
-    rearm(*where->core, where->fd, entry, WhenIdle::disarm);
+    rearm(*where->idle, where->fd, entry, WhenIdle::disarm);
 }
 
 // The pollfd that asks whether fd is ready for `what`.
@@ -248,7 +218,7 @@ bool ready_now(int fd, io::Ready what) noexcept {
     return poll_outcome(rc, one, current_errno());
 }
 
-bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline) {
     IoWait wait;
     try {
         if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
@@ -256,36 +226,36 @@ bool fiber_wait(SchedulerCore& core, int fd, io::Ready what, const std::chrono::
         set_errno(ENOMEM);
         return false;
     }
-    core.io_lock.lock();
+    idle.io_lock.lock();
     IoFd* found;
     try {
         if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
-        found = &core.io_fds[fd];
+        found = &idle.io_fds[fd];
     } catch (const std::bad_alloc&) {
-        core.io_lock.unlock();
+        idle.io_lock.unlock();
         set_errno(ENOMEM);
         return false;
     }
     IoFd& entry = *found;
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
-        core.io_lock.unlock();
+        idle.io_lock.unlock();
         set_errno(EBUSY);
         return false;
     }
     slot = &wait;
-    if (const int error = rearm(core, fd, entry, WhenIdle::keep)) {
+    if (const int error = rearm(idle, fd, entry, WhenIdle::keep)) {
         slot = nullptr;
-        if (!entry.reader && !entry.writer) core.io_fds.erase(fd);
-        core.io_lock.unlock();
+        if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
+        idle.io_lock.unlock();
         if (error == EPERM) return true;  // a regular file: always ready
         set_errno(error);
         return false;
     }
-    core.io_waiters.fetch_add(1, std::memory_order_relaxed);
-    FiberIoWait where{&core, fd};
-    const bool woken = block(core.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
-    core.io_waiters.fetch_sub(1, std::memory_order_relaxed);
+    idle.io_waiters.fetch_add(1, std::memory_order_relaxed);
+    FiberIoWait where{&idle, fd};
+    const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
+    idle.io_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (!woken) {
         // The timer may fire before any worker has asked epoll about the fd (all were busy):
         // a wait that ends with the fd ready reports it ready, as poll() would.
@@ -310,7 +280,7 @@ int thread_cancel_fd() {
     return cancel_fd.fd;
 }
 
-bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
     const int cancel_fd = thread_cancel_fd();
     if (cancel_fd < 0) return false;  // errno from eventfd()
     IoRegistry& registry = io_registry();
@@ -339,7 +309,7 @@ bool thread_wait(int fd, io::Ready what, const std::chrono::steady_clock::time_p
     return poll_outcome(rc, fds[0], poll_errno);
 }
 
-bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_point* deadline) {
+bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
     if (fd < 0) {
@@ -350,7 +320,7 @@ bool wait_until(int fd, io::Ready what, const std::chrono::steady_clock::time_po
     // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
     if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
     if (in_scheduler_task()) {
-        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler), fd, what, deadline);
+        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline);
     }
     return thread_wait(fd, what, deadline);
 }
@@ -368,12 +338,13 @@ bool usable_fd(int fd) {
     return true;
 }
 
+// An io call's timeout as a deadline; a negative timeout is none.
 struct Deadline {
     explicit Deadline(std::chrono::milliseconds timeout)
-        : has(timeout.count() >= 0), at(has ? std::chrono::steady_clock::now() + timeout : std::chrono::steady_clock::time_point{}) {}
-    const std::chrono::steady_clock::time_point* get() const noexcept { return has ? &at : nullptr; }
+        : has(timeout.count() >= 0), at(has ? deadline_after(timeout) : TimePoint{}) {}
+    const TimePoint* get() const noexcept { return has ? &at : nullptr; }
     bool has;
-    std::chrono::steady_clock::time_point at;
+    TimePoint at;
 };
 
 // Calls `call` until it succeeds or fails with something other than EAGAIN, waiting for
@@ -414,92 +385,23 @@ ssize_t write_without_sigpipe(int fd, const void* buf, std::size_t n) noexcept {
     return rc;
 }
 
-// Opens core's epoll instances and eventfds. On failure returns the name of the call that
-// failed, errno set, leaving open what it opened (close_io_fds closes it); nullptr on success.
-const char* open_io_fds(SchedulerCore& core) noexcept {
-    if ((core.io_epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
-    if ((core.poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
-    if (!watch(core.io_epoll_fd, core.poller_wake_fd)) return "fiber_sched: epoll_ctl";
-    for (auto& w : core.workers) {
-        if (FIBER_SCHED_FAULT(fd_open)) {
-            errno = EMFILE;
-            return "fiber_sched: epoll_create1";
-        }
-        if ((w->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
-        if ((w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
-        if (!watch(w->epoll_fd, w->wake_fd)) return "fiber_sched: epoll_ctl";
-    }
-    return nullptr;
-}
-
-// Closes whatever open_io_fds() opened (-1 where it did not get that far).
-void close_io_fds(SchedulerCore& core) noexcept {
-    for (auto& w : core.workers) {
-        if (w->epoll_fd >= 0) close(w->epoll_fd);
-        if (w->wake_fd >= 0) close(w->wake_fd);
-        w->epoll_fd = w->wake_fd = -1;
-    }
-    if (core.io_epoll_fd >= 0) close(core.io_epoll_fd);
-    if (core.poller_wake_fd >= 0) close(core.poller_wake_fd);
-    core.io_epoll_fd = core.poller_wake_fd = -1;
-}
-
 }  // namespace
 
-void SchedulerCore::open_io() {
-    if (const char* failed = open_io_fds(*this)) {
-        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
-        // close_io(): release the fds here, before building the exception, which may itself
-        // need memory (or, under UBSan, a pipe).
-        const int error = errno;
-        close_io_fds(*this);
-        throw std::system_error(error, std::generic_category(), failed);
-    }
-    // Only a fully built scheduler is registered: io::cancel() may look at it from now on.
+bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept {
+    return dispatch_events(idle, events, n, from_poller);
+}
+
+void add_to_io_registry(SchedulerIdle* idle) {
     IoRegistry& registry = io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
-    try {
-        registry.schedulers.push_back(this);
-    } catch (...) {
-        close_io_fds(*this);
-        throw;
-    }
+    registry.schedulers.push_back(idle);
 }
 
-void SchedulerCore::close_io() noexcept {
-    {
-        IoRegistry& registry = io_registry();
-        std::lock_guard<std::mutex> lock(registry.mutex);
-        registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), this),
-                                  registry.schedulers.end());
-    }
-    close_io_fds(*this);
-}
-
-bool SchedulerCore::poll_io() noexcept {
-    epoll_event events[64];
-    const int n = epoll_wait(io_epoll_fd, events, 64, 0);
-    return n > 0 && dispatch(*this, events, n, false);
-}
-
-inline void Worker::notify() {
-    const std::uint64_t one = 1;
-    // Whoever claimed the wake-up read is_poller after its CAS on `sleeping`, and this
-    // worker set it before setting `sleeping`: the write goes where it sleeps.
-    const int fd = is_poller.load(std::memory_order_relaxed) ? core.poller_wake_fd : wake_fd;
-    ssize_t written = ::write(fd, &one, sizeof one);
-    (void)written;  // an eventfd only fails to count past 2^64 - 2
-}
-
-inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
-    epoll_event events[64];
-    const int timeout = timeout_ms(deadline);
-    if (is_poller.load(std::memory_order_relaxed)) {
-        const int n = epoll_wait(core.io_epoll_fd, events, 64, timeout);
-        if (n > 0) dispatch(core, events, n, true);
-        return;
-    }
-    if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
+void remove_from_io_registry(SchedulerIdle* idle) noexcept {
+    IoRegistry& registry = io_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), idle),
+                              registry.schedulers.end());
 }
 
 }  // namespace detail
@@ -553,21 +455,19 @@ int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::millisecon
 void cancel(int fd) {
     detail::IoRegistry& registry = detail::io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
-    const std::uint64_t one = 1;
     auto threads = registry.thread_waits.equal_range(fd);
     for (auto it = threads.first; it != threads.second; ++it) {
         detail::ThreadIoWait& wait = *it->second;
         if (wait.cancelled) continue;  // its eventfd is already signalled
         wait.cancelled = true;
-        ssize_t written = ::write(wait.cancel_fd, &one, sizeof one);
-        (void)written;  // an eventfd only fails to count past 2^64 - 2
+        detail::signal_eventfd(wait.cancel_fd);
     }
-    for (detail::SchedulerCore* core : registry.schedulers) {
+    for (detail::SchedulerIdle* idle : registry.schedulers) {
         detail::IoWait* woken[2];
         int count = 0;
-        core->io_lock.lock();
-        auto it = core->io_fds.find(fd);
-        if (it != core->io_fds.end()) {
+        idle->io_lock.lock();
+        auto it = idle->io_fds.find(fd);
+        if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {
@@ -576,9 +476,9 @@ void cancel(int fd) {
                 }
                 *slot = nullptr;
             }
-            detail::rearm(*core, fd, entry, detail::WhenIdle::remove);
+            detail::rearm(*idle, fd, entry, detail::WhenIdle::remove);
         }
-        core->io_lock.unlock();
+        idle->io_lock.unlock();
         for (int k = 0; k < count; ++k) detail::wake_claimed(woken[k]->waiter);
     }
 }

@@ -37,8 +37,6 @@
 namespace fsched {
 namespace detail {
 
-using TimePoint = std::chrono::steady_clock::time_point;
-
 // A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
 inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
 constexpr std::int64_t no_deadline = INT64_MAX;
@@ -73,23 +71,7 @@ struct QueuedTask {
     std::uint64_t sequence = 0;
 };
 
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-struct IoWait;
-// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
-// scheduler's epoll instance. Under SchedulerCore::io_lock.
-struct IoFd {
-    IoWait* reader = nullptr;
-    IoWait* writer = nullptr;
-    bool registered = false;
-    // Bumped by each arming and carried in the epoll event: an event that a worker took out
-    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
-    // number reused) is stale and must not wake the new waiter.
-    std::uint32_t generation = 0;
-};
-#endif
-
-class alignas(64) Worker {
-public:
+struct alignas(64) Worker {
     Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
@@ -115,19 +97,9 @@ public:
     // The deadline this worker's idle wait ends at (no_deadline: none, or awake). Written
     // after `sleeping` is set and reset after waking; add_timer() reads it (see there).
     std::atomic<std::int64_t> sleep_deadline{no_deadline};
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    // The idle wait is epoll_wait: on this epoll instance, which holds only wake_fd, or, for
-    // the worker that holds the poller role, on the scheduler's IO instance (see io.ipp).
-    int epoll_fd = -1;
-    int wake_fd = -1;
-    // Written by this worker before it sets `sleeping`; read by whoever claims the wake-up
-    // after its CAS on `sleeping`, which orders the two.
-    std::atomic<bool> is_poller{false};
-#else
-    std::mutex idle_mutex;
-    std::condition_variable idle_cv;
-    bool notified = false;  // under idle_mutex
-#endif
+    // The idle wait (idle_epoll.ipp or idle_condvar.ipp); its part shared by the workers
+    // is SchedulerCore::idle.
+    WorkerIdle idle;
 
     // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
     // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
@@ -242,9 +214,6 @@ public:
 
     // Ends this worker's idle wait (or makes its next one return at once).
     void notify();
-    // The idle wait, the one place a worker blocks: until notify(), `deadline`, or (for the
-    // poller) an fd becoming ready.
-    void wait_for_work(const TimePoint* deadline);
 
     // The run loop and its steps, in the order run_loop() takes them.
     void run_loop();
@@ -253,7 +222,6 @@ public:
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished);
     void requeue_yielded(QueuedTask& next);
-    void give_up_poller_role() noexcept;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
@@ -263,37 +231,24 @@ public:
     Fiber::ptr fiber_for(std::function<void()>&& cb);
 };
 
-class SchedulerCore {
-public:
+struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
           caller_fiber(Fiber::current()) {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
-        open_io();  // releases what it opened before it throws
+        open_idle();  // releases what it opened before it throws
     }
-    ~SchedulerCore() { close_io(); }
+    ~SchedulerCore() { close_idle(); }
     SchedulerCore(const SchedulerCore&) = delete;
     SchedulerCore& operator=(const SchedulerCore&) = delete;
 
-    // Creates / closes the epoll instances and eventfds (io.ipp); no-ops without epoll.
-    void open_io();
-    void close_io() noexcept;
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    int io_epoll_fd = -1;      // every fd a fiber of this scheduler waits for, plus poller_wake_fd
-    int poller_wake_fd = -1;   // wakes whichever worker holds the poller role
-    // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
-    // worker about to sleep, given up when it wakes.
-    std::atomic<Worker*> poller{nullptr};
-    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
-    std::atomic<int> io_waiters{0};
-    SpinLock io_lock;          // guards io_fds and the epoll interest of each fd
-    std::unordered_map<int, struct IoFd> io_fds;
-    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
-    // Harvests ready fds without blocking; true if any fiber was woken.
-    bool poll_io() noexcept;
-#endif
+    // Opens / closes the idle wait's fds (none on the condition-variable backend).
+    void open_idle();
+    void close_idle() noexcept;
+    // The idle wait's part shared by the workers; with epoll also what fsched::io keeps.
+    SchedulerIdle idle;
 
     Scheduler& owner;
     const bool use_caller;
@@ -516,18 +471,13 @@ inline void Worker::run_loop() {
 }
 
 inline void Worker::poll_io_now_and_then() {
-#if defined(FIBER_SCHED_HAVE_EPOLL)
     // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
     // then, so fibers waiting for IO are not starved by a busy scheduler, nor by a task
     // that yields in a loop.
     if (++tasks_since_io_poll >= 32) {
         tasks_since_io_poll = 0;
-        if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-            core.poller.load(std::memory_order_relaxed) == nullptr) {
-            core.poll_io();
-        }
+        core.idle.poll_io(true);
     }
-#endif
 }
 
 inline bool Worker::next_task(QueuedTask& task) {
@@ -541,10 +491,7 @@ inline bool Worker::next_task(QueuedTask& task) {
         return true;
     }
     if (find_task(task)) return true;
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    if (core.io_waiters.load(std::memory_order_relaxed) > 0 && core.poll_io()) return find_task(task);
-#endif
-    return false;
+    return core.idle.poll_io(false) && find_task(task);
 }
 
 inline bool Worker::spin_for_work(QueuedTask& task) {
@@ -561,19 +508,12 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 
 // Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
 inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    // One sleeping worker waits for the fds too (the poller), so IO wakes one worker.
-    Worker* no_poller = nullptr;
-    if (core.io_waiters.load(std::memory_order_relaxed) > 0 &&
-        core.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
-        is_poller.store(true, std::memory_order_relaxed);
-    }
-#endif
+    idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
     sleeping.store(true, std::memory_order_seq_cst);
     core.sleepers.fetch_add(1, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
     if (find_task(task, true) || core.finished()) {
-        give_up_poller_role();
+        idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
         // wait return early.
         core.claim_wake(*this);
@@ -585,14 +525,14 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
     const std::int64_t deadline_ticks = earliest_deadline();
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
     if (deadline_ticks == no_deadline) {
-        wait_for_work(nullptr);
+        idle.wait(core.idle, nullptr);
     } else {
         const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
-        wait_for_work(&deadline);
+        idle.wait(core.idle, &deadline);
     }
     core.claim_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
-    give_up_poller_role();
+    idle.end_sleep(core.idle);
     return false;
 }
 
@@ -619,37 +559,30 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     pop_locked(next);
 }
 
-#if !defined(FIBER_SCHED_HAVE_EPOLL)
-// Without epoll the idle wait is a condition variable (and there is no fsched::io).
-inline void Worker::notify() {
-    {
-        std::lock_guard<std::mutex> lock(idle_mutex);
-        notified = true;
+inline void Worker::notify() { idle.notify(core.idle); }
+
+void SchedulerCore::open_idle() {
+    const char* failed = idle.open();
+    for (std::size_t i = 0; !failed && i < workers.size(); ++i) failed = workers[i]->idle.open();
+    if (failed) {
+        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
+        // close_idle(): release the fds here, before building the exception, which may itself
+        // need memory (or, under UBSan, a pipe).
+        const int error = errno;
+        close_idle();
+        throw std::system_error(error, std::generic_category(), failed);
     }
-    idle_cv.notify_one();
+    try {
+        idle.register_for_cancel();  // only a fully opened scheduler
+    } catch (...) {
+        close_idle();
+        throw;
+    }
 }
 
-inline void Worker::wait_for_work(const std::chrono::steady_clock::time_point* deadline) {
-    std::unique_lock<std::mutex> lock(idle_mutex);
-    if (deadline) {
-        idle_cv.wait_until(lock, *deadline, [this] { return notified; });
-    } else {
-        idle_cv.wait(lock, [this] { return notified; });
-    }
-    notified = false;
-}
-
-void SchedulerCore::open_io() {}
-void SchedulerCore::close_io() noexcept {}
-#endif
-
-inline void Worker::give_up_poller_role() noexcept {
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    if (is_poller.load(std::memory_order_relaxed)) {
-        is_poller.store(false, std::memory_order_relaxed);
-        core.poller.store(nullptr, std::memory_order_release);
-    }
-#endif
+void SchedulerCore::close_idle() noexcept {
+    idle.close();  // first: io::cancel() must not find it half closed
+    for (auto& w : workers) w->idle.close();
 }
 
 inline void Worker::reserve_timer() {

@@ -1,0 +1,184 @@
+// ---------------------------------------------------------------------------
+// Implementation: the idle wait on epoll (Linux), which also serves fsched::io.
+//
+// How a worker with nothing to do blocks until it is notified, its deadline passes or an fd
+// a fiber waits for becomes ready. Both idle-wait files (this one and idle_condvar.ipp)
+// provide the same interface:
+//   SchedulerIdle      the scheduler's part:  open(), close(), poll_io(unless_polled),
+//                      register_for_cancel()
+//   WorkerIdle         each worker's part:    open(), close(), notify(shared),
+//                      begin_sleep(shared), wait(shared, deadline), end_sleep(shared)
+//
+// Each scheduler has one epoll instance for the fds its fibers wait for (io_epoll_fd), and
+// each worker one of its own holding just an eventfd (wake_fd). A worker about to sleep
+// takes the poller role if no one holds it and fibers wait for IO; the poller sleeps in
+// epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
+// the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
+// wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
+// blocking every 32 tasks (poll_io) when no one is polling. What a ready fd does is
+// fsched::io's business: io.ipp.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+struct IoWait;
+struct SchedulerIdle;
+
+// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
+// scheduler's epoll instance. Under SchedulerIdle::io_lock.
+struct IoFd {
+    IoWait* reader = nullptr;
+    IoWait* writer = nullptr;
+    bool registered = false;
+    // Bumped by each arming and carried in the epoll event: an event that a worker took out
+    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
+    // number reused) is stale and must not wake the new waiter.
+    std::uint32_t generation = 0;
+};
+
+// Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
+bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept;
+// Makes `idle` visible to io::cancel() (io.ipp); throws std::bad_alloc.
+void add_to_io_registry(SchedulerIdle* idle);
+void remove_from_io_registry(SchedulerIdle* idle) noexcept;
+
+// Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
+inline bool watch(int epoll_fd, int fd) noexcept {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = static_cast<std::uint32_t>(fd);  // generation 0: see io.ipp's event_data()
+    return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+inline void drain(int event_fd) noexcept {
+    std::uint64_t count;
+    while (::read(event_fd, &count, sizeof count) > 0) {
+    }
+}
+
+inline void signal_eventfd(int fd) noexcept {
+    const std::uint64_t one = 1;
+    ssize_t written = ::write(fd, &one, sizeof one);
+    (void)written;  // an eventfd only fails to count past 2^64 - 2
+}
+
+inline void close_fd(int& fd) noexcept {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+}
+
+// Milliseconds until `deadline` for epoll_wait/poll: -1 for none, rounded up (waking a
+// little late is fine, waking early means another wait).
+inline int timeout_ms(const TimePoint* deadline) noexcept {
+    if (!deadline) return -1;
+    const auto left = *deadline - std::chrono::steady_clock::now();
+    if (left <= left.zero()) return 0;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
+}
+
+struct WorkerIdle;
+
+struct SchedulerIdle {
+    int io_epoll_fd = -1;     // every fd a fiber of this scheduler waits for, plus poller_wake_fd
+    int poller_wake_fd = -1;  // wakes whichever worker holds the poller role
+    // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
+    // worker about to sleep (begin_sleep), given up when it wakes (end_sleep).
+    std::atomic<WorkerIdle*> poller{nullptr};
+    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
+    std::atomic<int> io_waiters{0};
+    SpinLock io_lock;         // guards io_fds and the epoll interest of each fd
+    std::unordered_map<int, IoFd> io_fds;
+    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
+    bool registered = false;  // in the io registry (register_for_cancel)
+
+    // Opens the epoll instance and its eventfd. nullptr, or the name of the call that
+    // failed with errno set; close() then releases what was opened.
+    const char* open() noexcept {
+        if ((io_epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
+        if ((poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
+        if (!watch(io_epoll_fd, poller_wake_fd)) return "fiber_sched: epoll_ctl";
+        return nullptr;
+    }
+    // Once everything is open: io::cancel() may look at this scheduler from now on.
+    void register_for_cancel() {
+        add_to_io_registry(this);
+        registered = true;
+    }
+    void close() noexcept {
+        if (registered) remove_from_io_registry(this);
+        registered = false;
+        close_fd(io_epoll_fd);
+        close_fd(poller_wake_fd);
+    }
+    // Harvests ready fds without blocking; true if any fiber was woken. `unless_polled`:
+    // not while a sleeping worker waits for them anyway.
+    bool poll_io(bool unless_polled) noexcept {
+        if (io_waiters.load(std::memory_order_relaxed) == 0) return false;
+        if (unless_polled && poller.load(std::memory_order_relaxed) != nullptr) return false;
+        epoll_event events[64];
+        const int n = epoll_wait(io_epoll_fd, events, 64, 0);
+        return n > 0 && dispatch_io_events(*this, events, n, false);
+    }
+};
+
+struct WorkerIdle {
+    // This worker's epoll instance, which holds only wake_fd.
+    int epoll_fd = -1;
+    int wake_fd = -1;
+    // Written by this worker before it sets its `sleeping` flag; read by whoever claims the
+    // wake-up after its CAS on that flag, which orders the two.
+    std::atomic<bool> is_poller{false};
+
+    const char* open() noexcept {
+        if (FIBER_SCHED_FAULT(fd_open)) {
+            errno = EMFILE;
+            return "fiber_sched: epoll_create1";
+        }
+        if ((epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) return "fiber_sched: epoll_create1";
+        if ((wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return "fiber_sched: eventfd";
+        if (!watch(epoll_fd, wake_fd)) return "fiber_sched: epoll_ctl";
+        return nullptr;
+    }
+    void close() noexcept {
+        close_fd(epoll_fd);
+        close_fd(wake_fd);
+    }
+
+    // Before the worker announces its sleep: one sleeping worker waits for the fds too (the
+    // poller), so a ready fd wakes one worker.
+    void begin_sleep(SchedulerIdle& shared) noexcept {
+        WorkerIdle* no_poller = nullptr;
+        if (shared.io_waiters.load(std::memory_order_relaxed) > 0 &&
+            shared.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+            is_poller.store(true, std::memory_order_relaxed);
+        }
+    }
+    // Blocks until notify(), `deadline`, or (for the poller) an fd becoming ready.
+    void wait(SchedulerIdle& shared, const TimePoint* deadline) noexcept {
+        epoll_event events[64];
+        const int timeout = timeout_ms(deadline);
+        if (is_poller.load(std::memory_order_relaxed)) {
+            const int n = epoll_wait(shared.io_epoll_fd, events, 64, timeout);
+            if (n > 0) dispatch_io_events(shared, events, n, true);
+            return;
+        }
+        if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
+    }
+    void end_sleep(SchedulerIdle& shared) noexcept {
+        if (is_poller.load(std::memory_order_relaxed)) {
+            is_poller.store(false, std::memory_order_relaxed);
+            shared.poller.store(nullptr, std::memory_order_release);
+        }
+    }
+    // Ends this worker's wait, or makes its next one return at once. Whoever claimed the
+    // wake-up read is_poller after its CAS on `sleeping`, and this worker set it before
+    // setting `sleeping`: the write goes where it sleeps.
+    void notify(SchedulerIdle& shared) noexcept {
+        signal_eventfd(is_poller.load(std::memory_order_relaxed) ? shared.poller_wake_fd : wake_fd);
+    }
+};
+
+}  // namespace detail
+}  // namespace fsched
