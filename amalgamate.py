@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Generate fiber_sched.hpp from the split sources in src/.
 
-    python3 amalgamate.py           write fiber_sched.hpp
-    python3 amalgamate.py --check   exit 1 if fiber_sched.hpp is not what src/ generates
+    python3 amalgamate.py                        write fiber_sched.hpp (the committed copy)
+    python3 amalgamate.py --check                exit 1 if fiber_sched.hpp is not what src/ generates
+    python3 amalgamate.py --output PATH          write PATH instead (the CMake build's own copy)
+    python3 amalgamate.py --check --output PATH  exit 1 if PATH is not what src/ generates
+
+With --output, PATH (and its missing parent directories) is written only when its contents
+would change: a build that reruns this after a `touch` of src/ then recompiles nothing.
 
 Starting at src/fiber_sched.hpp, every line `#include "part"` outside a /* */ comment is
 replaced by that file from src/, recursively, each file once, between breadcrumb comments. The output is deterministic
@@ -63,19 +68,30 @@ def generate():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="fail if fiber_sched.hpp differs from what src/ generates")
+                        help="fail if the output file differs from what src/ generates")
+    parser.add_argument("--output", metavar="PATH", type=pathlib.Path,
+                        help="the header to write or check (default: fiber_sched.hpp beside this script)")
     args = parser.parse_args()
+    output = args.output if args.output else OUTPUT
+    name = str(output) if args.output else OUTPUT.name
     text = generate()
+    data = text.encode("utf-8")
+    current = output.read_bytes() if output.is_file() else None
     if args.check:
-        current = OUTPUT.read_bytes().decode("utf-8") if OUTPUT.exists() else None
-        if current != text:
-            print("fiber_sched.hpp is stale: it is not what src/ generates.\n"
-                  "Fix: run `python3 amalgamate.py` and commit fiber_sched.hpp.", file=sys.stderr)
+        if current != data:
+            fix = ("rebuild: the CMake build regenerates it" if args.output
+                   else "run `python3 amalgamate.py` and commit fiber_sched.hpp")
+            print(f"{name} is stale: it is not what src/ generates.\nFix: {fix}.", file=sys.stderr)
             return 1
-        print("fiber_sched.hpp is up to date with src/")
+        print(f"{name} is up to date with src/")
         return 0
-    OUTPUT.write_bytes(text.encode("utf-8"))
-    print(f"wrote {OUTPUT.name} ({text.count(chr(10))} lines)")
+    lines = text.count(chr(10))
+    if args.output and current == data:
+        print(f"{name} is up to date ({lines} lines)")
+        return 0
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(data)
+    print(f"wrote {name} ({lines} lines)")
     return 0
 
 

@@ -1,7 +1,7 @@
-# cmake -DCXX=<compiler> -DSOURCE_DIR=<repo root> -P run.cmake
+# cmake -DCXX=<compiler> -DINCLUDE_DIR=<directory holding fiber_sched.hpp> -P run.cmake
 # Passes when use_io.cpp fails to compile with the "Linux-only" message.
 execute_process(
-  COMMAND "${CXX}" -std=c++17 -fsyntax-only -I "${SOURCE_DIR}" "${CMAKE_CURRENT_LIST_DIR}/use_io.cpp"
+  COMMAND "${CXX}" -std=c++17 -fsyntax-only -I "${INCLUDE_DIR}" "${CMAKE_CURRENT_LIST_DIR}/use_io.cpp"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0)
   message(FATAL_ERROR "use_io.cpp compiled without epoll; fsched::io must refuse it")

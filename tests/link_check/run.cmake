@@ -1,6 +1,7 @@
 # cmake -DSOURCE_DIR=... -DBINARY_DIR=... -DFIBER_SCHED_SOURCE_DIR=... -DGENERATOR=...
 #       [-DGENERATOR_PLATFORM=...] [-DGENERATOR_TOOLSET=...] [-DMAKE_PROGRAM=...]
-#       [-DCXX_COMPILER=...] [-DCONFIG=...] -P run.cmake
+#       [-DCXX_COMPILER=...] [-DCONFIG=...]
+#       [-DFIBER_SCHED_GENERATE_HEADER=ON|OFF] [-DPYTHON3_EXECUTABLE=...] -P run.cmake
 #
 # Passes only when a program that never defines FIBER_SCHED_IMPLEMENTATION compiles, then
 # fails to link with the symbol that tells the user what to do.
@@ -27,6 +28,13 @@ if(MAKE_PROGRAM)
 endif()
 if(CXX_COMPILER)
   list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+if(NOT "${FIBER_SCHED_GENERATE_HEADER}" STREQUAL "")
+  # ON: fiber_sched regenerates its header from src/ in BINARY_DIR, as the outer build does.
+  list(APPEND configure_args "-DFIBER_SCHED_GENERATE_HEADER=${FIBER_SCHED_GENERATE_HEADER}")
+endif()
+if(PYTHON3_EXECUTABLE)
+  list(APPEND configure_args "-DPython3_EXECUTABLE=${PYTHON3_EXECUTABLE}")
 endif()
 set(build_config_args "")
 if(CONFIG)
