@@ -4,8 +4,8 @@
 fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header.
 
     Fiber              a coroutine with its own stack: resume() / yield()
-    Scheduler          runs fibers and callbacks on a pool of threads (sylar's design,
-                       with per-worker queues, work stealing, pinned tasks, blocking idle)
+    Scheduler          runs fibers and callbacks on a pool of threads (per-worker
+                       queues, work stealing, pinned tasks, blocking idle)
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
@@ -509,7 +509,7 @@ private:
 // ---- end src/fiber_state.hpp ----
 // ---- begin src/fiber.hpp ----
 // ---------------------------------------------------------------------------
-// Fiber: a stackful, asymmetric coroutine (sylar's Fiber, Tars' TC_CoroutineInfo).
+// Fiber: a stackful, asymmetric coroutine: resume() runs it until it yields or returns.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -643,7 +643,7 @@ private:
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
-    // fiber has fully switched out (the scheduler's race-free park, see scheduler.hpp).
+    // fiber has fully switched out (the scheduler's race-free park, see impl/scheduler.ipp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
     // The park is this_fiber::yield(): the fiber goes straight back to a run queue and stays
@@ -782,7 +782,7 @@ inline void Fiber::switch_to_resumer(bool terminating) noexcept {
 // ---- end src/fiber_switch.hpp ----
 // ---- begin src/scheduler.hpp ----
 // ---------------------------------------------------------------------------
-// ScheduleTask and Scheduler: N fibers on M threads (sylar's Scheduler, fixed).
+// ScheduleTask and Scheduler: N fibers on M worker threads.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -906,13 +906,13 @@ private:
 
 namespace detail {
 // Parks the running scheduler task fiber. Once it has fully switched out, on_parked(fiber,
-// arg) runs on the worker; the fiber runs again after someone passes it to wake().
+// arg) runs on the worker; the fiber runs again after someone passes it to wake_fiber().
 // Precondition: in_scheduler_task().
 void park(void (*on_parked)(Fiber*, void*), void* arg);
 // Inside a park hook only: the worker's reference to the fiber that just parked.
 Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
-void wake(Fiber::ptr fiber) noexcept;
+void wake_fiber(Fiber::ptr fiber) noexcept;
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
 bool in_scheduler_task() noexcept;
 // In a scheduler task, before a park whose hook adds a timer: makes room for it on this
@@ -925,11 +925,11 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept;
 
 namespace this_fiber {
 
-// In a scheduler task: go to the back of the queue and run again soon (Tars yield(true)).
+// In a scheduler task: go to the back of the queue and run again soon.
 // Elsewhere: std::this_thread::yield().
 void yield();
 
-// In a scheduler task: park for `d`, freeing the worker (Tars sleep). Elsewhere: sleep the thread.
+// In a scheduler task: park for `d`, freeing the worker. Elsewhere: sleep the thread.
 template <class Rep, class Period>
 void sleep_for(const std::chrono::duration<Rep, Period>& d) {
     detail::sleep_until_steady(detail::deadline_after(d));
@@ -984,13 +984,13 @@ private:
     std::atomic<bool> locked_{false};
 };
 
-enum WaitStatus : int { waiting = 0, notified = 1, timed_out = 2 };
+enum class WaitStatus : std::uint8_t { waiting, notified, timed_out };
 
 // How one blocked fiber or thread is woken.
 struct WaitState {
     // waiting -> notified (a notifier's CAS) or waiting -> timed_out (the timer's or the
     // waiting thread's CAS); acq_rel: the winner's writes (a handed-over value) are seen.
-    std::atomic<int> status{waiting};
+    std::atomic<WaitStatus> status{WaitStatus::waiting};
     Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
     struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
 };
@@ -1071,8 +1071,8 @@ inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* de
 }
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
-    int expected = waiting;
-    return w.state->status.compare_exchange_strong(expected, notified, std::memory_order_acq_rel);
+    WaitStatus expected = WaitStatus::waiting;
+    return w.state->status.compare_exchange_strong(expected, WaitStatus::notified, std::memory_order_acq_rel);
 }
 // Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
 // nullptr if none. Call under the lock.
@@ -1091,16 +1091,16 @@ inline void pop_all_claimed(WaitList& list, WaitList& woken) noexcept {
 // are dropped on the way (they unlink themselves only if still linked). Call under the lock.
 inline Waiter* front_waiting(WaitList& list) noexcept {
     while (Waiter* w = list.front()) {
-        if (w->state->status.load(std::memory_order_acquire) == waiting) return w;
+        if (w->state->status.load(std::memory_order_acquire) == WaitStatus::waiting) return w;
         list.remove(w);
     }
     return nullptr;
 }
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
-void wake_claimed(Waiter& w) noexcept;
+void wake_waiter(Waiter& w) noexcept;
 // Wakes every waiter of `woken` (from pop_all_claimed). Call after releasing the lock.
-inline void wake_all_claimed(WaitList& woken) noexcept {
-    while (Waiter* w = woken.pop_front()) wake_claimed(*w);
+inline void wake_waiters(WaitList& woken) noexcept {
+    while (Waiter* w = woken.pop_front()) wake_waiter(*w);
 }
 // For a timed wait in a scheduler task: allocates the state its timer shares and makes room
 // for the timer, before any lock is taken. Throws std::bad_alloc; a no-op elsewhere.
@@ -1254,7 +1254,7 @@ public:
             if (detail::claim(*receiver)) {
                 receiver->ok = true;
                 guard.unlock();
-                detail::wake_claimed(*receiver);
+                detail::wake_waiter(*receiver);
                 return true;
             }
             // It gave up meanwhile (a timed receive): take the value back for the next one.
@@ -1293,7 +1293,7 @@ public:
                     sender->error = std::current_exception();
                 }
                 guard.unlock();
-                detail::wake_claimed(*sender);
+                detail::wake_waiter(*sender);
             }
             return result;
         }
@@ -1303,7 +1303,7 @@ public:
             if (detail::claim(*sender)) {
                 sender->ok = true;
                 guard.unlock();
-                detail::wake_claimed(*sender);
+                detail::wake_waiter(*sender);
                 return result;
             }
             result.reset();  // it gave up meanwhile (a timed send): its value stays its own
@@ -1326,7 +1326,7 @@ public:
         detail::pop_all_claimed(senders_, woken);
         detail::pop_all_claimed(receivers_, woken);
         lock_.unlock();
-        detail::wake_all_claimed(woken);
+        detail::wake_waiters(woken);
     }
 
     // The capacity given at construction.
@@ -1345,7 +1345,7 @@ private:
 // ---- end src/sync.hpp ----
 // ---- begin src/io.hpp ----
 // ---------------------------------------------------------------------------
-// fsched::io: waiting for file descriptors (Tars' epoll loop, sylar's IOManager), Linux.
+// fsched::io: fibers waiting for file descriptors, Linux.
 //
 // Nothing in libc is hooked: a fiber waits explicitly, with io::wait() or the read /
 // write / accept / connect wrappers, which retry on EAGAIN by waiting. A waiting fiber
@@ -1402,41 +1402,22 @@ namespace detail {
 template <class... T>
 constexpr bool linux_only = sizeof...(T) > 1000000;
 }
-// Without epoll these exist only to say so when used.
-template <class... Args>
-bool wait(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return false;
-}
-template <class... Args>
-long read(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-long write(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-int accept(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-int connect(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-int last_error(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return 0;
-}
-template <class... Args>
-void cancel(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-}
+// Without epoll these exist only to say so when used: each is a template whose
+// static_assert fires only when a call instantiates it.
+#define FIBER_SCHED_IO_LINUX_ONLY(result, name, value)                                \
+    template <class... Args>                                                           \
+    result name(Args&&...) {                                                           \
+        static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll"); \
+        return value;                                                                  \
+    }
+FIBER_SCHED_IO_LINUX_ONLY(bool, wait, false)
+FIBER_SCHED_IO_LINUX_ONLY(long, read, -1)
+FIBER_SCHED_IO_LINUX_ONLY(long, write, -1)
+FIBER_SCHED_IO_LINUX_ONLY(int, accept, -1)
+FIBER_SCHED_IO_LINUX_ONLY(int, connect, -1)
+FIBER_SCHED_IO_LINUX_ONLY(int, last_error, 0)
+FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
+#undef FIBER_SCHED_IO_LINUX_ONLY
 
 #endif
 
@@ -2709,7 +2690,7 @@ struct WorkerIdle {
 // Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
 // after_switch_); resume() runs the hook on the worker only after the switch is complete,
 // so whoever the hook hands the fiber to may resume it at once: no fiber is ever queued
-// while still running on another worker (sylar's RUNNING-in-the-queue race cannot happen).
+// while still running on another worker (a fiber resumed twice at once cannot happen).
 // schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
 // the one case where a fiber can be found Running: claim_or_defer() then marks it
 // RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
@@ -2735,7 +2716,7 @@ struct Timer {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
     // A timed wait already satisfied (or given up) by someone else: nothing left to do.
-    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != waiting; }
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::waiting; }
 };
 
 // How a queued fiber is to be taken when its task runs.
@@ -2745,12 +2726,17 @@ enum class TaskKind : std::uint8_t {
     claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
 };
 
-// What the queues hold: a ScheduleTask and how to take its fiber. `sequence` orders a
-// worker's two queues against each other (see Worker::pop).
+// What the queues hold: a scheduled task (from a ScheduleTask, the API's record, once
+// checked) or a fiber coming back, and how to take its fiber. `sequence` orders a worker's
+// two queues against each other (see Worker::pop).
 struct QueuedTask {
+    QueuedTask() = default;
+    explicit QueuedTask(ScheduleTask&& task) noexcept
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread) {}
+
     Fiber::ptr fiber;
     std::function<void()> cb;
-    int thread = -1;
+    int worker = -1;  // the worker it is pinned to; -1: any
     TaskKind kind = TaskKind::fresh;
     std::uint64_t sequence = 0;
 };
@@ -3005,7 +2991,7 @@ struct SchedulerCore {
         if (n & exit_bit) return true;
         if (n != 0 || !stopping.load(std::memory_order_seq_cst)) return false;
         if (outstanding.compare_exchange_strong(n, exit_bit, std::memory_order_seq_cst) || (n & exit_bit)) {
-            wake_all();  // the others leave too; a sleeper set `sleeping` before it looked
+            wake_all_workers();  // the others leave too; a sleeper set `sleeping` before it looked
             return true;
         }
         return false;
@@ -3023,10 +3009,10 @@ struct SchedulerCore {
     void enqueue(QueuedTask&& task) {
         Worker* here = current_worker();
         const OutsideEnqueue guard(outside_enqueues, here == nullptr);
-        Worker& target = task.thread >= 0 ? *workers[static_cast<std::size_t>(task.thread)]
+        Worker& target = task.worker >= 0 ? *workers[static_cast<std::size_t>(task.worker)]
                          : here          ? *here
                                          : *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
-        const bool pinned = task.thread >= 0;
+        const bool pinned = task.worker >= 0;
         target.push(std::move(task), pinned);
         if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         after_push(target, pinned, 1);
@@ -3048,20 +3034,20 @@ struct SchedulerCore {
     // Wakes whoever should take newly queued work; `count` tasks went to `target`.
     void after_push(Worker& target, bool pinned, std::size_t count) {
         if (sleepers.load(std::memory_order_seq_cst) == 0) return;  // no one to wake
-        if (wake(target)) {
+        if (wake_worker(target)) {
             if (pinned || --count == 0) return;
         } else if (pinned) {
             return;  // its own worker is awake and will see it
         }
         if (spinning.load(std::memory_order_seq_cst) > 0) return;  // a spinner will find it
         for (std::size_t i = 0; count > 0 && i < workers.size(); ++i) {
-            if (wake(*workers[i])) --count;
+            if (wake_worker(*workers[i])) --count;
         }
     }
 
     // Clears `w.sleeping` if set; whoever succeeds (a waker, or `w` itself when it stops
     // waiting) accounts for it in `sleepers`. True if this call cleared it.
-    bool claim_wake(Worker& w) noexcept {
+    bool claim_worker_wake(Worker& w) noexcept {
         bool expected = true;
         if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) return false;
         sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -3069,20 +3055,20 @@ struct SchedulerCore {
     }
 
     // Wakes `w` if it sleeps; true if this call claimed that.
-    bool wake(Worker& w) noexcept {
-        if (!claim_wake(w)) return false;
+    bool wake_worker(Worker& w) noexcept {
+        if (!claim_worker_wake(w)) return false;
         w.notify();
         return true;
     }
 
-    void wake_all() noexcept {
-        for (auto& w : workers) wake(*w);
+    void wake_all_workers() noexcept {
+        for (auto& w : workers) wake_worker(*w);
     }
 
     // `n` counted tasks are done (or were never queued after all).
     void tasks_finished(std::int64_t n) noexcept {
         if (outstanding.fetch_sub(n, std::memory_order_seq_cst) == n && stopping.load(std::memory_order_seq_cst)) {
-            wake_all();
+            wake_all_workers();
         }
     }
     void task_finished() noexcept { tasks_finished(1); }
@@ -3128,7 +3114,7 @@ struct SchedulerCore {
     }
 };
 
-// The run loop (marl's runUntilShutdown): each pass takes one step of a fixed policy.
+// The run loop: each pass takes one step of a fixed policy.
 // A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
 // however the tasks arrive; then the worker's own queues and due timers (its own, then
 // any other worker's), then stealing; then a short spin; then the sleep, whose last look
@@ -3200,7 +3186,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
         idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
         // wait return early.
-        core.claim_wake(*this);
+        core.claim_worker_wake(*this);
         finished = !(task.fiber || task.cb);
         return !finished;
     }
@@ -3214,7 +3200,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
         const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
         idle.wait(core.idle, &deadline);
     }
-    core.claim_wake(*this);
+    core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
     return false;
@@ -3225,10 +3211,10 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
-    back.thread = FiberAccess::lifecycle(*yielded).resume_target().worker;
+    back.worker = FiberAccess::lifecycle(*yielded).resume_target().worker;
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
-    const bool own_pinned = back.thread >= 0;
+    const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
     if (pinned.empty() && tasks.empty()) {
         next = std::move(back);  // nothing else to run: straight back to it
@@ -3307,7 +3293,7 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
     for (auto& w : core.workers) {
         if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
         if (ticks < w->sleep_deadline.load(std::memory_order_seq_cst)) {
-            core.wake(*w);
+            core.wake_worker(*w);
             return;
         }
     }
@@ -3333,11 +3319,11 @@ inline bool Worker::fire_due_timers() {
         }
         Fiber::ptr fiber = std::move(due.fiber);
         if (due.wait) {
-            int expected = waiting;
-            if (!due.wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
+            WaitStatus expected = WaitStatus::waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) continue;
             fiber = std::move(due.wait->fiber);
         }
-        wake(std::move(fiber));  // to its pinned worker, if any
+        wake_fiber(std::move(fiber));  // to its pinned worker, if any
         any = true;
     }
 }
@@ -3384,7 +3370,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 
 inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
-    const int thread = task.thread;
+    const int worker = task.worker;
     const TaskKind kind = task.kind;
     Fiber::ptr fiber;
     if (pooled) {
@@ -3404,7 +3390,7 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, thread})) return;  // runs when it has left
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker})) return;  // runs when it has left
         break;
     case TaskKind::woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
@@ -3425,7 +3411,7 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
-    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake() queues it again
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
     if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && spare_fibers.size() < 64) {
         spare_fibers.push_back(std::move(fiber));
@@ -3440,7 +3426,7 @@ void resume_deferred(Fiber& fiber) {
     QueuedTask task;
     task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
-    task.thread = target.worker;
+    task.worker = target.worker;
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
@@ -3454,11 +3440,11 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
     FiberAccess::park_current(on_parked, arg, false);
 }
 
-void wake(Fiber::ptr fiber) noexcept {
+void wake_fiber(Fiber::ptr fiber) noexcept {
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     QueuedTask task;
     task.kind = TaskKind::woken;
-    task.thread = target.worker;
+    task.worker = target.worker;
     task.fiber = std::move(fiber);
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
@@ -3538,7 +3524,7 @@ void Scheduler::stop() {
     if (core.closed()) return;
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
-        core.wake_all();
+        core.wake_all_workers();
         if (core.use_caller) core.workers[0]->run_loop();
         for (auto& worker : core.workers) {
             if (worker->thread.joinable()) worker->thread.join();
@@ -3560,7 +3546,7 @@ void Scheduler::stop() {
 void Scheduler::submit(ScheduleTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
-    detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
+    detail::QueuedTask queued(std::move(task));
     core.count_new(1);
     try {
         if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
@@ -3598,9 +3584,9 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     }
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
-        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
-        if (queued.thread >= 0) {
-            pinned[static_cast<std::size_t>(queued.thread)].push_back(std::move(queued));
+        detail::QueuedTask queued(std::move(task));
+        if (queued.worker >= 0) {
+            pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));
             continue;
         }
         unpinned[next].push_back(std::move(queued));
@@ -3735,7 +3721,7 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         }
         ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
-        if (w.state->status.load(std::memory_order_acquire) == notified) return true;
+        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::notified) return true;
         std::lock_guard<SpinLock> guard(lock);
         unlink(context, w);
         return false;
@@ -3745,8 +3731,8 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     lock.unlock();
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
-        int expected = waiting;
-        if (w.state->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) {
+        WaitStatus expected = WaitStatus::waiting;
+        if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
             signal_lock.unlock();
             std::lock_guard<SpinLock> guard(lock);
             unlink(context, w);
@@ -3758,10 +3744,10 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     return true;
 }
 
-void wake_claimed(Waiter& w) noexcept {
+void wake_waiter(Waiter& w) noexcept {
     WaitState& state = *w.state;
     if (state.fiber) {
-        wake(std::move(state.fiber));
+        wake_fiber(std::move(state.fiber));
         return;
     }
     ThreadSignal& signal = *state.thread;
@@ -3879,14 +3865,14 @@ void Mutex::unlock_slow() {
         state_.fetch_sub(waiter_unit | locked_bit, std::memory_order_release);
     }
     lock_.unlock();
-    detail::wake_claimed(*next);
+    detail::wake_waiter(*next);
 }
 
 void ConditionVariable::notify_one() {
     lock_.lock();
     detail::Waiter* w = detail::pop_claimed(waiters_);
     lock_.unlock();
-    if (w) detail::wake_claimed(*w);
+    if (w) detail::wake_waiter(*w);
 }
 
 void ConditionVariable::notify_all() {
@@ -3894,7 +3880,7 @@ void ConditionVariable::notify_all() {
     lock_.lock();
     detail::pop_all_claimed(waiters_, woken);
     lock_.unlock();
-    detail::wake_all_claimed(woken);
+    detail::wake_waiters(woken);
 }
 
 void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
@@ -3935,7 +3921,7 @@ void WaitGroup::add(std::int64_t n) {
     }
     lock_.unlock();
     FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");
-    detail::wake_all_claimed(woken);
+    detail::wake_waiters(woken);
 }
 
 void WaitGroup::wait() {
@@ -4109,7 +4095,7 @@ bool dispatch_events(SchedulerIdle& idle, const epoll_event* events, int n, bool
         idle.io_lock.lock();
         take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
         idle.io_lock.unlock();
-        for (int k = 0; k < count; ++k) wake_claimed(woken[k]->waiter);
+        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
         any = any || count > 0;
     }
     return any;
@@ -4433,7 +4419,7 @@ void cancel(int fd) {
             detail::rearm(*idle, fd, entry, detail::WhenIdle::remove);
         }
         idle->io_lock.unlock();
-        for (int k = 0; k < count; ++k) detail::wake_claimed(woken[k]->waiter);
+        for (int k = 0; k < count; ++k) detail::wake_waiter(woken[k]->waiter);
     }
 }
 

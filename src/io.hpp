@@ -1,5 +1,5 @@
 // ---------------------------------------------------------------------------
-// fsched::io: waiting for file descriptors (Tars' epoll loop, sylar's IOManager), Linux.
+// fsched::io: fibers waiting for file descriptors, Linux.
 //
 // Nothing in libc is hooked: a fiber waits explicitly, with io::wait() or the read /
 // write / accept / connect wrappers, which retry on EAGAIN by waiting. A waiting fiber
@@ -56,41 +56,22 @@ namespace detail {
 template <class... T>
 constexpr bool linux_only = sizeof...(T) > 1000000;
 }
-// Without epoll these exist only to say so when used.
-template <class... Args>
-bool wait(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return false;
-}
-template <class... Args>
-long read(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-long write(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-int accept(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-int connect(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return -1;
-}
-template <class... Args>
-int last_error(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-    return 0;
-}
-template <class... Args>
-void cancel(Args&&...) {
-    static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll");
-}
+// Without epoll these exist only to say so when used: each is a template whose
+// static_assert fires only when a call instantiates it.
+#define FIBER_SCHED_IO_LINUX_ONLY(result, name, value)                                \
+    template <class... Args>                                                           \
+    result name(Args&&...) {                                                           \
+        static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll"); \
+        return value;                                                                  \
+    }
+FIBER_SCHED_IO_LINUX_ONLY(bool, wait, false)
+FIBER_SCHED_IO_LINUX_ONLY(long, read, -1)
+FIBER_SCHED_IO_LINUX_ONLY(long, write, -1)
+FIBER_SCHED_IO_LINUX_ONLY(int, accept, -1)
+FIBER_SCHED_IO_LINUX_ONLY(int, connect, -1)
+FIBER_SCHED_IO_LINUX_ONLY(int, last_error, 0)
+FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
+#undef FIBER_SCHED_IO_LINUX_ONLY
 
 #endif
 

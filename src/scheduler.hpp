@@ -1,5 +1,5 @@
 // ---------------------------------------------------------------------------
-// ScheduleTask and Scheduler: N fibers on M threads (sylar's Scheduler, fixed).
+// ScheduleTask and Scheduler: N fibers on M worker threads.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -123,13 +123,13 @@ private:
 
 namespace detail {
 // Parks the running scheduler task fiber. Once it has fully switched out, on_parked(fiber,
-// arg) runs on the worker; the fiber runs again after someone passes it to wake().
+// arg) runs on the worker; the fiber runs again after someone passes it to wake_fiber().
 // Precondition: in_scheduler_task().
 void park(void (*on_parked)(Fiber*, void*), void* arg);
 // Inside a park hook only: the worker's reference to the fiber that just parked.
 Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
-void wake(Fiber::ptr fiber) noexcept;
+void wake_fiber(Fiber::ptr fiber) noexcept;
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
 bool in_scheduler_task() noexcept;
 // In a scheduler task, before a park whose hook adds a timer: makes room for it on this
@@ -142,11 +142,11 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept;
 
 namespace this_fiber {
 
-// In a scheduler task: go to the back of the queue and run again soon (Tars yield(true)).
+// In a scheduler task: go to the back of the queue and run again soon.
 // Elsewhere: std::this_thread::yield().
 void yield();
 
-// In a scheduler task: park for `d`, freeing the worker (Tars sleep). Elsewhere: sleep the thread.
+// In a scheduler task: park for `d`, freeing the worker. Elsewhere: sleep the thread.
 template <class Rep, class Period>
 void sleep_for(const std::chrono::duration<Rep, Period>& d) {
     detail::sleep_until_steady(detail::deadline_after(d));

@@ -34,13 +34,13 @@ private:
     std::atomic<bool> locked_{false};
 };
 
-enum WaitStatus : int { waiting = 0, notified = 1, timed_out = 2 };
+enum class WaitStatus : std::uint8_t { waiting, notified, timed_out };
 
 // How one blocked fiber or thread is woken.
 struct WaitState {
     // waiting -> notified (a notifier's CAS) or waiting -> timed_out (the timer's or the
     // waiting thread's CAS); acq_rel: the winner's writes (a handed-over value) are seen.
-    std::atomic<int> status{waiting};
+    std::atomic<WaitStatus> status{WaitStatus::waiting};
     Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
     struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
 };
@@ -121,8 +121,8 @@ inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* de
 }
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
-    int expected = waiting;
-    return w.state->status.compare_exchange_strong(expected, notified, std::memory_order_acq_rel);
+    WaitStatus expected = WaitStatus::waiting;
+    return w.state->status.compare_exchange_strong(expected, WaitStatus::notified, std::memory_order_acq_rel);
 }
 // Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
 // nullptr if none. Call under the lock.
@@ -141,16 +141,16 @@ inline void pop_all_claimed(WaitList& list, WaitList& woken) noexcept {
 // are dropped on the way (they unlink themselves only if still linked). Call under the lock.
 inline Waiter* front_waiting(WaitList& list) noexcept {
     while (Waiter* w = list.front()) {
-        if (w->state->status.load(std::memory_order_acquire) == waiting) return w;
+        if (w->state->status.load(std::memory_order_acquire) == WaitStatus::waiting) return w;
         list.remove(w);
     }
     return nullptr;
 }
 // Wakes a claimed waiter. Call after releasing the lock; `w` may be gone right after.
-void wake_claimed(Waiter& w) noexcept;
+void wake_waiter(Waiter& w) noexcept;
 // Wakes every waiter of `woken` (from pop_all_claimed). Call after releasing the lock.
-inline void wake_all_claimed(WaitList& woken) noexcept {
-    while (Waiter* w = woken.pop_front()) wake_claimed(*w);
+inline void wake_waiters(WaitList& woken) noexcept {
+    while (Waiter* w = woken.pop_front()) wake_waiter(*w);
 }
 // For a timed wait in a scheduler task: allocates the state its timer shares and makes room
 // for the timer, before any lock is taken. Throws std::bad_alloc; a no-op elsewhere.
@@ -304,7 +304,7 @@ public:
             if (detail::claim(*receiver)) {
                 receiver->ok = true;
                 guard.unlock();
-                detail::wake_claimed(*receiver);
+                detail::wake_waiter(*receiver);
                 return true;
             }
             // It gave up meanwhile (a timed receive): take the value back for the next one.
@@ -343,7 +343,7 @@ public:
                     sender->error = std::current_exception();
                 }
                 guard.unlock();
-                detail::wake_claimed(*sender);
+                detail::wake_waiter(*sender);
             }
             return result;
         }
@@ -353,7 +353,7 @@ public:
             if (detail::claim(*sender)) {
                 sender->ok = true;
                 guard.unlock();
-                detail::wake_claimed(*sender);
+                detail::wake_waiter(*sender);
                 return result;
             }
             result.reset();  // it gave up meanwhile (a timed send): its value stays its own
@@ -376,7 +376,7 @@ public:
         detail::pop_all_claimed(senders_, woken);
         detail::pop_all_claimed(receivers_, woken);
         lock_.unlock();
-        detail::wake_all_claimed(woken);
+        detail::wake_waiters(woken);
     }
 
     // The capacity given at construction.

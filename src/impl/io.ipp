@@ -155,7 +155,7 @@ bool dispatch_events(SchedulerIdle& idle, const epoll_event* events, int n, bool
         idle.io_lock.lock();
         take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
         idle.io_lock.unlock();
-        for (int k = 0; k < count; ++k) wake_claimed(woken[k]->waiter);
+        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
         any = any || count > 0;
     }
     return any;
@@ -479,7 +479,7 @@ void cancel(int fd) {
             detail::rearm(*idle, fd, entry, detail::WhenIdle::remove);
         }
         idle->io_lock.unlock();
-        for (int k = 0; k < count; ++k) detail::wake_claimed(woken[k]->waiter);
+        for (int k = 0; k < count; ++k) detail::wake_waiter(woken[k]->waiter);
     }
 }
 

@@ -25,7 +25,7 @@
 // Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
 // after_switch_); resume() runs the hook on the worker only after the switch is complete,
 // so whoever the hook hands the fiber to may resume it at once: no fiber is ever queued
-// while still running on another worker (sylar's RUNNING-in-the-queue race cannot happen).
+// while still running on another worker (a fiber resumed twice at once cannot happen).
 // schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
 // the one case where a fiber can be found Running: claim_or_defer() then marks it
 // RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
@@ -51,7 +51,7 @@ struct Timer {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
     // A timed wait already satisfied (or given up) by someone else: nothing left to do.
-    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != waiting; }
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::waiting; }
 };
 
 // How a queued fiber is to be taken when its task runs.
@@ -61,12 +61,17 @@ enum class TaskKind : std::uint8_t {
     claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
 };
 
-// What the queues hold: a ScheduleTask and how to take its fiber. `sequence` orders a
-// worker's two queues against each other (see Worker::pop).
+// What the queues hold: a scheduled task (from a ScheduleTask, the API's record, once
+// checked) or a fiber coming back, and how to take its fiber. `sequence` orders a worker's
+// two queues against each other (see Worker::pop).
 struct QueuedTask {
+    QueuedTask() = default;
+    explicit QueuedTask(ScheduleTask&& task) noexcept
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread) {}
+
     Fiber::ptr fiber;
     std::function<void()> cb;
-    int thread = -1;
+    int worker = -1;  // the worker it is pinned to; -1: any
     TaskKind kind = TaskKind::fresh;
     std::uint64_t sequence = 0;
 };
@@ -321,7 +326,7 @@ struct SchedulerCore {
         if (n & exit_bit) return true;
         if (n != 0 || !stopping.load(std::memory_order_seq_cst)) return false;
         if (outstanding.compare_exchange_strong(n, exit_bit, std::memory_order_seq_cst) || (n & exit_bit)) {
-            wake_all();  // the others leave too; a sleeper set `sleeping` before it looked
+            wake_all_workers();  // the others leave too; a sleeper set `sleeping` before it looked
             return true;
         }
         return false;
@@ -339,10 +344,10 @@ struct SchedulerCore {
     void enqueue(QueuedTask&& task) {
         Worker* here = current_worker();
         const OutsideEnqueue guard(outside_enqueues, here == nullptr);
-        Worker& target = task.thread >= 0 ? *workers[static_cast<std::size_t>(task.thread)]
+        Worker& target = task.worker >= 0 ? *workers[static_cast<std::size_t>(task.worker)]
                          : here          ? *here
                                          : *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
-        const bool pinned = task.thread >= 0;
+        const bool pinned = task.worker >= 0;
         target.push(std::move(task), pinned);
         if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         after_push(target, pinned, 1);
@@ -364,20 +369,20 @@ struct SchedulerCore {
     // Wakes whoever should take newly queued work; `count` tasks went to `target`.
     void after_push(Worker& target, bool pinned, std::size_t count) {
         if (sleepers.load(std::memory_order_seq_cst) == 0) return;  // no one to wake
-        if (wake(target)) {
+        if (wake_worker(target)) {
             if (pinned || --count == 0) return;
         } else if (pinned) {
             return;  // its own worker is awake and will see it
         }
         if (spinning.load(std::memory_order_seq_cst) > 0) return;  // a spinner will find it
         for (std::size_t i = 0; count > 0 && i < workers.size(); ++i) {
-            if (wake(*workers[i])) --count;
+            if (wake_worker(*workers[i])) --count;
         }
     }
 
     // Clears `w.sleeping` if set; whoever succeeds (a waker, or `w` itself when it stops
     // waiting) accounts for it in `sleepers`. True if this call cleared it.
-    bool claim_wake(Worker& w) noexcept {
+    bool claim_worker_wake(Worker& w) noexcept {
         bool expected = true;
         if (!w.sleeping.compare_exchange_strong(expected, false, std::memory_order_seq_cst)) return false;
         sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -385,20 +390,20 @@ struct SchedulerCore {
     }
 
     // Wakes `w` if it sleeps; true if this call claimed that.
-    bool wake(Worker& w) noexcept {
-        if (!claim_wake(w)) return false;
+    bool wake_worker(Worker& w) noexcept {
+        if (!claim_worker_wake(w)) return false;
         w.notify();
         return true;
     }
 
-    void wake_all() noexcept {
-        for (auto& w : workers) wake(*w);
+    void wake_all_workers() noexcept {
+        for (auto& w : workers) wake_worker(*w);
     }
 
     // `n` counted tasks are done (or were never queued after all).
     void tasks_finished(std::int64_t n) noexcept {
         if (outstanding.fetch_sub(n, std::memory_order_seq_cst) == n && stopping.load(std::memory_order_seq_cst)) {
-            wake_all();
+            wake_all_workers();
         }
     }
     void task_finished() noexcept { tasks_finished(1); }
@@ -444,7 +449,7 @@ struct SchedulerCore {
     }
 };
 
-// The run loop (marl's runUntilShutdown): each pass takes one step of a fixed policy.
+// The run loop: each pass takes one step of a fixed policy.
 // A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
 // however the tasks arrive; then the worker's own queues and due timers (its own, then
 // any other worker's), then stealing; then a short spin; then the sleep, whose last look
@@ -516,7 +521,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
         idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
         // wait return early.
-        core.claim_wake(*this);
+        core.claim_worker_wake(*this);
         finished = !(task.fiber || task.cb);
         return !finished;
     }
@@ -530,7 +535,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
         const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
         idle.wait(core.idle, &deadline);
     }
-    core.claim_wake(*this);
+    core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
     return false;
@@ -541,10 +546,10 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
-    back.thread = FiberAccess::lifecycle(*yielded).resume_target().worker;
+    back.worker = FiberAccess::lifecycle(*yielded).resume_target().worker;
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
-    const bool own_pinned = back.thread >= 0;
+    const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
     if (pinned.empty() && tasks.empty()) {
         next = std::move(back);  // nothing else to run: straight back to it
@@ -623,7 +628,7 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
     for (auto& w : core.workers) {
         if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
         if (ticks < w->sleep_deadline.load(std::memory_order_seq_cst)) {
-            core.wake(*w);
+            core.wake_worker(*w);
             return;
         }
     }
@@ -649,11 +654,11 @@ inline bool Worker::fire_due_timers() {
         }
         Fiber::ptr fiber = std::move(due.fiber);
         if (due.wait) {
-            int expected = waiting;
-            if (!due.wait->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) continue;
+            WaitStatus expected = WaitStatus::waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) continue;
             fiber = std::move(due.wait->fiber);
         }
-        wake(std::move(fiber));  // to its pinned worker, if any
+        wake_fiber(std::move(fiber));  // to its pinned worker, if any
         any = true;
     }
 }
@@ -700,7 +705,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 
 inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
-    const int thread = task.thread;
+    const int worker = task.worker;
     const TaskKind kind = task.kind;
     Fiber::ptr fiber;
     if (pooled) {
@@ -720,7 +725,7 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, thread})) return;  // runs when it has left
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker})) return;  // runs when it has left
         break;
     case TaskKind::woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
@@ -741,7 +746,7 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
-    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake() queues it again
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
     if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && spare_fibers.size() < 64) {
         spare_fibers.push_back(std::move(fiber));
@@ -756,7 +761,7 @@ void resume_deferred(Fiber& fiber) {
     QueuedTask task;
     task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
-    task.thread = target.worker;
+    task.worker = target.worker;
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
@@ -770,11 +775,11 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
     FiberAccess::park_current(on_parked, arg, false);
 }
 
-void wake(Fiber::ptr fiber) noexcept {
+void wake_fiber(Fiber::ptr fiber) noexcept {
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     QueuedTask task;
     task.kind = TaskKind::woken;
-    task.thread = target.worker;
+    task.worker = target.worker;
     task.fiber = std::move(fiber);
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
@@ -854,7 +859,7 @@ void Scheduler::stop() {
     if (core.closed()) return;
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
-        core.wake_all();
+        core.wake_all_workers();
         if (core.use_caller) core.workers[0]->run_loop();
         for (auto& worker : core.workers) {
             if (worker->thread.joinable()) worker->thread.join();
@@ -876,7 +881,7 @@ void Scheduler::stop() {
 void Scheduler::submit(ScheduleTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
-    detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
+    detail::QueuedTask queued(std::move(task));
     core.count_new(1);
     try {
         if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
@@ -914,9 +919,9 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     }
     std::size_t in_run = 0;
     for (ScheduleTask& task : tasks) {
-        detail::QueuedTask queued{std::move(task.fiber), std::move(task.cb), task.thread, detail::TaskKind::fresh, 0};
-        if (queued.thread >= 0) {
-            pinned[static_cast<std::size_t>(queued.thread)].push_back(std::move(queued));
+        detail::QueuedTask queued(std::move(task));
+        if (queued.worker >= 0) {
+            pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));
             continue;
         }
         unpinned[next].push_back(std::move(queued));

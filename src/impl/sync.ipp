@@ -51,7 +51,7 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         }
         ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
-        if (w.state->status.load(std::memory_order_acquire) == notified) return true;
+        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::notified) return true;
         std::lock_guard<SpinLock> guard(lock);
         unlink(context, w);
         return false;
@@ -61,8 +61,8 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     lock.unlock();
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
-        int expected = waiting;
-        if (w.state->status.compare_exchange_strong(expected, timed_out, std::memory_order_acq_rel)) {
+        WaitStatus expected = WaitStatus::waiting;
+        if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
             signal_lock.unlock();
             std::lock_guard<SpinLock> guard(lock);
             unlink(context, w);
@@ -74,10 +74,10 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     return true;
 }
 
-void wake_claimed(Waiter& w) noexcept {
+void wake_waiter(Waiter& w) noexcept {
     WaitState& state = *w.state;
     if (state.fiber) {
-        wake(std::move(state.fiber));
+        wake_fiber(std::move(state.fiber));
         return;
     }
     ThreadSignal& signal = *state.thread;
@@ -195,14 +195,14 @@ void Mutex::unlock_slow() {
         state_.fetch_sub(waiter_unit | locked_bit, std::memory_order_release);
     }
     lock_.unlock();
-    detail::wake_claimed(*next);
+    detail::wake_waiter(*next);
 }
 
 void ConditionVariable::notify_one() {
     lock_.lock();
     detail::Waiter* w = detail::pop_claimed(waiters_);
     lock_.unlock();
-    if (w) detail::wake_claimed(*w);
+    if (w) detail::wake_waiter(*w);
 }
 
 void ConditionVariable::notify_all() {
@@ -210,7 +210,7 @@ void ConditionVariable::notify_all() {
     lock_.lock();
     detail::pop_all_claimed(waiters_, woken);
     lock_.unlock();
-    detail::wake_all_claimed(woken);
+    detail::wake_waiters(woken);
 }
 
 void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
@@ -251,7 +251,7 @@ void WaitGroup::add(std::int64_t n) {
     }
     lock_.unlock();
     FIBER_SCHED_ASSERT(!below_zero && "WaitGroup::add(): the counter went below zero (more done() than add())");
-    detail::wake_all_claimed(woken);
+    detail::wake_waiters(woken);
 }
 
 void WaitGroup::wait() {
