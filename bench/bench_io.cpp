@@ -607,39 +607,26 @@ struct Row {
     bool failed = false;
 };
 
-double median_of(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const std::size_t mid = v.size() / 2;
-    return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
-
 // Median over the repetitions of one CPU figure; negative: not measured for this row.
 double cpu_median(const Row& row, double Sample::*field) {
     std::vector<double> v;
     for (const Sample& s : row.samples) {
         if (s.*field >= 0) v.push_back(s.*field);
     }
-    return v.empty() ? -1 : median_of(v);
+    return v.empty() ? -1 : fsched_bench::median(v);
 }
 
 std::string cell(double value, const char* format) {
-    if (value < 0) return "-";
-    char buf[32];
-    std::snprintf(buf, sizeof buf, format, value);
-    return buf;
+    return value < 0 ? "-" : fsched_bench::format(format, value);
 }
 
 void print_table(const std::vector<Row>& rows, const Config& cfg) {
-    std::size_t w = std::strlen("implementation");
-    for (const Row& r : rows) w = std::max(w, r.name.size());
-    const int iw = static_cast<int>(w);
-    std::printf("\necho: %d connections, %d-byte messages, loopback TCP; round trips/s (higher is better) and CPU\n"
-                "microseconds per round trip (lower is better)\n",
-                cfg.connections, cfg.bytes);
-    std::printf("  %-*s  %11s  %11s  %11s  %11s  %10s  %11s  %10s  %10s\n", iw, "implementation", "best rt/s",
-                "median rt/s", "ours/x best", "ours/x med", "server us", "ours/x srv", "client us", "total us");
-    std::printf("  %s\n", std::string(static_cast<std::size_t>(iw) + 105, '-').c_str());
+    fsched_bench::TextTable table;
+    table.begin_group(fsched_bench::format("echo: %d connections, %d-byte messages, loopback TCP; round trips/s (higher "
+                                           "is better) and CPU\nmicroseconds per round trip (lower is better)",
+                                           cfg.connections, cfg.bytes),
+                      {{"best rt/s", 11}, {"median rt/s", 11}, {"ours/x best", 11}, {"ours/x med", 11},
+                       {"server us", 10}, {"ours/x srv", 11}, {"client us", 10}, {"total us", 10}});
     const Row* ours = nullptr;
     for (const Row& r : rows) {
         if (r.ours && !r.failed) ours = &r;
@@ -651,27 +638,27 @@ void print_table(const std::vector<Row>& rows, const Config& cfg) {
     };
     for (const Row& r : rows) {
         if (r.failed) {
-            std::printf("  %-*s  %11s\n", iw, r.name.c_str(), "failed");
+            table.row(r.name, {"failed"});
             continue;
         }
         const std::vector<double> v = rates(r);
         const double best = *std::max_element(v.begin(), v.end());
-        const double med = median_of(v);
+        const double med = fsched_bench::median(v);
         const double server_us = cpu_median(r, &Sample::server_us);
         double ratio_best = -1, ratio_med = -1, ratio_server = -1;
         if (ours) {
             // Ratios of times per round trip, as in every other table: x's rate / ours.
             const std::vector<double> o = rates(*ours);
             ratio_best = best / *std::max_element(o.begin(), o.end());
-            ratio_med = med / median_of(o);
+            ratio_med = med / fsched_bench::median(o);
             const double ours_server_us = cpu_median(*ours, &Sample::server_us);
             if (server_us > 0 && ours_server_us > 0) ratio_server = ours_server_us / server_us;
         }
-        std::printf("  %-*s  %11.0f  %11.0f  %11s  %11s  %10s  %11s  %10s  %10s\n", iw, r.name.c_str(), best, med,
-                    cell(ratio_best, "%.2f").c_str(), cell(ratio_med, "%.2f").c_str(), cell(server_us, "%.2f").c_str(),
-                    cell(ratio_server, "%.2f").c_str(), cell(cpu_median(r, &Sample::client_us), "%.2f").c_str(),
-                    cell(cpu_median(r, &Sample::total_us), "%.2f").c_str());
+        table.row(r.name, {cell(best, "%.0f"), cell(med, "%.0f"), cell(ratio_best, "%.2f"), cell(ratio_med, "%.2f"),
+                           cell(server_us, "%.2f"), cell(ratio_server, "%.2f"),
+                           cell(cpu_median(r, &Sample::client_us), "%.2f"), cell(cpu_median(r, &Sample::total_us), "%.2f")});
     }
+    table.print();
     std::printf("\n  server / client / total us: CPU microseconds per round trip, median over the repetitions:\n"
                 "  the server process, the forked epoll client, and both (for the one-scheduler row, its one\n"
                 "  process). 2 cores in all: total us x rate <= 2,000,000. On a shared machine the rate also\n"

@@ -147,33 +147,28 @@ public:
     }
 
     void print(std::FILE* out = stdout) const {
-        std::size_t w = std::strlen("implementation");
-        for (const Group& g : groups_)
-            for (const Row& row : g.rows) w = std::max(w, row.impl.size());
-        const int iw = static_cast<int>(w);
+        fsched_bench::TextTable table;
         for (const Group& g : groups_) {
-            if (g.rows.empty() && g.notes.empty()) continue;
-            std::fprintf(out, "\n%s\n", g.title.c_str());
-            std::fprintf(out, "  %-*s  %12s  %12s  %11s  %11s  %12s  %4s\n", iw, "implementation",
-                         ("best " + g.unit).c_str(), "median", "ours/x best", "ours/x med", "work/rep", "reps");
-            std::fprintf(out, "  %s\n", std::string(static_cast<std::size_t>(iw) + 76, '-').c_str());
+            if (g.rows.empty() && g.notes.empty()) continue;  // every row filtered out
+            table.begin_group(g.title, {{"best " + g.unit, 12}, {"median", 12}, {"ours/x best", 11},
+                                        {"ours/x med", 11}, {"work/rep", 12}, {"reps", 4}});
             for (const Row& row : g.rows) {
                 if (row.f.failed) {
-                    std::fprintf(out, "  %-*s  %12s\n", iw, row.impl.c_str(), "failed");
+                    table.row(row.impl, {"failed"});
                     continue;
                 }
-                char ratio_best[32] = "-", ratio_med[32] = "-";
+                std::string ratio_best = "-", ratio_med = "-";
                 if (g.ours >= 0) {
                     const Figures& ours = g.rows[static_cast<std::size_t>(g.ours)].f;
-                    ratio(g, best(g, ours), best(g, row.f), ratio_best, sizeof ratio_best);
-                    ratio(g, median(ours), median(row.f), ratio_med, sizeof ratio_med);
+                    ratio_best = ratio(g, best(g, ours), best(g, row.f));
+                    ratio_med = ratio(g, fsched_bench::median(ours.samples), fsched_bench::median(row.f.samples));
                 }
-                std::fprintf(out, "  %-*s  %12s  %12s  %11s  %11s  %12llu  %4zu\n", iw, row.impl.c_str(),
-                             number(best(g, row.f)).c_str(), number(median(row.f)).c_str(), ratio_best,
-                             ratio_med, static_cast<unsigned long long>(row.f.count), row.f.samples.size());
+                table.row(row.impl, {number(best(g, row.f)), number(fsched_bench::median(row.f.samples)), ratio_best,
+                                     ratio_med, std::to_string(row.f.count), std::to_string(row.f.samples.size())});
             }
-            for (const std::string& n : g.notes) std::fprintf(out, "  %s\n", n.c_str());
+            for (const std::string& n : g.notes) table.note(n);
         }
+        table.print(out);
         std::fprintf(out, "\nours/x is a ratio of times: < 1: fiber_sched is faster than x; > 1: slower.\n");
     }
 
@@ -195,26 +190,14 @@ private:
         return g.higher_is_better ? *std::max_element(f.samples.begin(), f.samples.end())
                                   : *std::min_element(f.samples.begin(), f.samples.end());
     }
-    static double median(const Figures& f) {
-        std::vector<double> s = f.samples;
-        std::sort(s.begin(), s.end());
-        const std::size_t mid = s.size() / 2;
-        return s.size() % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
-    }
-    static void ratio(const Group& g, double ours, double x, char* buf, std::size_t n) {
+    static std::string ratio(const Group& g, double ours, double x) {
         const double r = g.higher_is_better ? x / ours : ours / x;
-        if (x == 0 && ours == 0) {
-            std::snprintf(buf, n, "1.00");
-        } else if (!g.higher_is_better && x == 0) {
-            std::snprintf(buf, n, "inf");
-        } else {
-            std::snprintf(buf, n, r < 0.01 ? "%.1e" : "%.2f", r);
-        }
+        if (x == 0 && ours == 0) return "1.00";
+        if (!g.higher_is_better && x == 0) return "inf";
+        return fsched_bench::format(r < 0.01 ? "%.1e" : "%.2f", r);
     }
     static std::string number(double v) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3f", v);
-        return buf;
+        return fsched_bench::format(v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3f", v);
     }
 
     std::vector<Group> groups_;
@@ -1045,22 +1028,14 @@ Figures idle_boost(double idle_seconds, bool suspend) {
 }
 #endif
 
-std::string format(const char* fmt, double a, double b = 0) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, fmt, a, b);
-    return buf;
-}
-
 // "target: <what> (<= x unit); fiber_sched best y unit: met / NOT met".
 void target_note(FigureTable& table, const std::string& what, double target, bool higher_is_better,
                  const char* unit) {
     double ours = 0;
     if (!table.ours_best(ours)) return;
     const bool met = higher_is_better ? ours >= target : ours <= target;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "target: %s (%s %g %s); fiber_sched best %.3g %s: %s", what.c_str(),
-                  higher_is_better ? ">=" : "<=", target, unit, ours, unit, met ? "met" : "NOT met");
-    table.note(buf);
+    table.note(fsched_bench::format("target: %s (%s %g %s); fiber_sched best %.3g %s: %s", what.c_str(),
+                                    higher_is_better ? ">=" : "<=", target, unit, ours, unit, met ? "met" : "NOT met"));
 }
 
 }  // namespace
@@ -1129,7 +1104,7 @@ int main(int argc, char** argv) {
     run("skynet", "Boost.Fiber work_stealing", false,
         [&] { return skynet_boost_run(sz.skynet_leaves, sz.reps_skynet_slow); });
 #endif
-    table.note(format("total checked: %.0f; work/rep is the leaf count", static_cast<double>(skynet_expected(sz.skynet_leaves))));
+    table.note(fsched_bench::format("total checked: %.0f; work/rep is the leaf count", static_cast<double>(skynet_expected(sz.skynet_leaves))));
     table.note("reference (project, not this run, 1,000,000 leaves): Go 484, marl 1538, Boost.Fiber 2555 ms");
     if (sz.skynet_leaves == 1000000) target_note(table, "no slower than Go", 484, false, "ms");
 
@@ -1142,7 +1117,7 @@ int main(int argc, char** argv) {
     table.note("reference (project, not this run): Boost.Fiber 46, Go 48 ns");
     target_note(table, "half of Boost.Fiber's and Go's", 23, false, "ns");
 
-    table.begin_group(format("idle CPU: 2-thread scheduler idle for %.1f s after one task; CPU ms used (lower is better)",
+    table.begin_group(fsched_bench::format("idle CPU: 2-thread scheduler idle for %.1f s after one task; CPU ms used (lower is better)",
                              sz.idle_seconds),
                       "ms", false);
 #if FIBER_SCHED_BENCH_BOOST

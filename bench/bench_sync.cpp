@@ -142,8 +142,7 @@ Timing timed(const Options& opt, Body&& body) {
     }
     std::sort(per_op.begin(), per_op.end());
     t.r.min_ns = per_op.front();
-    const std::size_t mid = per_op.size() / 2;
-    t.r.median_ns = per_op.size() % 2 ? per_op[mid] : (per_op[mid - 1] + per_op[mid]) / 2;
+    t.r.median_ns = fsched_bench::median(per_op);
     t.max_ns = per_op.back();
     return t;
 }
@@ -665,18 +664,19 @@ void memory_benchmark(std::size_t fibers, const Options& opt) {
 #if FIBER_SCHED_BENCH_BOOST
     rows.push_back({"boost", "Boost.Fiber, round_robin, condition_variable"});
 #endif
-    std::printf("\nmemory per parked fiber: %zu fibers parked at once, default stacks, each in its own process\n",
-                fibers);
-    std::printf("  %-45s  %8s  %9s  %9s  %10s  %9s  %11s  %9s  %8s\n", "implementation", "parked", "RSS KiB",
-                "KiB/fiber", "+PTE/fiber", "heap B/f", "stack pg/f", "stack KiB", "all done");
-    std::printf("  %s\n", std::string(45 + 91, '-').c_str());
+    using fsched_bench::format;
+    fsched_bench::TextTable table;
+    table.begin_group(format("memory per parked fiber: %zu fibers parked at once, default stacks, each in its own process",
+                             fibers),
+                      {{"parked", 8}, {"RSS KiB", 9}, {"KiB/fiber", 9}, {"+PTE/fiber", 10}, {"heap B/f", 9},
+                       {"stack pg/f", 11}, {"stack KiB", 9}, {"all done", 8}});
     std::map<std::string, double> per_fiber;
     for (const Row& row : rows) {
         if (!opt.selected(std::string("memory/") + row.impl)) continue;
         std::map<std::string, std::string> m;
         const bool ok = run_memory_child(row.impl, fibers, m);
         if (!m.count("rss_after_kib")) {
-            std::printf("  %-45s  failed (see stderr)\n", row.label);
+            table.row(row.label, {"failed (see stderr)"});
             continue;
         }
         auto num = [&](const char* k) { return m.count(k) ? std::atof(m[k].c_str()) : 0.0; };
@@ -686,17 +686,21 @@ void memory_benchmark(std::size_t fibers, const Options& opt) {
         const double heap = num("malloc_after") - num("malloc_before");
         const double kib = parked > 0 ? rss / parked : 0;
         per_fiber[row.impl] = kib;
-        std::printf("  %-45s  %8.0f  %9.0f  %9.2f  %10.2f  %9.0f  %11.2f  %9.0f  %8s\n", row.label, parked, rss, kib,
-                    parked > 0 ? (rss + pte) / parked : 0, parked > 0 && heap >= 0 ? heap / parked : -1,
-                    num("stack_pages_per_fiber"), num("stack_size") / 1024, ok ? "yes" : "NO");
-        std::printf("  %-45s  park %.3f s, release + finish %.3f s%s\n", "", num("park_s"), num("finish_s"),
-                    m.count("fiber_object") && num("fiber_object") > 0
-                        ? (", sizeof(fsched::Fiber) " + m["fiber_object"] + " B").c_str()
-                        : "");
+        table.row(row.label, {format("%.0f", parked), format("%.0f", rss), format("%.2f", kib),
+                              format("%.2f", parked > 0 ? (rss + pte) / parked : 0),
+                              format("%.0f", parked > 0 && heap >= 0 ? heap / parked : -1),
+                              format("%.2f", num("stack_pages_per_fiber")), format("%.0f", num("stack_size") / 1024),
+                              ok ? "yes" : "NO"});
+        // The times, on a line of their own under the row's figures.
+        table.row("", {format("park %.3f s, release + finish %.3f s%s", num("park_s"), num("finish_s"),
+                              m.count("fiber_object") && num("fiber_object") > 0
+                                  ? (", sizeof(fsched::Fiber) " + m["fiber_object"] + " B").c_str()
+                                  : "")});
     }
     if (per_fiber.count("fsched") && per_fiber.count("boost")) {
-        std::printf("  fsched / Boost.Fiber: %.2f\n", per_fiber["fsched"] / per_fiber["boost"]);
+        table.note(format("fsched / Boost.Fiber: %.2f", per_fiber["fsched"] / per_fiber["boost"]));
     }
+    table.print();
     std::printf("RSS KiB: VmRSS after minus before; +PTE/fiber: KiB per fiber with page tables (VmPTE) added;\n"
                 "heap B/f: mallinfo2() bytes in use per fiber; stack pg/f: resident stack pages per fiber (mincore,\n"
                 "~1000 fibers sampled).\n");

@@ -5,18 +5,22 @@
 //   - Options: the command line every benchmark understands (--quick, --reps, --iters, --filter);
 //   - measure(): warm up, calibrate an iteration count, time several repetitions, and
 //     return the best (min) and median nanoseconds per operation;
-//   - Table: a small aligned table that prints each result beside its baselines with the
-//     ratio ours / baseline.
+//   - median(): the median of a benchmark's samples;
+//   - TextTable: the aligned table every benchmark prints its results in, format() for its
+//     cells, and Table, one on it that prints each ns/op result beside its baselines with
+//     the ratio ours / baseline.
 #ifndef FIBER_SCHED_BENCH_UTIL_HPP
 #define FIBER_SCHED_BENCH_UTIL_HPP
 
 #include <algorithm>
 #include <chrono>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsched_bench {
@@ -85,6 +89,14 @@ struct Result {
 
 using Clock = std::chrono::steady_clock;
 
+// The median of `samples` (the mean of the middle two for an even count); 0 when empty.
+inline double median(std::vector<double> samples) {
+    if (samples.empty()) return 0;
+    std::sort(samples.begin(), samples.end());
+    const std::size_t mid = samples.size() / 2;
+    return samples.size() % 2 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
+}
+
 // Times body(n), which must perform n operations, and returns ns per operation.
 // Without --iters it first warms up by doubling n until one call takes about a tenth of
 // rep_ms, then scales n so that a repetition takes about rep_ms.
@@ -119,14 +131,99 @@ Result measure(const Options& opt, Body&& body) {
     Result res;
     res.iters = n;
     res.min_ns = per_op.front();
-    const std::size_t mid = per_op.size() / 2;
-    res.median_ns = per_op.size() % 2 ? per_op[mid] : (per_op[mid - 1] + per_op[mid]) / 2;
+    res.median_ns = median(std::move(per_op));
     return res;
 }
 
-// Rows grouped by benchmark. One row per group is marked as fiber_sched's ("ours"); every
-// row then shows ours / this row, for the best and for the median ("-" when --filter left
-// ours out).
+// The text table every benchmark prints: groups of rows, each group under a blank line, its
+// title, a header and a rule. The first column holds the implementation, left-aligned and as
+// wide as the longest name in the whole table, so that the groups line up; the other columns
+// are the group's own, each right-aligned at its width. A cell wider than its column pushes
+// the rest of its row right instead of being cut, and a row may stop short of the last
+// column, as a "failed" row does.
+class TextTable {
+public:
+    struct Column {
+        std::string header;
+        int width;
+    };
+
+    void begin_group(std::string title, std::vector<Column> columns) {
+        groups_.push_back(Group{std::move(title), std::move(columns), {}});
+    }
+
+    void row(std::string impl, std::vector<std::string> cells) {
+        groups_.back().lines.push_back(Line{std::move(impl), std::move(cells), false});
+    }
+
+    // A line of text under the group's rows so far, indented like them.
+    void note(std::string text) { groups_.back().lines.push_back(Line{std::move(text), {}, true}); }
+
+    void print(std::FILE* out = stdout) const {
+        std::size_t w = std::strlen("implementation");
+        for (const Group& g : groups_)
+            for (const Line& line : g.lines)
+                if (!line.is_note) w = std::max(w, line.text.size());
+        const int iw = static_cast<int>(w);
+        for (const Group& g : groups_) {
+            std::fprintf(out, "\n%s\n", g.title.c_str());
+            std::vector<std::string> headers;
+            std::size_t rule = w;
+            for (const Column& c : g.columns) {
+                headers.push_back(c.header);
+                rule += 2 + static_cast<std::size_t>(c.width);
+            }
+            print_row(out, iw, "implementation", headers, g.columns);
+            std::fprintf(out, "  %s\n", std::string(rule, '-').c_str());
+            for (const Line& line : g.lines) {
+                if (line.is_note) {
+                    std::fprintf(out, "  %s\n", line.text.c_str());
+                } else {
+                    print_row(out, iw, line.text, line.cells, g.columns);
+                }
+            }
+        }
+    }
+
+private:
+    struct Line {
+        std::string text;  // a row's implementation, or a note
+        std::vector<std::string> cells;
+        bool is_note;
+    };
+    struct Group {
+        std::string title;
+        std::vector<Column> columns;
+        std::vector<Line> lines;
+    };
+
+    static void print_row(std::FILE* out, int iw, const std::string& impl, const std::vector<std::string>& cells,
+                          const std::vector<Column>& columns) {
+        std::fprintf(out, "  %-*s", iw, impl.c_str());
+        for (std::size_t i = 0; i < cells.size() && i < columns.size(); ++i)
+            std::fprintf(out, "  %*s", columns[i].width, cells[i].c_str());
+        std::fprintf(out, "\n");
+    }
+
+    std::vector<Group> groups_;
+};
+
+// printf() into a std::string, for a TextTable cell or note.
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+inline std::string format(const char* fmt, ...) {
+    char buf[512];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, args);
+    va_end(args);
+    return buf;
+}
+
+// ns/op results grouped by benchmark. One row per group is marked as fiber_sched's
+// ("ours"); every row then shows ours / this row, for the best and for the median ("-"
+// when --filter left ours out).
 class Table {
 public:
     void begin_group(std::string title) { groups_.push_back(Group{std::move(title), {}, -1}); }
@@ -139,28 +236,23 @@ public:
     }
 
     void print(std::FILE* out = stdout) const {
-        std::size_t w = std::strlen("implementation");
-        for (const Group& g : groups_)
-            for (const Row& row : g.rows) w = std::max(w, row.impl.size());
-        const int iw = static_cast<int>(w);
+        TextTable table;
         for (const Group& g : groups_) {
-            if (g.rows.empty()) continue;
-            std::fprintf(out, "\n%s\n", g.title.c_str());
-            std::fprintf(out, "  %-*s  %10s  %10s  %11s  %11s  %12s\n", iw, "implementation", "min ns/op",
-                         "median ns", "ours/x min", "ours/x med", "iters/rep");
-            std::fprintf(out, "  %s\n", std::string(static_cast<std::size_t>(iw) + 64, '-').c_str());
+            if (g.rows.empty()) continue;  // every row filtered out
+            table.begin_group(g.title, {{"min ns/op", 10}, {"median ns", 10}, {"ours/x min", 11},
+                                        {"ours/x med", 11}, {"iters/rep", 12}});
             for (const Row& row : g.rows) {
-                char ratio_min[32] = "-", ratio_med[32] = "-";
+                std::string ratio_min = "-", ratio_med = "-";
                 if (g.ours >= 0) {
                     const Result& ours = g.rows[static_cast<std::size_t>(g.ours)].r;
-                    std::snprintf(ratio_min, sizeof ratio_min, "%.2f", ours.min_ns / row.r.min_ns);
-                    std::snprintf(ratio_med, sizeof ratio_med, "%.2f", ours.median_ns / row.r.median_ns);
+                    ratio_min = format("%.2f", ours.min_ns / row.r.min_ns);
+                    ratio_med = format("%.2f", ours.median_ns / row.r.median_ns);
                 }
-                std::fprintf(out, "  %-*s  %10.1f  %10.1f  %11s  %11s  %12llu\n", iw, row.impl.c_str(),
-                             row.r.min_ns, row.r.median_ns, ratio_min, ratio_med,
-                             static_cast<unsigned long long>(row.r.iters));
+                table.row(row.impl, {format("%.1f", row.r.min_ns), format("%.1f", row.r.median_ns), ratio_min,
+                                     ratio_med, std::to_string(row.r.iters)});
             }
         }
+        table.print(out);
         std::fprintf(out, "\nours/x < 1: fiber_sched is faster than x; > 1: slower.\n");
     }
 
