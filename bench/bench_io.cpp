@@ -49,7 +49,6 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -395,8 +394,9 @@ void client_loop(const std::vector<int>& fds, const std::string& message, Client
 }
 
 // The child process: connects, drives the echo, reports over `report_fd`: one byte when
-// the window opens, a ClientReport when it closes. Then closes every connection.
-[[noreturn]] void run_client_process(int port, const Config& cfg, int report_fd) {
+// the window opens, a ClientReport when it closes. Then closes every connection and returns
+// the process's exit status.
+int run_client_process(int port, const Config& cfg, int report_fd) {
     std::vector<int> fds;
     const sockaddr_in addr = loopback(port);
     for (int c = 0; c < cfg.connections; ++c) {
@@ -427,35 +427,21 @@ void client_loop(const std::vector<int>& fds, const std::string& message, Client
     const double cpu0 = cpu_seconds(RUSAGE_SELF);
     const auto t0 = Clock::now();
     const char start_byte = 'S';
-    if (::write(report_fd, &start_byte, 1) != 1) die("client report");
+    if (!fsched_bench::write_all(report_fd, &start_byte, 1)) die("client report");
 
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.window_s));
     ClientReport report;
     report.round_trips = total() - n0;
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report.cpu_seconds = cpu_seconds(RUSAGE_SELF) - cpu0;
-    if (::write(report_fd, &report, sizeof report) != static_cast<ssize_t>(sizeof report)) die("client report");
+    if (!fsched_bench::write_all(report_fd, &report, sizeof report)) die("client report");
 
     stop.store(true);
     for (auto& t : threads) t.join();
     report.errors = counters[0].errors.load() + counters[1].errors.load();
-    if (::write(report_fd, &report.errors, sizeof report.errors) != static_cast<ssize_t>(sizeof report.errors)) {
-        die("client report");
-    }
+    if (!fsched_bench::write_all(report_fd, &report.errors, sizeof report.errors)) die("client report");
     for (int fd : fds) ::close(fd);
-    _exit(0);
-}
-
-bool read_exact(int fd, void* buf, std::size_t n) {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-        const ssize_t r = ::read(fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<std::size_t>(r);
-    }
-    return true;
+    return 0;
 }
 
 // One repetition's figures.
@@ -471,37 +457,28 @@ Sample run_forked(Server& server, const Config& cfg) {
     Sample s;
     int port = 0;
     const int listen_fd = listen_loopback(server.nonblocking_listener(), &port);
-    int pipe_fds[2];
-    if (pipe2(pipe_fds, O_CLOEXEC) != 0) die("pipe");
-    std::fflush(stdout);
-    std::fflush(stderr);
     // Fork before the server starts any thread: the child is a copy of a single-threaded
     // process.
-    const pid_t child = fork();
-    if (child < 0) die("fork");
-    if (child == 0) {
+    fsched_bench::ChildProcess client([&](int report_fd) {
         in_client_process = true;
         ::close(listen_fd);
-        ::close(pipe_fds[0]);
-        run_client_process(port, cfg, pipe_fds[1]);
-    }
-    ::close(pipe_fds[1]);
+        return run_client_process(port, cfg, report_fd);
+    });
+    if (!client.started()) die("fork the client");
     server.start(listen_fd, cfg.connections);
 
     char start_byte = 0;
     ClientReport report;
     std::uint64_t errors = 0;
-    bool ok = read_exact(pipe_fds[0], &start_byte, 1);
+    bool ok = client.read(&start_byte, 1);
     const double cpu0 = cpu_seconds(RUSAGE_SELF);
-    ok = ok && read_exact(pipe_fds[0], &report, sizeof report);
+    ok = ok && client.read(&report, sizeof report);
     const double cpu1 = cpu_seconds(RUSAGE_SELF);
-    ok = ok && read_exact(pipe_fds[0], &errors, sizeof errors);
+    ok = ok && client.read(&errors, sizeof errors);
     server.finish();
-    ::close(pipe_fds[0]);
     ::close(listen_fd);
-    int status = 0;
-    waitpid(child, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0 && errors == 0 && report.round_trips > 0;
+    const bool exited_ok = client.wait();
+    ok = ok && exited_ok && errors == 0 && report.round_trips > 0;
     if (!ok) {
         std::fprintf(stderr, "bench_io: a client failed (%llu errors)\n", static_cast<unsigned long long>(errors));
         s.failed = true;

@@ -31,7 +31,6 @@
 
 #include "bench_util.hpp"
 
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -826,80 +825,42 @@ Figures idle_seed(double idle_seconds) {
 // ---------------------------------------------------------------------------------------
 
 #if FIBER_SCHED_BENCH_BOOST
-// One Boost.Fiber case running in a forked child process: the constructor forks, collect()
-// waits for the child's figures. The parent has no other threads when it forks (every
-// scheduler above is stopped before the next case starts). The child sends its samples
-// through a pipe and leaves with _exit(), without tearing down Boost's work_stealing
-// schedulers (one thread's teardown can race the other's stealing).
-class ChildProcess {
+// One Boost.Fiber case in a forked child process (fsched_bench::ChildProcess): the
+// constructor forks, collect() waits for the child's figures. The parent has no other
+// threads when it forks (every scheduler above is stopped before the next case starts). The
+// child sends its samples through the pipe and leaves with _exit(), without tearing down
+// Boost's work_stealing schedulers (one thread's teardown can race the other's stealing).
+class FiguresChild {
 public:
-    explicit ChildProcess(const std::function<Figures()>& fn) {
-        std::fflush(stdout);
-        std::fflush(stderr);
-        int fds[2];
-        if (pipe(fds) != 0) return;
-        pid_ = fork();
-        if (pid_ < 0) {
-            close(fds[0]);
-            close(fds[1]);
-            return;
-        }
-        if (pid_ == 0) {
-            close(fds[0]);
-            alarm(120);  // a hung baseline must not hang the benchmark
-            Figures f = fn();
-            std::uint64_t header[2] = {f.count, f.failed ? ~std::uint64_t{0} : f.samples.size()};
-            bool ok = write(fds[1], header, sizeof header) == static_cast<ssize_t>(sizeof header);
-            const auto bytes = static_cast<ssize_t>(f.samples.size() * sizeof(double));
-            if (ok && bytes) ok = write(fds[1], f.samples.data(), static_cast<std::size_t>(bytes)) == bytes;
-            std::fflush(stdout);
-            std::fflush(stderr);
-            _exit(ok ? 0 : 1);
-        }
-        close(fds[1]);
-        fd_ = fds[0];
-    }
-    ChildProcess(const ChildProcess&) = delete;
-    ChildProcess& operator=(const ChildProcess&) = delete;
-    ~ChildProcess() { collect(); }
+    explicit FiguresChild(const std::function<Figures()>& fn)
+        : child_([&fn](int fd) {
+              alarm(120);  // a hung baseline must not hang the benchmark
+              const Figures f = fn();
+              const std::uint64_t header[2] = {f.count, f.failed ? ~std::uint64_t{0} : f.samples.size()};
+              const bool ok = fsched_bench::write_all(fd, header, sizeof header) &&
+                              fsched_bench::write_all(fd, f.samples.data(), f.samples.size() * sizeof(double));
+              return ok ? 0 : 1;
+          }) {}
 
     // The child's figures (failed if it crashed, hung or could not start). Once.
     Figures collect() {
         Figures f;
-        f.failed = true;
-        if (fd_ < 0) return f;
         std::uint64_t header[2] = {0, 0};
-        bool ok = read_all(header, sizeof header) && header[1] != ~std::uint64_t{0} && header[1] < 100000;
+        bool ok = child_.read(header, sizeof header) && header[1] != ~std::uint64_t{0} && header[1] < 100000;
         if (ok) {
             f.count = header[0];
             f.samples.resize(header[1]);
-            ok = read_all(f.samples.data(), f.samples.size() * sizeof(double));
+            ok = child_.read(f.samples.data(), f.samples.size() * sizeof(double));
         }
-        close(fd_);
-        fd_ = -1;
-        int status = 0;
-        waitpid(pid_, &status, 0);
-        f.failed = !ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || f.samples.empty();
+        f.failed = !child_.wait() || !ok || f.samples.empty();
         return f;
     }
 
 private:
-    bool read_all(void* buf, std::size_t n) {
-        auto* p = static_cast<char*>(buf);
-        while (n > 0) {
-            const ssize_t got = read(fd_, p, n);
-            if (got <= 0) return false;
-            p += got;
-            n -= static_cast<std::size_t>(got);
-        }
-        return true;
-    }
-
-    pid_t pid_ = -1;
-    int fd_ = -1;
+    fsched_bench::ChildProcess child_;
 };
 
-Figures in_child_process(const std::function<Figures()>& fn) { return ChildProcess(fn).collect(); }
+Figures in_child_process(const std::function<Figures()>& fn) { return FiguresChild(fn).collect(); }
 
 namespace bf = boost::fibers;
 
@@ -1011,7 +972,7 @@ Figures yield_boost(std::uint64_t per_fiber, int reps) {
     return f;
 }
 
-// Runs in a child process (see ChildProcess): sets up this process's one work_stealing pool.
+// Runs in a child process (see FiguresChild): sets up this process's one work_stealing pool.
 Figures idle_boost_here(double idle_seconds, bool suspend) {
     BoostPool::make(suspend);
     bf::fiber([] {}).join();
@@ -1125,9 +1086,9 @@ int main(int argc, char** argv) {
     // neither uses a measurable amount of CPU, so they cannot disturb each other, and the
     // full run is one idle period shorter. (The busy-idle rows each get the machine alone.)
     const char* boost_suspend = "Boost.Fiber work_stealing, suspend";
-    std::unique_ptr<ChildProcess> boost_suspend_idle;
+    std::unique_ptr<FiguresChild> boost_suspend_idle;
     if (opt.selected(std::string("idle/") + boost_suspend)) {
-        boost_suspend_idle = std::make_unique<ChildProcess>([&] { return idle_boost_here(sz.idle_seconds, true); });
+        boost_suspend_idle = std::make_unique<FiguresChild>([&] { return idle_boost_here(sz.idle_seconds, true); });
     }
 #endif
     run("idle", "fsched", true, [&] { return idle_fsched(sz.idle_seconds); });

@@ -49,7 +49,6 @@
 #include "bench_util.hpp"
 
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -337,46 +336,26 @@ struct Case {
 // without unwinding (Boost's work_stealing threads cannot be torn down safely).
 bool run_in_child(std::vector<Case>& cases, const std::vector<std::size_t>& which, const Options& opt,
                   const std::function<void()>& child_setup) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    int fds[2];
-    if (pipe(fds) != 0) return false;
-    const pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        close(fds[0]);
+    fsched_bench::ChildProcess child([&](int fd) {
         alarm(300);  // a hung baseline must not hang the benchmark
         child_setup();
-        bool ok = true;
         for (std::size_t i : which) {
-            Timing r = cases[i].run(opt);
-            ok = ok && write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
+            const Timing r = cases[i].run(opt);
+            if (!fsched_bench::write_all(fd, &r, sizeof r)) return 1;
         }
-        std::fflush(stdout);
-        _exit(ok ? 0 : 1);
-    }
-    close(fds[1]);
+        return 0;
+    });
     bool ok = true;
     for (std::size_t i : which) {
         Timing r;
-        char* p = reinterpret_cast<char*>(&r);
-        std::size_t left = sizeof r;
-        while (ok && left > 0) {
-            const ssize_t got = read(fds[0], p, left);
-            if (got <= 0) ok = false;
-            else {
-                p += got;
-                left -= static_cast<std::size_t>(got);
-            }
+        if (!child.read(&r, sizeof r)) {
+            ok = false;
+            break;
         }
-        if (!ok) break;
         cases[i].result = r;
         cases[i].done = true;
     }
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return child.wait() && ok;
 }
 #endif
 
@@ -622,27 +601,14 @@ int memory_child_boost(std::size_t fibers) {
 
 // Runs this program again with --memory-child and parses what it prints.
 bool run_memory_child(const char* impl, std::size_t fibers, std::map<std::string, std::string>& out) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    int fds[2];
-    if (pipe(fds) != 0) return false;
     const std::string count = std::to_string(fibers);
-    const pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[1]);
+    fsched_bench::ChildProcess child([&](int fd) {
+        dup2(fd, STDOUT_FILENO);
         execl("/proc/self/exe", "bench_sync", "--memory-child", impl, count.c_str(), static_cast<char*>(nullptr));
-        _exit(127);
-    }
-    close(fds[1]);
-    std::string text;
-    char buf[4096];
-    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(got));
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
+        return 127;
+    });
+    const std::string text = child.read_to_end();
+    const bool exited_ok = child.wait();
     std::size_t pos = 0;
     while (pos < text.size()) {
         std::size_t end = text.find('\n', pos);
@@ -652,7 +618,7 @@ bool run_memory_child(const char* impl, std::size_t fibers, std::map<std::string
         if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
         pos = end + 1;
     }
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 && out.count("rss_after_kib");
+    return exited_ok && out.count("rss_after_kib");
 }
 
 void memory_benchmark(std::size_t fibers, const Options& opt) {

@@ -8,11 +8,20 @@
 //   - median(): the median of a benchmark's samples;
 //   - TextTable: the aligned table every benchmark prints its results in, format() for its
 //     cells, and Table, one on it that prints each ns/op result beside its baselines with
-//     the ratio ours / baseline.
+//     the ratio ours / baseline;
+//   - ChildProcess, write_all() and read_exact(): a forked child with a pipe back to the
+//     benchmark, for the baselines and the client that must not run in its process.
+// The benchmarks need a POSIX system (bench/CMakeLists.txt skips them elsewhere).
 #ifndef FIBER_SCHED_BENCH_UTIL_HPP
 #define FIBER_SCHED_BENCH_UTIL_HPP
 
+#include <fcntl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
@@ -281,6 +290,119 @@ inline std::string compiler_string() {
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s;
 }
+
+// ---------------------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------------------
+
+// Writes all `n` bytes of `buf` to `fd`; false on an error. Restarts after a signal.
+inline bool write_all(int fd, const void* buf, std::size_t n) {
+    auto* p = static_cast<const char*>(buf);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= static_cast<std::size_t>(w);
+    }
+    return true;
+}
+
+// Reads exactly `n` bytes from `fd` into `buf`; false on an error or at end of file first.
+// Restarts after a signal.
+inline bool read_exact(int fd, void* buf, std::size_t n) {
+    auto* p = static_cast<char*>(buf);
+    while (n > 0) {
+        const ssize_t r = ::read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<std::size_t>(r);
+    }
+    return true;
+}
+
+// A forked child process with a pipe from it to the parent. The baselines that need a
+// process of their own run in one (Boost's work_stealing sets up per-process state that
+// cannot be torn down safely), and so does bench_io's client (its CPU must not be counted
+// as the server's). Fork only while the parent has no other threads: the child has a copy of
+// the forking thread alone, and a lock another thread held stays locked in it forever.
+class ChildProcess {
+public:
+    // Forks; the child runs body(fd), fd being the pipe's write end, and leaves with
+    // _exit(body's return value). _exit() runs no destructors and no atexit handlers: what the
+    // child inherited (the parent's schedulers, stdio buffers, Boost's statics) is the
+    // parent's to tear down, not the child's. stdout and stderr are flushed first, or the
+    // child would print the parent's buffered output a second time. Both pipe ends are
+    // close-on-exec, so a child that execs keeps only what it dup2()s. started() is false if
+    // the pipe or the fork failed, with errno saying why.
+    template <class Body>
+    explicit ChildProcess(Body&& body) {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        int fds[2];
+        if (::pipe(fds) != 0) return;
+        ::fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+        ::fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+        pid_ = ::fork();
+        if (pid_ < 0) {
+            const int fork_errno = errno;
+            ::close(fds[0]);
+            ::close(fds[1]);
+            errno = fork_errno;
+            return;
+        }
+        if (pid_ == 0) {
+            ::close(fds[0]);
+            const int status = body(fds[1]);
+            std::fflush(stdout);
+            std::fflush(stderr);
+            ::_exit(status);
+        }
+        ::close(fds[1]);
+        fd_ = fds[0];
+    }
+    ChildProcess(const ChildProcess&) = delete;
+    ChildProcess& operator=(const ChildProcess&) = delete;
+    ~ChildProcess() { wait(); }
+
+    bool started() const { return pid_ > 0; }
+
+    // Reads exactly `n` bytes that the child wrote; false if it could not (the child ended,
+    // crashed or never started).
+    bool read(void* buf, std::size_t n) { return fd_ >= 0 && read_exact(fd_, buf, n); }
+
+    // Everything the child writes until it closes the pipe (by ending).
+    std::string read_to_end() {
+        std::string text;
+        char buf[4096];
+        for (ssize_t got; fd_ >= 0 && (got = ::read(fd_, buf, sizeof buf)) != 0;) {
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) break;
+            text.append(buf, static_cast<std::size_t>(got));
+        }
+        return text;
+    }
+
+    // Waits for the child; true if it exited with status 0. The pipe is closed first, so
+    // that a child blocked writing to it fails (SIGPIPE) instead of hanging the wait. Once:
+    // later calls return false.
+    bool wait() {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+        if (pid_ <= 0) return false;
+        int status = 0;
+        pid_t got;
+        while ((got = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+        }
+        pid_ = -1;
+        return got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+
+private:
+    pid_t pid_ = -1;
+    int fd_ = -1;  // the pipe's read end
+};
 
 }  // namespace fsched_bench
 
