@@ -29,15 +29,11 @@
 #include <memory>
 #include <utility>
 
-#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT) && FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 #include <boost/context/fiber.hpp>
 #include <boost/context/fixedsize_stack.hpp>
 #include <boost/context/pooled_fixedsize_stack.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
-#include <boost/version.hpp>
-#define FIBER_SCHED_BENCH_BOOST 1
-#else
-#define FIBER_SCHED_BENCH_BOOST 0
 #endif
 
 namespace {
@@ -108,7 +104,7 @@ Result round_trip_ucontext(const Options& opt) {
     return r;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 namespace ctx = boost::context;
 
 Result round_trip_boost(const Options& opt) {
@@ -201,7 +197,7 @@ Result create_ucontext(const Options& opt) {
     return r;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 template <class StackAllocator>
 Result create_boost(const Options& opt, StackAllocator salloc) {
     std::uint64_t count = 0;
@@ -226,14 +222,10 @@ int main(int argc, char** argv) {
     Options opt;
     if (!opt.parse(argc, argv)) return 2;
 
-    std::printf("bench_fiber: fiber_sched backend %s; %s", fsched::backend(),
-                fsched_bench::compiler_string().c_str());
-#if FIBER_SCHED_BENCH_BOOST
-    std::printf("; Boost %d.%d.%d", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100);
-#else
-    std::printf("; Boost.Context not found, its rows are skipped");
-#endif
-    std::printf("\n%s; %d repetitions per case, best and median shown\n",
+    const std::string boost =
+        fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT, "", "Boost.Context not found, its rows are skipped");
+    std::printf("%s%s\n%s; %d repetitions per case, best and median shown\n",
+                fsched_bench::build_line("bench_fiber").c_str(), boost.c_str(),
                 opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run", opt.reps);
 
     fsched_bench::Table table;
@@ -247,7 +239,7 @@ int main(int argc, char** argv) {
     table.begin_group("round trip (resume + yield), ns per round trip");
     run("round trip", "fsched::Fiber", true, round_trip_fsched);
     run("round trip", "ucontext swapcontext", false, round_trip_ucontext);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
     run("round trip", "boost::context::fiber", false, round_trip_boost);
     run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
 #endif
@@ -255,7 +247,7 @@ int main(int argc, char** argv) {
     table.begin_group("create + run + destroy, 64 KiB stack, ns per fiber");
     run("create", "fsched::Fiber", true, create_fsched);
     run("create", "ucontext + malloc", false, create_ucontext);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
     run("create", "boost fixedsize_stack", false,
         [](const Options& o) { return create_boost(o, ctx::fixedsize_stack(stack_size_64k)); });
     run("create", "boost protected_fixedsize", false,

@@ -705,8 +705,8 @@ int main(int argc, char** argv) {
     if (!parse(argc, argv, cfg)) return 2;
     raise_fd_limit();
 
-    std::printf("bench_io: fiber_sched backend %s; %s; %u hardware threads; no Go row (see BENCHMARKS.md)\n",
-                fsched::backend(), fsched_bench::compiler_string().c_str(), std::thread::hardware_concurrency());
+    std::printf("%s; %u hardware threads; no Go row (see BENCHMARKS.md)\n", fsched_bench::build_line("bench_io").c_str(),
+                std::thread::hardware_concurrency());
     std::printf("%s; %d repetition%s per case of a %.0f ms window after a %.0f ms warm-up; best and median shown\n",
                 cfg.quick ? "--quick: one short window, the numbers are noise" : "full run", cfg.reps,
                 cfg.reps == 1 ? "" : "s", cfg.window_s * 1e3, cfg.warmup_s * 1e3);

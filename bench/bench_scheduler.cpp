@@ -52,16 +52,12 @@
 #include <utility>
 #include <vector>
 
-#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER) && FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 #include <boost/fiber/algo/work_stealing.hpp>
 #include <boost/fiber/condition_variable.hpp>
 #include <boost/fiber/fiber.hpp>
 #include <boost/fiber/mutex.hpp>
 #include <boost/fiber/operations.hpp>
-#include <boost/version.hpp>
-#define FIBER_SCHED_BENCH_BOOST 1
-#else
-#define FIBER_SCHED_BENCH_BOOST 0
 #endif
 
 namespace {
@@ -824,7 +820,7 @@ Figures idle_seed(double idle_seconds) {
 // Boost.Fiber, each case in a forked child process
 // ---------------------------------------------------------------------------------------
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 // One Boost.Fiber case in a forked child process (fsched_bench::ChildProcess): the
 // constructor forks, collect() waits for the child's figures. The parent has no other
 // threads when it forks (every scheduler above is stopped before the next case starts). The
@@ -1013,16 +1009,12 @@ int main(int argc, char** argv) {
     if (!opt.parse(argc, argv)) return 2;
     const Sizes sz = sizes_for(opt, reps_given, iters_given);
 
-    std::printf("bench_scheduler: fiber_sched backend %s; %s", fsched::backend(),
-                fsched_bench::compiler_string().c_str());
-#if FIBER_SCHED_BENCH_BOOST
-    std::printf("; Boost %d.%d.%d", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100);
-#else
-    std::printf("; Boost.Fiber not found, its rows are skipped");
-#endif
-    std::printf("; %u hardware threads\n%s; repetitions in the reps column, each case after one warm-up "
+    const std::string boost =
+        fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER, "", "Boost.Fiber not found, its rows are skipped");
+    std::printf("%s%s; %u hardware threads\n%s; repetitions in the reps column, each case after one warm-up "
                 "except the slow seed-design and Boost.Fiber spawn and skynet rows; best and median shown\n",
-                std::thread::hardware_concurrency(), opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run");
+                fsched_bench::build_line("bench_scheduler").c_str(), boost.c_str(), std::thread::hardware_concurrency(),
+                opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run");
     std::fflush(stdout);
 
     FigureTable table;
@@ -1044,7 +1036,7 @@ int main(int argc, char** argv) {
     run("spawn", "thread pool, batch", false, [&] { return spawn_pool_batch(n, reps); });
     run("spawn", "seed design, from a task", false, [&] { return spawn_seed_go(n, slow); });
     run("spawn", "seed design, batch", false, [&] { return spawn_seed_batch(n, slow); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("spawn", "Boost.Fiber work_stealing", false, [&] { return spawn_boost(nb, slow); });
 #else
     (void)nb;
@@ -1061,7 +1053,7 @@ int main(int argc, char** argv) {
         [&] { return skynet_pool_run(sz.skynet_leaves, sz.reps_skynet); });
     run("skynet", "seed design, parking fibers", false,
         [&] { return skynet_seed_run(sz.skynet_leaves, sz.reps_skynet_slow); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("skynet", "Boost.Fiber work_stealing", false,
         [&] { return skynet_boost_run(sz.skynet_leaves, sz.reps_skynet_slow); });
 #endif
@@ -1072,7 +1064,7 @@ int main(int argc, char** argv) {
     table.begin_group("yield: two fibers alternating on 1 thread; ns per yield (lower is better)", "ns", false);
     run("yield", "fsched this_fiber::yield", true, [&] { return yield_fsched(sz.yields_per_fiber, reps); });
     run("yield", "seed design (schedule self + yield)", false, [&] { return yield_seed(sz.yields_per_fiber, slow); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("yield", "Boost.Fiber round_robin", false, [&] { return yield_boost(sz.yields_per_fiber, reps); });
 #endif
     table.note("reference (project, not this run): Boost.Fiber 46, Go 48 ns");
@@ -1081,7 +1073,7 @@ int main(int argc, char** argv) {
     table.begin_group(fsched_bench::format("idle CPU: 2-thread scheduler idle for %.1f s after one task; CPU ms used (lower is better)",
                              sz.idle_seconds),
                       "ms", false);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     // Boost.Fiber's suspending idle runs in its child process while fsched's runs here:
     // neither uses a measurable amount of CPU, so they cannot disturb each other, and the
     // full run is one idle period shorter. (The busy-idle rows each get the machine alone.)
@@ -1092,12 +1084,12 @@ int main(int argc, char** argv) {
     }
 #endif
     run("idle", "fsched", true, [&] { return idle_fsched(sz.idle_seconds); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     Figures boost_suspend_figures;
     if (boost_suspend_idle) boost_suspend_figures = boost_suspend_idle->collect();
 #endif
     run("idle", "seed design (busy idle)", false, [&] { return idle_seed(sz.idle_seconds); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("idle", "Boost.Fiber work_stealing (default)", false, [&] { return idle_boost(sz.idle_seconds, false); });
     if (boost_suspend_idle) table.add(boost_suspend, std::move(boost_suspend_figures));
 #endif

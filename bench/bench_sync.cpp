@@ -69,7 +69,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER) && FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 #include <boost/context/stack_traits.hpp>
 #include <boost/fiber/algo/work_stealing.hpp>
 #include <boost/fiber/buffered_channel.hpp>
@@ -78,10 +78,6 @@
 #include <boost/fiber/mutex.hpp>
 #include <boost/fiber/operations.hpp>
 #include <boost/fiber/unbuffered_channel.hpp>
-#include <boost/version.hpp>
-#define FIBER_SCHED_BENCH_BOOST 1
-#else
-#define FIBER_SCHED_BENCH_BOOST 0
 #endif
 
 namespace {
@@ -238,7 +234,7 @@ Timing channel_fsched(const Options& opt, std::size_t threads, std::size_t capac
     return r;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 namespace bf = boost::fibers;
 
 Timing mutex_boost(const Options& opt, int fibers, bool yield_inside) {
@@ -330,7 +326,7 @@ struct Case {
     bool done = false;
 };
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 // Runs cases[i] for each i in `which` in a child process and copies their results back
 // through a pipe. The caller has no other threads when it forks; the child _exit()s
 // without unwinding (Boost's work_stealing threads cannot be torn down safely).
@@ -372,7 +368,7 @@ std::vector<Case> make_cases() {
             [fibers](const Options& o) { return mutex_fsched(o, 2, fibers, false); });
         add(g2, "fsched::Mutex, Scheduler(2), pinned i % 2", false, Where::here,
             [fibers](const Options& o) { return mutex_fsched(o, 2, fibers, false, true); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
         add(g2, "boost::fibers::mutex, work_stealing(2)", false, Where::work_stealing_child,
             [fibers](const Options& o) { return mutex_boost(o, fibers, false); });
 #endif
@@ -381,14 +377,14 @@ std::vector<Case> make_cases() {
         const std::string g1 = "mutex, " + n + " fibers, 1 thread (uncontended): ns per lock + unlock";
         add(g1, "fsched::Mutex, Scheduler(1)", true, Where::here,
             [fibers](const Options& o) { return mutex_fsched(o, 1, fibers, false); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
         add(g1, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
             [fibers](const Options& o) { return mutex_boost(o, fibers, false); });
 #endif
         const std::string gh = "mutex hand-off, " + n + " fibers, 1 thread, yield while locked: ns per lock + yield + unlock";
         add(gh, "fsched::Mutex, Scheduler(1)", true, Where::here,
             [fibers](const Options& o) { return mutex_fsched(o, 1, fibers, true); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
         add(gh, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
             [fibers](const Options& o) { return mutex_boost(o, fibers, true); });
 #endif
@@ -399,7 +395,7 @@ std::vector<Case> make_cases() {
             const std::string g = what + (threads == 1 ? ", 1 thread" : ", 2 threads") + ": ns per one-way message";
             add(g, "fsched::Channel<int>(" + std::to_string(capacity) + "), Scheduler(" + std::to_string(threads) + ")",
                 true, Where::here, [threads, capacity](const Options& o) { return channel_fsched(o, threads, capacity); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
             const std::string algo = threads == 1 ? ", round_robin" : ", work_stealing(2)";
             const Where where = threads == 1 ? Where::fresh_thread : Where::work_stealing_child;
             if (capacity == 0) {
@@ -552,7 +548,7 @@ int memory_child_fsched(std::size_t fibers) {
     return finished.load() == fibers ? 0 : 1;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 int memory_child_boost(std::size_t fibers) {
     std::vector<const void*> marks(fibers, nullptr);
     std::vector<bf::fiber> all;
@@ -627,7 +623,7 @@ void memory_benchmark(std::size_t fibers, const Options& opt) {
         const char* label;
     };
     std::vector<Row> rows = {{"fsched", "fsched, Scheduler(2), WaitGroup"}};
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     rows.push_back({"boost", "Boost.Fiber, round_robin, condition_variable"});
 #endif
     using fsched_bench::format;
@@ -685,7 +681,7 @@ int main(int argc, char** argv) {
     if (argc >= 4 && std::strcmp(argv[1], "--memory-child") == 0) {
         const std::size_t fibers = std::strtoull(argv[3], nullptr, 10);
         if (std::strcmp(argv[2], "fsched") == 0) return memory_child_fsched(fibers);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
         if (std::strcmp(argv[2], "boost") == 0) return memory_child_boost(fibers);
 #endif
         return 2;
@@ -713,15 +709,10 @@ int main(int argc, char** argv) {
     }
     if (fibers == 0) fibers = opt.quick ? 2000 : 100000;
 
-    std::printf("bench_sync: fiber_sched backend %s; %s", fsched::backend(), fsched_bench::compiler_string().c_str());
-#if FIBER_SCHED_BENCH_BOOST
-    std::printf("; Boost %d.%d.%d (Boost.Fiber)", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000,
-                BOOST_VERSION % 100);
-#else
-    std::printf("; Boost.Fiber not compiled in (no baselines but std::mutex)");
-#endif
-    std::printf("\n%s; %d repetitions per case, best and median shown\n", opt.quick ? "quick run (numbers are noise)" : "full run",
-                opt.reps);
+    const std::string boost = fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER, " (Boost.Fiber)",
+                                                       "Boost.Fiber not compiled in (no baselines but std::mutex)");
+    std::printf("%s%s\n%s; %d repetitions per case, best and median shown\n", fsched_bench::build_line("bench_sync").c_str(),
+                boost.c_str(), opt.quick ? "quick run (numbers are noise)" : "full run", opt.reps);
 
     std::vector<Case> cases = make_cases();
     auto name = [](const Case& c) { return c.group + "/" + c.impl; };
@@ -731,7 +722,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
         if (cases[i].where == Where::work_stealing_child && opt.selected(name(cases[i]))) ws.push_back(i);
     }
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     if (!ws.empty() && !run_in_child(cases, ws, opt, join_boost_work_stealing)) {
         std::fprintf(stderr, "bench_sync: the Boost.Fiber work_stealing child failed\n");
     }

@@ -9,11 +9,15 @@
 //   - TextTable: the aligned table every benchmark prints its results in, format() for its
 //     cells, and Table, one on it that prints each ns/op result beside its baselines with
 //     the ratio ours / baseline;
+//   - build_line() and boost_note(): the first line of every benchmark's output;
+//   - the Boost macros, FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT and _FIBER, defined 0 or 1;
 //   - ChildProcess, write_all() and read_exact(): a forked child with a pipe back to the
 //     benchmark, for the baselines and the client that must not run in its process.
 // The benchmarks need a POSIX system (bench/CMakeLists.txt skips them elsewhere).
 #ifndef FIBER_SCHED_BENCH_UTIL_HPP
 #define FIBER_SCHED_BENCH_UTIL_HPP
+
+#include "fiber_sched.hpp"
 
 #include <fcntl.h>
 #include <sys/types.h>
@@ -31,6 +35,21 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+// The Boost baselines. The build defines FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT=1 when it found
+// Boost.Context (bench_fiber's baseline) and FIBER_SCHED_BENCH_HAVE_BOOST_FIBER=1 when it found
+// Boost.Fiber (bench_scheduler's and bench_sync's). Left undefined they are 0 here, so that a
+// benchmark can test its library's macro in #if and in C++ alike; each includes the Boost
+// headers it uses itself.
+#ifndef FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+#define FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT 0
+#endif
+#ifndef FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#define FIBER_SCHED_BENCH_HAVE_BOOST_FIBER 0
+#endif
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT || FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#include <boost/version.hpp>
+#endif
 
 namespace fsched_bench {
 
@@ -278,7 +297,7 @@ private:
     std::vector<Group> groups_;
 };
 
-// One line describing the build, printed above every table.
+// "g++ 12.2.0", "clang 14.0.6": the compiler, for build_line().
 inline std::string compiler_string() {
 #if defined(__clang__)
     std::string s = std::string("clang ") + __clang_version__;
@@ -289,6 +308,26 @@ inline std::string compiler_string() {
 #endif
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s;
+}
+
+// What every benchmark's first line starts with: "<benchmark>: fiber_sched backend
+// <backend>; <compiler>".
+inline std::string build_line(const char* benchmark) {
+    return std::string(benchmark) + ": fiber_sched backend " + fsched::backend() + "; " + compiler_string();
+}
+
+// The first line's Boost part: "; Boost 1.74.0" and `suffix` when the benchmark's Boost rows
+// are compiled in (`compiled_in`: the FIBER_SCHED_BENCH_HAVE_BOOST_* macro of its library),
+// else "; " and `missing`, which says what is left out.
+inline std::string boost_note([[maybe_unused]] bool compiled_in, [[maybe_unused]] const char* suffix,
+                              const char* missing) {
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT || FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+    if (compiled_in) {
+        return "; Boost " + std::to_string(BOOST_VERSION / 100000) + "." + std::to_string(BOOST_VERSION / 100 % 1000) +
+               "." + std::to_string(BOOST_VERSION % 100) + suffix;
+    }
+#endif
+    return std::string("; ") + missing;
 }
 
 // ---------------------------------------------------------------------------------------
