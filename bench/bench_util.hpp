@@ -334,31 +334,30 @@ inline std::string boost_note([[maybe_unused]] bool compiled_in, [[maybe_unused]
 // Child processes
 // ---------------------------------------------------------------------------------------
 
-// Writes all `n` bytes of `buf` to `fd`; false on an error. Restarts after a signal.
-inline bool write_all(int fd, const void* buf, std::size_t n) {
-    auto* p = static_cast<const char*>(buf);
+// Calls transfer(fd, p, left) (a read() or a write()) until all `n` bytes from `p` on have
+// moved; false on an error or on 0 bytes moved (end of file) first. Restarts after a signal.
+template <class Byte, class Transfer>
+bool transfer_all(int fd, Byte* p, std::size_t n, Transfer transfer) {
     while (n > 0) {
-        const ssize_t w = ::write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w;
-        n -= static_cast<std::size_t>(w);
+        const ssize_t moved = transfer(fd, p, n);
+        if (moved < 0 && errno == EINTR) continue;
+        if (moved <= 0) return false;
+        p += moved;
+        n -= static_cast<std::size_t>(moved);
     }
     return true;
 }
 
+// Writes all `n` bytes of `buf` to `fd`; false on an error.
+inline bool write_all(int fd, const void* buf, std::size_t n) {
+    return transfer_all(fd, static_cast<const char*>(buf), n,
+                        [](int f, const char* p, std::size_t left) { return ::write(f, p, left); });
+}
+
 // Reads exactly `n` bytes from `fd` into `buf`; false on an error or at end of file first.
-// Restarts after a signal.
 inline bool read_exact(int fd, void* buf, std::size_t n) {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-        const ssize_t r = ::read(fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<std::size_t>(r);
-    }
-    return true;
+    return transfer_all(fd, static_cast<char*>(buf), n,
+                        [](int f, char* p, std::size_t left) { return ::read(f, p, left); });
 }
 
 // A forked child process with a pipe from it to the parent. The baselines that need a
