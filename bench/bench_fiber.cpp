@@ -107,18 +107,22 @@ Result round_trip_ucontext(const Options& opt) {
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 namespace ctx = boost::context;
 
-Result round_trip_boost(const Options& opt) {
+// One round trip: this side switches to the fiber with resume(fiber), the fiber back with
+// resume(caller); each returns the context that switched back. The two rows differ only in
+// `resume`.
+template <class Resume>
+Result round_trip_boost(const Options& opt, Resume resume) {
     bool stop = false;
     std::uint64_t count = 0;
     ctx::fiber fiber{[&](ctx::fiber&& caller) {
         while (!stop) {
             ++count;
-            caller = std::move(caller).resume();
+            caller = resume(std::move(caller));
         }
         return std::move(caller);
     }};
     Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) fiber = std::move(fiber).resume();
+        for (std::uint64_t i = 0; i < n; ++i) fiber = resume(std::move(fiber));
     });
     stop = true;
     fiber = std::move(fiber).resume();  // the fiber returns; `fiber` becomes empty
@@ -126,7 +130,12 @@ Result round_trip_boost(const Options& opt) {
     return r;
 }
 
-// The loop above is inlined whole around jump_fcontext, so no `ret` ever crosses a switch.
+Result round_trip_boost_inline(const Options& opt) {
+    return round_trip_boost(opt, [](ctx::fiber&& f) { return std::move(f).resume(); });
+}
+
+// With resume() inlined, each loop of round_trip_boost() is inlined whole around
+// jump_fcontext, so no `ret` ever crosses a switch.
 // fsched::Fiber::resume() and yield() are real calls into the implementation, and a call
 // whose `ret` lands after a switch is mispredicted (the CPU's return stack holds the other
 // stack's return address). This row calls Boost the same way, through one function that
@@ -136,22 +145,7 @@ __attribute__((noinline)) ctx::fiber resume_out_of_line(ctx::fiber&& fiber) {
 }
 
 Result round_trip_boost_out_of_line(const Options& opt) {
-    bool stop = false;
-    std::uint64_t count = 0;
-    ctx::fiber fiber{[&](ctx::fiber&& caller) {
-        while (!stop) {
-            ++count;
-            caller = resume_out_of_line(std::move(caller));
-        }
-        return std::move(caller);
-    }};
-    Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) fiber = resume_out_of_line(std::move(fiber));
-    });
-    stop = true;
-    fiber = std::move(fiber).resume();
-    sink = count;
-    return r;
+    return round_trip_boost(opt, [](ctx::fiber&& f) { return resume_out_of_line(std::move(f)); });
 }
 #endif
 
@@ -240,7 +234,7 @@ int main(int argc, char** argv) {
     run("round trip", "fsched::Fiber", true, round_trip_fsched);
     run("round trip", "ucontext swapcontext", false, round_trip_ucontext);
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
-    run("round trip", "boost::context::fiber", false, round_trip_boost);
+    run("round trip", "boost::context::fiber", false, round_trip_boost_inline);
     run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
 #endif
 
