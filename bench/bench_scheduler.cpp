@@ -202,28 +202,32 @@ private:
 // Shared pieces
 // ---------------------------------------------------------------------------------------
 
-// Counts down from n; wait() blocks the calling thread until zero. For the baselines that
-// run on plain threads (std::latch is C++20).
-class Latch {
+// Counts down from n; wait() blocks until zero. On std::mutex and std::condition_variable
+// (Latch) it blocks the calling thread, for the baselines that run on plain threads
+// (std::latch is C++20); on Boost.Fiber's (BoostLatch, below) it parks the calling fiber.
+template <class Mutex, class ConditionVariable>
+class BasicLatch {
 public:
-    explicit Latch(std::int64_t n) : count_(n) {}
+    explicit BasicLatch(std::int64_t n) : count_(n) {}
     void count_down() {
         if (count_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::lock_guard<Mutex> lock(mutex_);
         open_ = true;
         cv_.notify_all();  // under the lock: the waiter may destroy the latch once it sees open_
     }
     void wait() {
-        std::unique_lock<std::mutex> lock(mutex_);
+        std::unique_lock<Mutex> lock(mutex_);
         cv_.wait(lock, [this] { return open_; });
     }
 
 private:
     std::atomic<std::int64_t> count_;
-    std::mutex mutex_;
-    std::condition_variable cv_;
+    Mutex mutex_;
+    ConditionVariable cv_;
     bool open_ = false;
 };
+
+using Latch = BasicLatch<std::mutex, std::condition_variable>;
 
 constexpr std::uint64_t skynet_expected(std::uint64_t leaves) { return leaves * (leaves - 1) / 2; }
 
@@ -495,15 +499,23 @@ Figures spawn_pool_go(std::uint64_t n, int reps) {
     });
 }
 
+// One repetition of a baseline's batch case: `count` callbacks that count a Latch down,
+// made before the clock starts (the caller's data, as in spawn_fsched_batch) and handed over
+// in one submit(first, last); seconds until every one has run.
+template <class Submit>
+double latch_batch_seconds(std::uint64_t count, Submit&& submit) {
+    Latch done(static_cast<std::int64_t>(count));
+    std::vector<std::function<void()>> batch(count, [&done] { done.count_down(); });
+    const auto t0 = Clock::now();
+    submit(batch.begin(), batch.end());
+    done.wait();
+    return seconds_since(t0);
+}
+
 Figures spawn_pool_batch(std::uint64_t n, int reps) {
     ThreadPool pool(2);
     return spawn_rates(n, reps, [&](std::uint64_t count) {
-        Latch done(static_cast<std::int64_t>(count));
-        std::vector<std::function<void()>> batch(count, [&done] { done.count_down(); });
-        const auto t0 = Clock::now();
-        pool.submit(batch.begin(), batch.end());
-        done.wait();
-        return seconds_since(t0);
+        return latch_batch_seconds(count, [&](auto first, auto last) { pool.submit(first, last); });
     });
 }
 
@@ -528,12 +540,7 @@ Figures spawn_seed_batch(std::uint64_t n, int reps) {
     SeedScheduler seed(2);
     seed.start();
     return spawn_rates(n, reps, [&](std::uint64_t count) {
-        Latch done(static_cast<std::int64_t>(count));
-        std::vector<std::function<void()>> batch(count, [&done] { done.count_down(); });
-        const auto t0 = Clock::now();
-        seed.schedule(batch.begin(), batch.end());
-        done.wait();
-        return seconds_since(t0);
+        return latch_batch_seconds(count, [&](auto first, auto last) { seed.schedule(first, last); });
     }, false);
 }
 
@@ -781,13 +788,18 @@ Figures yield_seed(std::uint64_t per_fiber, int reps) {
 // 4. idle CPU
 // ---------------------------------------------------------------------------------------
 
-// CPU ms the process uses while `idle_seconds` pass on the main thread's `sleep`.
+// An idle case's one figure: the CPU ms the process uses while the main thread is in sleep().
 template <class Sleep>
-double cpu_ms_during(Sleep&& sleep) {
+Figures idle_figures(Sleep&& sleep) {
+    Figures f;
+    f.count = 1;
     const double c0 = process_cpu_ms();
     sleep();
-    return process_cpu_ms() - c0;
+    f.samples.push_back(process_cpu_ms() - c0);
+    return f;
 }
+
+void sleep_seconds(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
 Figures idle_fsched(double idle_seconds) {
     fsched::Scheduler scheduler(2, false);
@@ -796,9 +808,7 @@ Figures idle_fsched(double idle_seconds) {
     wg.add(1);
     scheduler.schedule([&wg] { wg.done(); });
     wg.wait();
-    Figures f;
-    f.count = 1;
-    f.samples.push_back(cpu_ms_during([&] { std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds)); }));
+    const Figures f = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
     scheduler.stop();
     return f;
 }
@@ -809,9 +819,7 @@ Figures idle_seed(double idle_seconds) {
     Latch done(1);
     seed.schedule([&done] { done.count_down(); });
     done.wait();
-    Figures f;
-    f.count = 1;
-    f.samples.push_back(cpu_ms_during([&] { std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds)); }));
+    const Figures f = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
     seed.stop();
     return f;
 }
@@ -885,34 +893,14 @@ private:
     bool quit_ = false;
 };
 
-// Counts down from n on fibers; the last count_down() wakes the waiting fiber.
-class BoostCounter {
-public:
-    explicit BoostCounter(std::int64_t n) : count_(n) {}
-    void count_down() {
-        if (count_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-        std::lock_guard<bf::mutex> lock(mutex_);
-        zero_ = true;
-        cv_.notify_all();
-    }
-    void wait() {
-        std::unique_lock<bf::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return zero_; });
-    }
-
-private:
-    std::atomic<std::int64_t> count_;
-    bf::mutex mutex_;
-    bf::condition_variable cv_;
-    bool zero_ = false;
-};
+using BoostLatch = BasicLatch<bf::mutex, bf::condition_variable>;
 
 Figures spawn_boost(std::uint64_t n, int reps) {
     return in_child_process([n, reps] {
         BoostPool::make(false);
         return spawn_rates(n, reps, [](std::uint64_t count) {
             const auto t0 = Clock::now();
-            BoostCounter done(static_cast<std::int64_t>(count));
+            BoostLatch done(static_cast<std::int64_t>(count));
             for (std::uint64_t i = 0; i < count; ++i) bf::fiber([&done] { done.count_down(); }).detach();
             done.wait();
             return seconds_since(t0);
@@ -972,12 +960,9 @@ Figures yield_boost(std::uint64_t per_fiber, int reps) {
 Figures idle_boost_here(double idle_seconds, bool suspend) {
     BoostPool::make(suspend);
     bf::fiber([] {}).join();
-    Figures f;
-    f.count = 1;
     // The main fiber sleeps in Boost's scheduler, so both threads are idle in it.
     const auto idle = std::chrono::nanoseconds(static_cast<std::int64_t>(idle_seconds * 1e9));
-    f.samples.push_back(cpu_ms_during([&] { boost::this_fiber::sleep_for(idle); }));
-    return f;
+    return idle_figures([idle] { boost::this_fiber::sleep_for(idle); });
 }
 
 Figures idle_boost(double idle_seconds, bool suspend) {
