@@ -374,20 +374,17 @@ std::vector<Case> make_cases() {
 #endif
         add(g2, "std::mutex, 2 threads (no fibers)", false, Where::here, mutex_std_threads,
             fibers == 4 ? "" : "std::mutex, 2 threads (no fibers)");
-        const std::string g1 = "mutex, " + n + " fibers, 1 thread (uncontended): ns per lock + unlock";
-        add(g1, "fsched::Mutex, Scheduler(1)", true, Where::here,
-            [fibers](const Options& o) { return mutex_fsched(o, 1, fibers, false); });
+        for (const bool hand_off : {false, true}) {
+            const std::string g1 =
+                hand_off ? "mutex hand-off, " + n + " fibers, 1 thread, yield while locked: ns per lock + yield + unlock"
+                         : "mutex, " + n + " fibers, 1 thread (uncontended): ns per lock + unlock";
+            add(g1, "fsched::Mutex, Scheduler(1)", true, Where::here,
+                [fibers, hand_off](const Options& o) { return mutex_fsched(o, 1, fibers, hand_off); });
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-        add(g1, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
-            [fibers](const Options& o) { return mutex_boost(o, fibers, false); });
+            add(g1, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
+                [fibers, hand_off](const Options& o) { return mutex_boost(o, fibers, hand_off); });
 #endif
-        const std::string gh = "mutex hand-off, " + n + " fibers, 1 thread, yield while locked: ns per lock + yield + unlock";
-        add(gh, "fsched::Mutex, Scheduler(1)", true, Where::here,
-            [fibers](const Options& o) { return mutex_fsched(o, 1, fibers, true); });
-#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-        add(gh, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
-            [fibers](const Options& o) { return mutex_boost(o, fibers, true); });
-#endif
+        }
     }
     for (std::size_t capacity : {std::size_t{0}, std::size_t{1}}) {
         const std::string what = capacity == 0 ? "channel ping-pong, unbuffered" : "channel ping-pong, capacity 1";
