@@ -29,15 +29,11 @@
 #include <memory>
 #include <utility>
 
-#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT) && FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 #include <boost/context/fiber.hpp>
 #include <boost/context/fixedsize_stack.hpp>
 #include <boost/context/pooled_fixedsize_stack.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
-#include <boost/version.hpp>
-#define FIBER_SCHED_BENCH_BOOST 1
-#else
-#define FIBER_SCHED_BENCH_BOOST 0
 #endif
 
 namespace {
@@ -108,21 +104,25 @@ Result round_trip_ucontext(const Options& opt) {
     return r;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 namespace ctx = boost::context;
 
-Result round_trip_boost(const Options& opt) {
+// One round trip: this side switches to the fiber with resume(fiber), the fiber back with
+// resume(caller); each returns the context that switched back. The two rows differ only in
+// `resume`.
+template <class Resume>
+Result round_trip_boost(const Options& opt, Resume resume) {
     bool stop = false;
     std::uint64_t count = 0;
     ctx::fiber fiber{[&](ctx::fiber&& caller) {
         while (!stop) {
             ++count;
-            caller = std::move(caller).resume();
+            caller = resume(std::move(caller));
         }
         return std::move(caller);
     }};
     Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) fiber = std::move(fiber).resume();
+        for (std::uint64_t i = 0; i < n; ++i) fiber = resume(std::move(fiber));
     });
     stop = true;
     fiber = std::move(fiber).resume();  // the fiber returns; `fiber` becomes empty
@@ -130,7 +130,12 @@ Result round_trip_boost(const Options& opt) {
     return r;
 }
 
-// The loop above is inlined whole around jump_fcontext, so no `ret` ever crosses a switch.
+Result round_trip_boost_inline(const Options& opt) {
+    return round_trip_boost(opt, [](ctx::fiber&& f) { return std::move(f).resume(); });
+}
+
+// With resume() inlined, each loop of round_trip_boost() is inlined whole around
+// jump_fcontext, so no `ret` ever crosses a switch.
 // fsched::Fiber::resume() and yield() are real calls into the implementation, and a call
 // whose `ret` lands after a switch is mispredicted (the CPU's return stack holds the other
 // stack's return address). This row calls Boost the same way, through one function that
@@ -140,22 +145,7 @@ __attribute__((noinline)) ctx::fiber resume_out_of_line(ctx::fiber&& fiber) {
 }
 
 Result round_trip_boost_out_of_line(const Options& opt) {
-    bool stop = false;
-    std::uint64_t count = 0;
-    ctx::fiber fiber{[&](ctx::fiber&& caller) {
-        while (!stop) {
-            ++count;
-            caller = resume_out_of_line(std::move(caller));
-        }
-        return std::move(caller);
-    }};
-    Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) fiber = resume_out_of_line(std::move(fiber));
-    });
-    stop = true;
-    fiber = std::move(fiber).resume();
-    sink = count;
-    return r;
+    return round_trip_boost(opt, [](ctx::fiber&& f) { return resume_out_of_line(std::move(f)); });
 }
 #endif
 
@@ -201,7 +191,7 @@ Result create_ucontext(const Options& opt) {
     return r;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 template <class StackAllocator>
 Result create_boost(const Options& opt, StackAllocator salloc) {
     std::uint64_t count = 0;
@@ -226,14 +216,10 @@ int main(int argc, char** argv) {
     Options opt;
     if (!opt.parse(argc, argv)) return 2;
 
-    std::printf("bench_fiber: fiber_sched backend %s; %s", fsched::backend(),
-                fsched_bench::compiler_string().c_str());
-#if FIBER_SCHED_BENCH_BOOST
-    std::printf("; Boost %d.%d.%d", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100);
-#else
-    std::printf("; Boost.Context not found, its rows are skipped");
-#endif
-    std::printf("\n%s; %d repetitions per case, best and median shown\n",
+    const std::string boost =
+        fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT, "", "Boost.Context not found, its rows are skipped");
+    std::printf("%s%s\n%s; %d repetitions per case, best and median shown\n",
+                fsched_bench::build_line("bench_fiber").c_str(), boost.c_str(),
                 opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run", opt.reps);
 
     fsched_bench::Table table;
@@ -247,15 +233,15 @@ int main(int argc, char** argv) {
     table.begin_group("round trip (resume + yield), ns per round trip");
     run("round trip", "fsched::Fiber", true, round_trip_fsched);
     run("round trip", "ucontext swapcontext", false, round_trip_ucontext);
-#if FIBER_SCHED_BENCH_BOOST
-    run("round trip", "boost::context::fiber", false, round_trip_boost);
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+    run("round trip", "boost::context::fiber", false, round_trip_boost_inline);
     run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
 #endif
 
     table.begin_group("create + run + destroy, 64 KiB stack, ns per fiber");
     run("create", "fsched::Fiber", true, create_fsched);
     run("create", "ucontext + malloc", false, create_ucontext);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
     run("create", "boost fixedsize_stack", false,
         [](const Options& o) { return create_boost(o, ctx::fixedsize_stack(stack_size_64k)); });
     run("create", "boost protected_fixedsize", false,

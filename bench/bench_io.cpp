@@ -49,7 +49,6 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -395,8 +394,9 @@ void client_loop(const std::vector<int>& fds, const std::string& message, Client
 }
 
 // The child process: connects, drives the echo, reports over `report_fd`: one byte when
-// the window opens, a ClientReport when it closes. Then closes every connection.
-[[noreturn]] void run_client_process(int port, const Config& cfg, int report_fd) {
+// the window opens, a ClientReport when it closes. Then closes every connection and returns
+// the process's exit status.
+int run_client_process(int port, const Config& cfg, int report_fd) {
     std::vector<int> fds;
     const sockaddr_in addr = loopback(port);
     for (int c = 0; c < cfg.connections; ++c) {
@@ -427,35 +427,21 @@ void client_loop(const std::vector<int>& fds, const std::string& message, Client
     const double cpu0 = cpu_seconds(RUSAGE_SELF);
     const auto t0 = Clock::now();
     const char start_byte = 'S';
-    if (::write(report_fd, &start_byte, 1) != 1) die("client report");
+    if (!fsched_bench::write_all(report_fd, &start_byte, 1)) die("client report");
 
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.window_s));
     ClientReport report;
     report.round_trips = total() - n0;
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report.cpu_seconds = cpu_seconds(RUSAGE_SELF) - cpu0;
-    if (::write(report_fd, &report, sizeof report) != static_cast<ssize_t>(sizeof report)) die("client report");
+    if (!fsched_bench::write_all(report_fd, &report, sizeof report)) die("client report");
 
     stop.store(true);
     for (auto& t : threads) t.join();
     report.errors = counters[0].errors.load() + counters[1].errors.load();
-    if (::write(report_fd, &report.errors, sizeof report.errors) != static_cast<ssize_t>(sizeof report.errors)) {
-        die("client report");
-    }
+    if (!fsched_bench::write_all(report_fd, &report.errors, sizeof report.errors)) die("client report");
     for (int fd : fds) ::close(fd);
-    _exit(0);
-}
-
-bool read_exact(int fd, void* buf, std::size_t n) {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-        const ssize_t r = ::read(fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<std::size_t>(r);
-    }
-    return true;
+    return 0;
 }
 
 // One repetition's figures.
@@ -471,37 +457,28 @@ Sample run_forked(Server& server, const Config& cfg) {
     Sample s;
     int port = 0;
     const int listen_fd = listen_loopback(server.nonblocking_listener(), &port);
-    int pipe_fds[2];
-    if (pipe2(pipe_fds, O_CLOEXEC) != 0) die("pipe");
-    std::fflush(stdout);
-    std::fflush(stderr);
     // Fork before the server starts any thread: the child is a copy of a single-threaded
     // process.
-    const pid_t child = fork();
-    if (child < 0) die("fork");
-    if (child == 0) {
+    fsched_bench::ChildProcess client([&](int report_fd) {
         in_client_process = true;
         ::close(listen_fd);
-        ::close(pipe_fds[0]);
-        run_client_process(port, cfg, pipe_fds[1]);
-    }
-    ::close(pipe_fds[1]);
+        return run_client_process(port, cfg, report_fd);
+    });
+    if (!client.started()) die("fork the client");
     server.start(listen_fd, cfg.connections);
 
     char start_byte = 0;
     ClientReport report;
     std::uint64_t errors = 0;
-    bool ok = read_exact(pipe_fds[0], &start_byte, 1);
+    bool ok = client.read(&start_byte, 1);
     const double cpu0 = cpu_seconds(RUSAGE_SELF);
-    ok = ok && read_exact(pipe_fds[0], &report, sizeof report);
+    ok = ok && client.read(&report, sizeof report);
     const double cpu1 = cpu_seconds(RUSAGE_SELF);
-    ok = ok && read_exact(pipe_fds[0], &errors, sizeof errors);
+    ok = ok && client.read(&errors, sizeof errors);
     server.finish();
-    ::close(pipe_fds[0]);
     ::close(listen_fd);
-    int status = 0;
-    waitpid(child, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0 && errors == 0 && report.round_trips > 0;
+    const bool exited_ok = client.wait();
+    ok = ok && exited_ok && errors == 0 && report.round_trips > 0;
     if (!ok) {
         std::fprintf(stderr, "bench_io: a client failed (%llu errors)\n", static_cast<unsigned long long>(errors));
         s.failed = true;
@@ -607,39 +584,26 @@ struct Row {
     bool failed = false;
 };
 
-double median_of(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const std::size_t mid = v.size() / 2;
-    return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
-
 // Median over the repetitions of one CPU figure; negative: not measured for this row.
 double cpu_median(const Row& row, double Sample::*field) {
     std::vector<double> v;
     for (const Sample& s : row.samples) {
         if (s.*field >= 0) v.push_back(s.*field);
     }
-    return v.empty() ? -1 : median_of(v);
+    return v.empty() ? -1 : fsched_bench::median(v);
 }
 
 std::string cell(double value, const char* format) {
-    if (value < 0) return "-";
-    char buf[32];
-    std::snprintf(buf, sizeof buf, format, value);
-    return buf;
+    return value < 0 ? "-" : fsched_bench::format(format, value);
 }
 
 void print_table(const std::vector<Row>& rows, const Config& cfg) {
-    std::size_t w = std::strlen("implementation");
-    for (const Row& r : rows) w = std::max(w, r.name.size());
-    const int iw = static_cast<int>(w);
-    std::printf("\necho: %d connections, %d-byte messages, loopback TCP; round trips/s (higher is better) and CPU\n"
-                "microseconds per round trip (lower is better)\n",
-                cfg.connections, cfg.bytes);
-    std::printf("  %-*s  %11s  %11s  %11s  %11s  %10s  %11s  %10s  %10s\n", iw, "implementation", "best rt/s",
-                "median rt/s", "ours/x best", "ours/x med", "server us", "ours/x srv", "client us", "total us");
-    std::printf("  %s\n", std::string(static_cast<std::size_t>(iw) + 105, '-').c_str());
+    fsched_bench::TextTable table;
+    table.begin_group(fsched_bench::format("echo: %d connections, %d-byte messages, loopback TCP; round trips/s (higher "
+                                           "is better) and CPU\nmicroseconds per round trip (lower is better)",
+                                           cfg.connections, cfg.bytes),
+                      {{"best rt/s", 11}, {"median rt/s", 11}, {"ours/x best", 11}, {"ours/x med", 11},
+                       {"server us", 10}, {"ours/x srv", 11}, {"client us", 10}, {"total us", 10}});
     const Row* ours = nullptr;
     for (const Row& r : rows) {
         if (r.ours && !r.failed) ours = &r;
@@ -651,27 +615,27 @@ void print_table(const std::vector<Row>& rows, const Config& cfg) {
     };
     for (const Row& r : rows) {
         if (r.failed) {
-            std::printf("  %-*s  %11s\n", iw, r.name.c_str(), "failed");
+            table.row(r.name, {"failed"});
             continue;
         }
         const std::vector<double> v = rates(r);
         const double best = *std::max_element(v.begin(), v.end());
-        const double med = median_of(v);
+        const double med = fsched_bench::median(v);
         const double server_us = cpu_median(r, &Sample::server_us);
         double ratio_best = -1, ratio_med = -1, ratio_server = -1;
         if (ours) {
             // Ratios of times per round trip, as in every other table: x's rate / ours.
             const std::vector<double> o = rates(*ours);
             ratio_best = best / *std::max_element(o.begin(), o.end());
-            ratio_med = med / median_of(o);
+            ratio_med = med / fsched_bench::median(o);
             const double ours_server_us = cpu_median(*ours, &Sample::server_us);
             if (server_us > 0 && ours_server_us > 0) ratio_server = ours_server_us / server_us;
         }
-        std::printf("  %-*s  %11.0f  %11.0f  %11s  %11s  %10s  %11s  %10s  %10s\n", iw, r.name.c_str(), best, med,
-                    cell(ratio_best, "%.2f").c_str(), cell(ratio_med, "%.2f").c_str(), cell(server_us, "%.2f").c_str(),
-                    cell(ratio_server, "%.2f").c_str(), cell(cpu_median(r, &Sample::client_us), "%.2f").c_str(),
-                    cell(cpu_median(r, &Sample::total_us), "%.2f").c_str());
+        table.row(r.name, {cell(best, "%.0f"), cell(med, "%.0f"), cell(ratio_best, "%.2f"), cell(ratio_med, "%.2f"),
+                           cell(server_us, "%.2f"), cell(ratio_server, "%.2f"),
+                           cell(cpu_median(r, &Sample::client_us), "%.2f"), cell(cpu_median(r, &Sample::total_us), "%.2f")});
     }
+    table.print();
     std::printf("\n  server / client / total us: CPU microseconds per round trip, median over the repetitions:\n"
                 "  the server process, the forked epoll client, and both (for the one-scheduler row, its one\n"
                 "  process). 2 cores in all: total us x rate <= 2,000,000. On a shared machine the rate also\n"
@@ -741,8 +705,8 @@ int main(int argc, char** argv) {
     if (!parse(argc, argv, cfg)) return 2;
     raise_fd_limit();
 
-    std::printf("bench_io: fiber_sched backend %s; %s; %u hardware threads; no Go row (see BENCHMARKS.md)\n",
-                fsched::backend(), fsched_bench::compiler_string().c_str(), std::thread::hardware_concurrency());
+    std::printf("%s; %u hardware threads; no Go row (see BENCHMARKS.md)\n", fsched_bench::build_line("bench_io").c_str(),
+                std::thread::hardware_concurrency());
     std::printf("%s; %d repetition%s per case of a %.0f ms window after a %.0f ms warm-up; best and median shown\n",
                 cfg.quick ? "--quick: one short window, the numbers are noise" : "full run", cfg.reps,
                 cfg.reps == 1 ? "" : "s", cfg.window_s * 1e3, cfg.warmup_s * 1e3);

@@ -31,7 +31,6 @@
 
 #include "bench_util.hpp"
 
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,16 +52,12 @@
 #include <utility>
 #include <vector>
 
-#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER) && FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 #include <boost/fiber/algo/work_stealing.hpp>
 #include <boost/fiber/condition_variable.hpp>
 #include <boost/fiber/fiber.hpp>
 #include <boost/fiber/mutex.hpp>
 #include <boost/fiber/operations.hpp>
-#include <boost/version.hpp>
-#define FIBER_SCHED_BENCH_BOOST 1
-#else
-#define FIBER_SCHED_BENCH_BOOST 0
 #endif
 
 namespace {
@@ -147,33 +142,28 @@ public:
     }
 
     void print(std::FILE* out = stdout) const {
-        std::size_t w = std::strlen("implementation");
-        for (const Group& g : groups_)
-            for (const Row& row : g.rows) w = std::max(w, row.impl.size());
-        const int iw = static_cast<int>(w);
+        fsched_bench::TextTable table;
         for (const Group& g : groups_) {
-            if (g.rows.empty() && g.notes.empty()) continue;
-            std::fprintf(out, "\n%s\n", g.title.c_str());
-            std::fprintf(out, "  %-*s  %12s  %12s  %11s  %11s  %12s  %4s\n", iw, "implementation",
-                         ("best " + g.unit).c_str(), "median", "ours/x best", "ours/x med", "work/rep", "reps");
-            std::fprintf(out, "  %s\n", std::string(static_cast<std::size_t>(iw) + 76, '-').c_str());
+            if (g.rows.empty() && g.notes.empty()) continue;  // every row filtered out
+            table.begin_group(g.title, {{"best " + g.unit, 12}, {"median", 12}, {"ours/x best", 11},
+                                        {"ours/x med", 11}, {"work/rep", 12}, {"reps", 4}});
             for (const Row& row : g.rows) {
                 if (row.f.failed) {
-                    std::fprintf(out, "  %-*s  %12s\n", iw, row.impl.c_str(), "failed");
+                    table.row(row.impl, {"failed"});
                     continue;
                 }
-                char ratio_best[32] = "-", ratio_med[32] = "-";
+                std::string ratio_best = "-", ratio_med = "-";
                 if (g.ours >= 0) {
                     const Figures& ours = g.rows[static_cast<std::size_t>(g.ours)].f;
-                    ratio(g, best(g, ours), best(g, row.f), ratio_best, sizeof ratio_best);
-                    ratio(g, median(ours), median(row.f), ratio_med, sizeof ratio_med);
+                    ratio_best = ratio(g, best(g, ours), best(g, row.f));
+                    ratio_med = ratio(g, fsched_bench::median(ours.samples), fsched_bench::median(row.f.samples));
                 }
-                std::fprintf(out, "  %-*s  %12s  %12s  %11s  %11s  %12llu  %4zu\n", iw, row.impl.c_str(),
-                             number(best(g, row.f)).c_str(), number(median(row.f)).c_str(), ratio_best,
-                             ratio_med, static_cast<unsigned long long>(row.f.count), row.f.samples.size());
+                table.row(row.impl, {number(best(g, row.f)), number(fsched_bench::median(row.f.samples)), ratio_best,
+                                     ratio_med, std::to_string(row.f.count), std::to_string(row.f.samples.size())});
             }
-            for (const std::string& n : g.notes) std::fprintf(out, "  %s\n", n.c_str());
+            for (const std::string& n : g.notes) table.note(n);
         }
+        table.print(out);
         std::fprintf(out, "\nours/x is a ratio of times: < 1: fiber_sched is faster than x; > 1: slower.\n");
     }
 
@@ -195,26 +185,14 @@ private:
         return g.higher_is_better ? *std::max_element(f.samples.begin(), f.samples.end())
                                   : *std::min_element(f.samples.begin(), f.samples.end());
     }
-    static double median(const Figures& f) {
-        std::vector<double> s = f.samples;
-        std::sort(s.begin(), s.end());
-        const std::size_t mid = s.size() / 2;
-        return s.size() % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
-    }
-    static void ratio(const Group& g, double ours, double x, char* buf, std::size_t n) {
+    static std::string ratio(const Group& g, double ours, double x) {
         const double r = g.higher_is_better ? x / ours : ours / x;
-        if (x == 0 && ours == 0) {
-            std::snprintf(buf, n, "1.00");
-        } else if (!g.higher_is_better && x == 0) {
-            std::snprintf(buf, n, "inf");
-        } else {
-            std::snprintf(buf, n, r < 0.01 ? "%.1e" : "%.2f", r);
-        }
+        if (x == 0 && ours == 0) return "1.00";
+        if (!g.higher_is_better && x == 0) return "inf";
+        return fsched_bench::format(r < 0.01 ? "%.1e" : "%.2f", r);
     }
     static std::string number(double v) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3f", v);
-        return buf;
+        return fsched_bench::format(v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3f", v);
     }
 
     std::vector<Group> groups_;
@@ -224,28 +202,32 @@ private:
 // Shared pieces
 // ---------------------------------------------------------------------------------------
 
-// Counts down from n; wait() blocks the calling thread until zero. For the baselines that
-// run on plain threads (std::latch is C++20).
-class Latch {
+// Counts down from n; wait() blocks until zero. On std::mutex and std::condition_variable
+// (Latch) it blocks the calling thread, for the baselines that run on plain threads
+// (std::latch is C++20); on Boost.Fiber's (BoostLatch, below) it parks the calling fiber.
+template <class Mutex, class ConditionVariable>
+class BasicLatch {
 public:
-    explicit Latch(std::int64_t n) : count_(n) {}
+    explicit BasicLatch(std::int64_t n) : count_(n) {}
     void count_down() {
         if (count_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::lock_guard<Mutex> lock(mutex_);
         open_ = true;
         cv_.notify_all();  // under the lock: the waiter may destroy the latch once it sees open_
     }
     void wait() {
-        std::unique_lock<std::mutex> lock(mutex_);
+        std::unique_lock<Mutex> lock(mutex_);
         cv_.wait(lock, [this] { return open_; });
     }
 
 private:
     std::atomic<std::int64_t> count_;
-    std::mutex mutex_;
-    std::condition_variable cv_;
+    Mutex mutex_;
+    ConditionVariable cv_;
     bool open_ = false;
 };
+
+using Latch = BasicLatch<std::mutex, std::condition_variable>;
 
 constexpr std::uint64_t skynet_expected(std::uint64_t leaves) { return leaves * (leaves - 1) / 2; }
 
@@ -517,15 +499,23 @@ Figures spawn_pool_go(std::uint64_t n, int reps) {
     });
 }
 
+// One repetition of a baseline's batch case: `count` callbacks that count a Latch down,
+// made before the clock starts (the caller's data, as in spawn_fsched_batch) and handed over
+// in one submit(first, last); seconds until every one has run.
+template <class Submit>
+double latch_batch_seconds(std::uint64_t count, Submit&& submit) {
+    Latch done(static_cast<std::int64_t>(count));
+    std::vector<std::function<void()>> batch(count, [&done] { done.count_down(); });
+    const auto t0 = Clock::now();
+    submit(batch.begin(), batch.end());
+    done.wait();
+    return seconds_since(t0);
+}
+
 Figures spawn_pool_batch(std::uint64_t n, int reps) {
     ThreadPool pool(2);
     return spawn_rates(n, reps, [&](std::uint64_t count) {
-        Latch done(static_cast<std::int64_t>(count));
-        std::vector<std::function<void()>> batch(count, [&done] { done.count_down(); });
-        const auto t0 = Clock::now();
-        pool.submit(batch.begin(), batch.end());
-        done.wait();
-        return seconds_since(t0);
+        return latch_batch_seconds(count, [&](auto first, auto last) { pool.submit(first, last); });
     });
 }
 
@@ -550,12 +540,7 @@ Figures spawn_seed_batch(std::uint64_t n, int reps) {
     SeedScheduler seed(2);
     seed.start();
     return spawn_rates(n, reps, [&](std::uint64_t count) {
-        Latch done(static_cast<std::int64_t>(count));
-        std::vector<std::function<void()>> batch(count, [&done] { done.count_down(); });
-        const auto t0 = Clock::now();
-        seed.schedule(batch.begin(), batch.end());
-        done.wait();
-        return seconds_since(t0);
+        return latch_batch_seconds(count, [&](auto first, auto last) { seed.schedule(first, last); });
     }, false);
 }
 
@@ -803,13 +788,18 @@ Figures yield_seed(std::uint64_t per_fiber, int reps) {
 // 4. idle CPU
 // ---------------------------------------------------------------------------------------
 
-// CPU ms the process uses while `idle_seconds` pass on the main thread's `sleep`.
+// An idle case's one figure: the CPU ms the process uses while the main thread is in sleep().
 template <class Sleep>
-double cpu_ms_during(Sleep&& sleep) {
+Figures idle_figures(Sleep&& sleep) {
+    Figures f;
+    f.count = 1;
     const double c0 = process_cpu_ms();
     sleep();
-    return process_cpu_ms() - c0;
+    f.samples.push_back(process_cpu_ms() - c0);
+    return f;
 }
+
+void sleep_seconds(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
 Figures idle_fsched(double idle_seconds) {
     fsched::Scheduler scheduler(2, false);
@@ -818,9 +808,7 @@ Figures idle_fsched(double idle_seconds) {
     wg.add(1);
     scheduler.schedule([&wg] { wg.done(); });
     wg.wait();
-    Figures f;
-    f.count = 1;
-    f.samples.push_back(cpu_ms_during([&] { std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds)); }));
+    const Figures f = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
     scheduler.stop();
     return f;
 }
@@ -831,9 +819,7 @@ Figures idle_seed(double idle_seconds) {
     Latch done(1);
     seed.schedule([&done] { done.count_down(); });
     done.wait();
-    Figures f;
-    f.count = 1;
-    f.samples.push_back(cpu_ms_during([&] { std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds)); }));
+    const Figures f = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
     seed.stop();
     return f;
 }
@@ -842,81 +828,43 @@ Figures idle_seed(double idle_seconds) {
 // Boost.Fiber, each case in a forked child process
 // ---------------------------------------------------------------------------------------
 
-#if FIBER_SCHED_BENCH_BOOST
-// One Boost.Fiber case running in a forked child process: the constructor forks, collect()
-// waits for the child's figures. The parent has no other threads when it forks (every
-// scheduler above is stopped before the next case starts). The child sends its samples
-// through a pipe and leaves with _exit(), without tearing down Boost's work_stealing
-// schedulers (one thread's teardown can race the other's stealing).
-class ChildProcess {
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+// One Boost.Fiber case in a forked child process (fsched_bench::ChildProcess): the
+// constructor forks, collect() waits for the child's figures. The parent has no other
+// threads when it forks (every scheduler above is stopped before the next case starts). The
+// child sends its samples through the pipe and leaves with _exit(), without tearing down
+// Boost's work_stealing schedulers (one thread's teardown can race the other's stealing).
+class FiguresChild {
 public:
-    explicit ChildProcess(const std::function<Figures()>& fn) {
-        std::fflush(stdout);
-        std::fflush(stderr);
-        int fds[2];
-        if (pipe(fds) != 0) return;
-        pid_ = fork();
-        if (pid_ < 0) {
-            close(fds[0]);
-            close(fds[1]);
-            return;
-        }
-        if (pid_ == 0) {
-            close(fds[0]);
-            alarm(120);  // a hung baseline must not hang the benchmark
-            Figures f = fn();
-            std::uint64_t header[2] = {f.count, f.failed ? ~std::uint64_t{0} : f.samples.size()};
-            bool ok = write(fds[1], header, sizeof header) == static_cast<ssize_t>(sizeof header);
-            const auto bytes = static_cast<ssize_t>(f.samples.size() * sizeof(double));
-            if (ok && bytes) ok = write(fds[1], f.samples.data(), static_cast<std::size_t>(bytes)) == bytes;
-            std::fflush(stdout);
-            std::fflush(stderr);
-            _exit(ok ? 0 : 1);
-        }
-        close(fds[1]);
-        fd_ = fds[0];
-    }
-    ChildProcess(const ChildProcess&) = delete;
-    ChildProcess& operator=(const ChildProcess&) = delete;
-    ~ChildProcess() { collect(); }
+    explicit FiguresChild(const std::function<Figures()>& fn)
+        : child_([&fn](int fd) {
+              alarm(120);  // a hung baseline must not hang the benchmark
+              const Figures f = fn();
+              const std::uint64_t header[2] = {f.count, f.failed ? ~std::uint64_t{0} : f.samples.size()};
+              const bool ok = fsched_bench::write_all(fd, header, sizeof header) &&
+                              fsched_bench::write_all(fd, f.samples.data(), f.samples.size() * sizeof(double));
+              return ok ? 0 : 1;
+          }) {}
 
     // The child's figures (failed if it crashed, hung or could not start). Once.
     Figures collect() {
         Figures f;
-        f.failed = true;
-        if (fd_ < 0) return f;
         std::uint64_t header[2] = {0, 0};
-        bool ok = read_all(header, sizeof header) && header[1] != ~std::uint64_t{0} && header[1] < 100000;
+        bool ok = child_.read(header, sizeof header) && header[1] != ~std::uint64_t{0} && header[1] < 100000;
         if (ok) {
             f.count = header[0];
             f.samples.resize(header[1]);
-            ok = read_all(f.samples.data(), f.samples.size() * sizeof(double));
+            ok = child_.read(f.samples.data(), f.samples.size() * sizeof(double));
         }
-        close(fd_);
-        fd_ = -1;
-        int status = 0;
-        waitpid(pid_, &status, 0);
-        f.failed = !ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || f.samples.empty();
+        f.failed = !child_.wait() || !ok || f.samples.empty();
         return f;
     }
 
 private:
-    bool read_all(void* buf, std::size_t n) {
-        auto* p = static_cast<char*>(buf);
-        while (n > 0) {
-            const ssize_t got = read(fd_, p, n);
-            if (got <= 0) return false;
-            p += got;
-            n -= static_cast<std::size_t>(got);
-        }
-        return true;
-    }
-
-    pid_t pid_ = -1;
-    int fd_ = -1;
+    fsched_bench::ChildProcess child_;
 };
 
-Figures in_child_process(const std::function<Figures()>& fn) { return ChildProcess(fn).collect(); }
+Figures in_child_process(const std::function<Figures()>& fn) { return FiguresChild(fn).collect(); }
 
 namespace bf = boost::fibers;
 
@@ -945,34 +893,14 @@ private:
     bool quit_ = false;
 };
 
-// Counts down from n on fibers; the last count_down() wakes the waiting fiber.
-class BoostCounter {
-public:
-    explicit BoostCounter(std::int64_t n) : count_(n) {}
-    void count_down() {
-        if (count_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-        std::lock_guard<bf::mutex> lock(mutex_);
-        zero_ = true;
-        cv_.notify_all();
-    }
-    void wait() {
-        std::unique_lock<bf::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return zero_; });
-    }
-
-private:
-    std::atomic<std::int64_t> count_;
-    bf::mutex mutex_;
-    bf::condition_variable cv_;
-    bool zero_ = false;
-};
+using BoostLatch = BasicLatch<bf::mutex, bf::condition_variable>;
 
 Figures spawn_boost(std::uint64_t n, int reps) {
     return in_child_process([n, reps] {
         BoostPool::make(false);
         return spawn_rates(n, reps, [](std::uint64_t count) {
             const auto t0 = Clock::now();
-            BoostCounter done(static_cast<std::int64_t>(count));
+            BoostLatch done(static_cast<std::int64_t>(count));
             for (std::uint64_t i = 0; i < count; ++i) bf::fiber([&done] { done.count_down(); }).detach();
             done.wait();
             return seconds_since(t0);
@@ -1028,16 +956,13 @@ Figures yield_boost(std::uint64_t per_fiber, int reps) {
     return f;
 }
 
-// Runs in a child process (see ChildProcess): sets up this process's one work_stealing pool.
+// Runs in a child process (see FiguresChild): sets up this process's one work_stealing pool.
 Figures idle_boost_here(double idle_seconds, bool suspend) {
     BoostPool::make(suspend);
     bf::fiber([] {}).join();
-    Figures f;
-    f.count = 1;
     // The main fiber sleeps in Boost's scheduler, so both threads are idle in it.
     const auto idle = std::chrono::nanoseconds(static_cast<std::int64_t>(idle_seconds * 1e9));
-    f.samples.push_back(cpu_ms_during([&] { boost::this_fiber::sleep_for(idle); }));
-    return f;
+    return idle_figures([idle] { boost::this_fiber::sleep_for(idle); });
 }
 
 Figures idle_boost(double idle_seconds, bool suspend) {
@@ -1045,22 +970,14 @@ Figures idle_boost(double idle_seconds, bool suspend) {
 }
 #endif
 
-std::string format(const char* fmt, double a, double b = 0) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, fmt, a, b);
-    return buf;
-}
-
 // "target: <what> (<= x unit); fiber_sched best y unit: met / NOT met".
 void target_note(FigureTable& table, const std::string& what, double target, bool higher_is_better,
                  const char* unit) {
     double ours = 0;
     if (!table.ours_best(ours)) return;
     const bool met = higher_is_better ? ours >= target : ours <= target;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "target: %s (%s %g %s); fiber_sched best %.3g %s: %s", what.c_str(),
-                  higher_is_better ? ">=" : "<=", target, unit, ours, unit, met ? "met" : "NOT met");
-    table.note(buf);
+    table.note(fsched_bench::format("target: %s (%s %g %s); fiber_sched best %.3g %s: %s", what.c_str(),
+                                    higher_is_better ? ">=" : "<=", target, unit, ours, unit, met ? "met" : "NOT met"));
 }
 
 }  // namespace
@@ -1077,16 +994,12 @@ int main(int argc, char** argv) {
     if (!opt.parse(argc, argv)) return 2;
     const Sizes sz = sizes_for(opt, reps_given, iters_given);
 
-    std::printf("bench_scheduler: fiber_sched backend %s; %s", fsched::backend(),
-                fsched_bench::compiler_string().c_str());
-#if FIBER_SCHED_BENCH_BOOST
-    std::printf("; Boost %d.%d.%d", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100);
-#else
-    std::printf("; Boost.Fiber not found, its rows are skipped");
-#endif
-    std::printf("; %u hardware threads\n%s; repetitions in the reps column, each case after one warm-up "
+    const std::string boost =
+        fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER, "", "Boost.Fiber not found, its rows are skipped");
+    std::printf("%s%s; %u hardware threads\n%s; repetitions in the reps column, each case after one warm-up "
                 "except the slow seed-design and Boost.Fiber spawn and skynet rows; best and median shown\n",
-                std::thread::hardware_concurrency(), opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run");
+                fsched_bench::build_line("bench_scheduler").c_str(), boost.c_str(), std::thread::hardware_concurrency(),
+                opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run");
     std::fflush(stdout);
 
     FigureTable table;
@@ -1108,7 +1021,7 @@ int main(int argc, char** argv) {
     run("spawn", "thread pool, batch", false, [&] { return spawn_pool_batch(n, reps); });
     run("spawn", "seed design, from a task", false, [&] { return spawn_seed_go(n, slow); });
     run("spawn", "seed design, batch", false, [&] { return spawn_seed_batch(n, slow); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("spawn", "Boost.Fiber work_stealing", false, [&] { return spawn_boost(nb, slow); });
 #else
     (void)nb;
@@ -1125,43 +1038,43 @@ int main(int argc, char** argv) {
         [&] { return skynet_pool_run(sz.skynet_leaves, sz.reps_skynet); });
     run("skynet", "seed design, parking fibers", false,
         [&] { return skynet_seed_run(sz.skynet_leaves, sz.reps_skynet_slow); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("skynet", "Boost.Fiber work_stealing", false,
         [&] { return skynet_boost_run(sz.skynet_leaves, sz.reps_skynet_slow); });
 #endif
-    table.note(format("total checked: %.0f; work/rep is the leaf count", static_cast<double>(skynet_expected(sz.skynet_leaves))));
+    table.note(fsched_bench::format("total checked: %.0f; work/rep is the leaf count", static_cast<double>(skynet_expected(sz.skynet_leaves))));
     table.note("reference (project, not this run, 1,000,000 leaves): Go 484, marl 1538, Boost.Fiber 2555 ms");
     if (sz.skynet_leaves == 1000000) target_note(table, "no slower than Go", 484, false, "ms");
 
     table.begin_group("yield: two fibers alternating on 1 thread; ns per yield (lower is better)", "ns", false);
     run("yield", "fsched this_fiber::yield", true, [&] { return yield_fsched(sz.yields_per_fiber, reps); });
     run("yield", "seed design (schedule self + yield)", false, [&] { return yield_seed(sz.yields_per_fiber, slow); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("yield", "Boost.Fiber round_robin", false, [&] { return yield_boost(sz.yields_per_fiber, reps); });
 #endif
     table.note("reference (project, not this run): Boost.Fiber 46, Go 48 ns");
     target_note(table, "half of Boost.Fiber's and Go's", 23, false, "ns");
 
-    table.begin_group(format("idle CPU: 2-thread scheduler idle for %.1f s after one task; CPU ms used (lower is better)",
+    table.begin_group(fsched_bench::format("idle CPU: 2-thread scheduler idle for %.1f s after one task; CPU ms used (lower is better)",
                              sz.idle_seconds),
                       "ms", false);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     // Boost.Fiber's suspending idle runs in its child process while fsched's runs here:
     // neither uses a measurable amount of CPU, so they cannot disturb each other, and the
     // full run is one idle period shorter. (The busy-idle rows each get the machine alone.)
     const char* boost_suspend = "Boost.Fiber work_stealing, suspend";
-    std::unique_ptr<ChildProcess> boost_suspend_idle;
+    std::unique_ptr<FiguresChild> boost_suspend_idle;
     if (opt.selected(std::string("idle/") + boost_suspend)) {
-        boost_suspend_idle = std::make_unique<ChildProcess>([&] { return idle_boost_here(sz.idle_seconds, true); });
+        boost_suspend_idle = std::make_unique<FiguresChild>([&] { return idle_boost_here(sz.idle_seconds, true); });
     }
 #endif
     run("idle", "fsched", true, [&] { return idle_fsched(sz.idle_seconds); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     Figures boost_suspend_figures;
     if (boost_suspend_idle) boost_suspend_figures = boost_suspend_idle->collect();
 #endif
     run("idle", "seed design (busy idle)", false, [&] { return idle_seed(sz.idle_seconds); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     run("idle", "Boost.Fiber work_stealing (default)", false, [&] { return idle_boost(sz.idle_seconds, false); });
     if (boost_suspend_idle) table.add(boost_suspend, std::move(boost_suspend_figures));
 #endif

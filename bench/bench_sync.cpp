@@ -49,7 +49,6 @@
 #include "bench_util.hpp"
 
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -70,7 +69,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER) && FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 #include <boost/context/stack_traits.hpp>
 #include <boost/fiber/algo/work_stealing.hpp>
 #include <boost/fiber/buffered_channel.hpp>
@@ -79,10 +78,6 @@
 #include <boost/fiber/mutex.hpp>
 #include <boost/fiber/operations.hpp>
 #include <boost/fiber/unbuffered_channel.hpp>
-#include <boost/version.hpp>
-#define FIBER_SCHED_BENCH_BOOST 1
-#else
-#define FIBER_SCHED_BENCH_BOOST 0
 #endif
 
 namespace {
@@ -142,8 +137,7 @@ Timing timed(const Options& opt, Body&& body) {
     }
     std::sort(per_op.begin(), per_op.end());
     t.r.min_ns = per_op.front();
-    const std::size_t mid = per_op.size() / 2;
-    t.r.median_ns = per_op.size() % 2 ? per_op[mid] : (per_op[mid - 1] + per_op[mid]) / 2;
+    t.r.median_ns = fsched_bench::median(per_op);
     t.max_ns = per_op.back();
     return t;
 }
@@ -240,7 +234,7 @@ Timing channel_fsched(const Options& opt, std::size_t threads, std::size_t capac
     return r;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 namespace bf = boost::fibers;
 
 Timing mutex_boost(const Options& opt, int fibers, bool yield_inside) {
@@ -332,52 +326,32 @@ struct Case {
     bool done = false;
 };
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 // Runs cases[i] for each i in `which` in a child process and copies their results back
 // through a pipe. The caller has no other threads when it forks; the child _exit()s
 // without unwinding (Boost's work_stealing threads cannot be torn down safely).
 bool run_in_child(std::vector<Case>& cases, const std::vector<std::size_t>& which, const Options& opt,
                   const std::function<void()>& child_setup) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    int fds[2];
-    if (pipe(fds) != 0) return false;
-    const pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        close(fds[0]);
+    fsched_bench::ChildProcess child([&](int fd) {
         alarm(300);  // a hung baseline must not hang the benchmark
         child_setup();
-        bool ok = true;
         for (std::size_t i : which) {
-            Timing r = cases[i].run(opt);
-            ok = ok && write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
+            const Timing r = cases[i].run(opt);
+            if (!fsched_bench::write_all(fd, &r, sizeof r)) return 1;
         }
-        std::fflush(stdout);
-        _exit(ok ? 0 : 1);
-    }
-    close(fds[1]);
+        return 0;
+    });
     bool ok = true;
     for (std::size_t i : which) {
         Timing r;
-        char* p = reinterpret_cast<char*>(&r);
-        std::size_t left = sizeof r;
-        while (ok && left > 0) {
-            const ssize_t got = read(fds[0], p, left);
-            if (got <= 0) ok = false;
-            else {
-                p += got;
-                left -= static_cast<std::size_t>(got);
-            }
+        if (!child.read(&r, sizeof r)) {
+            ok = false;
+            break;
         }
-        if (!ok) break;
         cases[i].result = r;
         cases[i].done = true;
     }
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return child.wait() && ok;
 }
 #endif
 
@@ -394,26 +368,23 @@ std::vector<Case> make_cases() {
             [fibers](const Options& o) { return mutex_fsched(o, 2, fibers, false); });
         add(g2, "fsched::Mutex, Scheduler(2), pinned i % 2", false, Where::here,
             [fibers](const Options& o) { return mutex_fsched(o, 2, fibers, false, true); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
         add(g2, "boost::fibers::mutex, work_stealing(2)", false, Where::work_stealing_child,
             [fibers](const Options& o) { return mutex_boost(o, fibers, false); });
 #endif
         add(g2, "std::mutex, 2 threads (no fibers)", false, Where::here, mutex_std_threads,
             fibers == 4 ? "" : "std::mutex, 2 threads (no fibers)");
-        const std::string g1 = "mutex, " + n + " fibers, 1 thread (uncontended): ns per lock + unlock";
-        add(g1, "fsched::Mutex, Scheduler(1)", true, Where::here,
-            [fibers](const Options& o) { return mutex_fsched(o, 1, fibers, false); });
-#if FIBER_SCHED_BENCH_BOOST
-        add(g1, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
-            [fibers](const Options& o) { return mutex_boost(o, fibers, false); });
+        for (const bool hand_off : {false, true}) {
+            const std::string g1 =
+                hand_off ? "mutex hand-off, " + n + " fibers, 1 thread, yield while locked: ns per lock + yield + unlock"
+                         : "mutex, " + n + " fibers, 1 thread (uncontended): ns per lock + unlock";
+            add(g1, "fsched::Mutex, Scheduler(1)", true, Where::here,
+                [fibers, hand_off](const Options& o) { return mutex_fsched(o, 1, fibers, hand_off); });
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+            add(g1, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
+                [fibers, hand_off](const Options& o) { return mutex_boost(o, fibers, hand_off); });
 #endif
-        const std::string gh = "mutex hand-off, " + n + " fibers, 1 thread, yield while locked: ns per lock + yield + unlock";
-        add(gh, "fsched::Mutex, Scheduler(1)", true, Where::here,
-            [fibers](const Options& o) { return mutex_fsched(o, 1, fibers, true); });
-#if FIBER_SCHED_BENCH_BOOST
-        add(gh, "boost::fibers::mutex, round_robin", false, Where::fresh_thread,
-            [fibers](const Options& o) { return mutex_boost(o, fibers, true); });
-#endif
+        }
     }
     for (std::size_t capacity : {std::size_t{0}, std::size_t{1}}) {
         const std::string what = capacity == 0 ? "channel ping-pong, unbuffered" : "channel ping-pong, capacity 1";
@@ -421,7 +392,7 @@ std::vector<Case> make_cases() {
             const std::string g = what + (threads == 1 ? ", 1 thread" : ", 2 threads") + ": ns per one-way message";
             add(g, "fsched::Channel<int>(" + std::to_string(capacity) + "), Scheduler(" + std::to_string(threads) + ")",
                 true, Where::here, [threads, capacity](const Options& o) { return channel_fsched(o, threads, capacity); });
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
             const std::string algo = threads == 1 ? ", round_robin" : ", work_stealing(2)";
             const Where where = threads == 1 ? Where::fresh_thread : Where::work_stealing_child;
             if (capacity == 0) {
@@ -574,7 +545,7 @@ int memory_child_fsched(std::size_t fibers) {
     return finished.load() == fibers ? 0 : 1;
 }
 
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 int memory_child_boost(std::size_t fibers) {
     std::vector<const void*> marks(fibers, nullptr);
     std::vector<bf::fiber> all;
@@ -623,27 +594,14 @@ int memory_child_boost(std::size_t fibers) {
 
 // Runs this program again with --memory-child and parses what it prints.
 bool run_memory_child(const char* impl, std::size_t fibers, std::map<std::string, std::string>& out) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    int fds[2];
-    if (pipe(fds) != 0) return false;
     const std::string count = std::to_string(fibers);
-    const pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[1]);
+    fsched_bench::ChildProcess child([&](int fd) {
+        dup2(fd, STDOUT_FILENO);
         execl("/proc/self/exe", "bench_sync", "--memory-child", impl, count.c_str(), static_cast<char*>(nullptr));
-        _exit(127);
-    }
-    close(fds[1]);
-    std::string text;
-    char buf[4096];
-    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(got));
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
+        return 127;
+    });
+    const std::string text = child.read_to_end();
+    const bool exited_ok = child.wait();
     std::size_t pos = 0;
     while (pos < text.size()) {
         std::size_t end = text.find('\n', pos);
@@ -653,7 +611,7 @@ bool run_memory_child(const char* impl, std::size_t fibers, std::map<std::string
         if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
         pos = end + 1;
     }
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 && out.count("rss_after_kib");
+    return exited_ok && out.count("rss_after_kib");
 }
 
 void memory_benchmark(std::size_t fibers, const Options& opt) {
@@ -662,21 +620,22 @@ void memory_benchmark(std::size_t fibers, const Options& opt) {
         const char* label;
     };
     std::vector<Row> rows = {{"fsched", "fsched, Scheduler(2), WaitGroup"}};
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     rows.push_back({"boost", "Boost.Fiber, round_robin, condition_variable"});
 #endif
-    std::printf("\nmemory per parked fiber: %zu fibers parked at once, default stacks, each in its own process\n",
-                fibers);
-    std::printf("  %-45s  %8s  %9s  %9s  %10s  %9s  %11s  %9s  %8s\n", "implementation", "parked", "RSS KiB",
-                "KiB/fiber", "+PTE/fiber", "heap B/f", "stack pg/f", "stack KiB", "all done");
-    std::printf("  %s\n", std::string(45 + 91, '-').c_str());
+    using fsched_bench::format;
+    fsched_bench::TextTable table;
+    table.begin_group(format("memory per parked fiber: %zu fibers parked at once, default stacks, each in its own process",
+                             fibers),
+                      {{"parked", 8}, {"RSS KiB", 9}, {"KiB/fiber", 9}, {"+PTE/fiber", 10}, {"heap B/f", 9},
+                       {"stack pg/f", 11}, {"stack KiB", 9}, {"all done", 8}});
     std::map<std::string, double> per_fiber;
     for (const Row& row : rows) {
         if (!opt.selected(std::string("memory/") + row.impl)) continue;
         std::map<std::string, std::string> m;
         const bool ok = run_memory_child(row.impl, fibers, m);
         if (!m.count("rss_after_kib")) {
-            std::printf("  %-45s  failed (see stderr)\n", row.label);
+            table.row(row.label, {"failed (see stderr)"});
             continue;
         }
         auto num = [&](const char* k) { return m.count(k) ? std::atof(m[k].c_str()) : 0.0; };
@@ -686,17 +645,21 @@ void memory_benchmark(std::size_t fibers, const Options& opt) {
         const double heap = num("malloc_after") - num("malloc_before");
         const double kib = parked > 0 ? rss / parked : 0;
         per_fiber[row.impl] = kib;
-        std::printf("  %-45s  %8.0f  %9.0f  %9.2f  %10.2f  %9.0f  %11.2f  %9.0f  %8s\n", row.label, parked, rss, kib,
-                    parked > 0 ? (rss + pte) / parked : 0, parked > 0 && heap >= 0 ? heap / parked : -1,
-                    num("stack_pages_per_fiber"), num("stack_size") / 1024, ok ? "yes" : "NO");
-        std::printf("  %-45s  park %.3f s, release + finish %.3f s%s\n", "", num("park_s"), num("finish_s"),
-                    m.count("fiber_object") && num("fiber_object") > 0
-                        ? (", sizeof(fsched::Fiber) " + m["fiber_object"] + " B").c_str()
-                        : "");
+        table.row(row.label, {format("%.0f", parked), format("%.0f", rss), format("%.2f", kib),
+                              format("%.2f", parked > 0 ? (rss + pte) / parked : 0),
+                              format("%.0f", parked > 0 && heap >= 0 ? heap / parked : -1),
+                              format("%.2f", num("stack_pages_per_fiber")), format("%.0f", num("stack_size") / 1024),
+                              ok ? "yes" : "NO"});
+        // The times, on a line of their own under the row's figures.
+        table.row("", {format("park %.3f s, release + finish %.3f s%s", num("park_s"), num("finish_s"),
+                              m.count("fiber_object") && num("fiber_object") > 0
+                                  ? (", sizeof(fsched::Fiber) " + m["fiber_object"] + " B").c_str()
+                                  : "")});
     }
     if (per_fiber.count("fsched") && per_fiber.count("boost")) {
-        std::printf("  fsched / Boost.Fiber: %.2f\n", per_fiber["fsched"] / per_fiber["boost"]);
+        table.note(format("fsched / Boost.Fiber: %.2f", per_fiber["fsched"] / per_fiber["boost"]));
     }
+    table.print();
     std::printf("RSS KiB: VmRSS after minus before; +PTE/fiber: KiB per fiber with page tables (VmPTE) added;\n"
                 "heap B/f: mallinfo2() bytes in use per fiber; stack pg/f: resident stack pages per fiber (mincore,\n"
                 "~1000 fibers sampled).\n");
@@ -715,7 +678,7 @@ int main(int argc, char** argv) {
     if (argc >= 4 && std::strcmp(argv[1], "--memory-child") == 0) {
         const std::size_t fibers = std::strtoull(argv[3], nullptr, 10);
         if (std::strcmp(argv[2], "fsched") == 0) return memory_child_fsched(fibers);
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
         if (std::strcmp(argv[2], "boost") == 0) return memory_child_boost(fibers);
 #endif
         return 2;
@@ -743,15 +706,10 @@ int main(int argc, char** argv) {
     }
     if (fibers == 0) fibers = opt.quick ? 2000 : 100000;
 
-    std::printf("bench_sync: fiber_sched backend %s; %s", fsched::backend(), fsched_bench::compiler_string().c_str());
-#if FIBER_SCHED_BENCH_BOOST
-    std::printf("; Boost %d.%d.%d (Boost.Fiber)", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000,
-                BOOST_VERSION % 100);
-#else
-    std::printf("; Boost.Fiber not compiled in (no baselines but std::mutex)");
-#endif
-    std::printf("\n%s; %d repetitions per case, best and median shown\n", opt.quick ? "quick run (numbers are noise)" : "full run",
-                opt.reps);
+    const std::string boost = fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER, " (Boost.Fiber)",
+                                                       "Boost.Fiber not compiled in (no baselines but std::mutex)");
+    std::printf("%s%s\n%s; %d repetitions per case, best and median shown\n", fsched_bench::build_line("bench_sync").c_str(),
+                boost.c_str(), opt.quick ? "quick run (numbers are noise)" : "full run", opt.reps);
 
     std::vector<Case> cases = make_cases();
     auto name = [](const Case& c) { return c.group + "/" + c.impl; };
@@ -761,7 +719,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
         if (cases[i].where == Where::work_stealing_child && opt.selected(name(cases[i]))) ws.push_back(i);
     }
-#if FIBER_SCHED_BENCH_BOOST
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     if (!ws.empty() && !run_in_child(cases, ws, opt, join_boost_work_stealing)) {
         std::fprintf(stderr, "bench_sync: the Boost.Fiber work_stealing child failed\n");
     }

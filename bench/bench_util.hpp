@@ -5,19 +5,51 @@
 //   - Options: the command line every benchmark understands (--quick, --reps, --iters, --filter);
 //   - measure(): warm up, calibrate an iteration count, time several repetitions, and
 //     return the best (min) and median nanoseconds per operation;
-//   - Table: a small aligned table that prints each result beside its baselines with the
-//     ratio ours / baseline.
+//   - median(): the median of a benchmark's samples;
+//   - TextTable: the aligned table every benchmark prints its results in, format() for its
+//     cells, and Table, one on it that prints each ns/op result beside its baselines with
+//     the ratio ours / baseline;
+//   - build_line() and boost_note(): the first line of every benchmark's output;
+//   - the Boost macros, FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT and _FIBER, defined 0 or 1;
+//   - ChildProcess, write_all() and read_exact(): a forked child with a pipe back to the
+//     benchmark, for the baselines and the client that must not run in its process.
+// The benchmarks need a POSIX system (bench/CMakeLists.txt skips them elsewhere).
 #ifndef FIBER_SCHED_BENCH_UTIL_HPP
 #define FIBER_SCHED_BENCH_UTIL_HPP
 
+#include "fiber_sched.hpp"
+
+#include <fcntl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
+
+// The Boost baselines. The build defines FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT=1 when it found
+// Boost.Context (bench_fiber's baseline) and FIBER_SCHED_BENCH_HAVE_BOOST_FIBER=1 when it found
+// Boost.Fiber (bench_scheduler's and bench_sync's). Left undefined they are 0 here, so that a
+// benchmark can test its library's macro in #if and in C++ alike; each includes the Boost
+// headers it uses itself.
+#ifndef FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+#define FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT 0
+#endif
+#ifndef FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#define FIBER_SCHED_BENCH_HAVE_BOOST_FIBER 0
+#endif
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT || FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#include <boost/version.hpp>
+#endif
 
 namespace fsched_bench {
 
@@ -85,6 +117,14 @@ struct Result {
 
 using Clock = std::chrono::steady_clock;
 
+// The median of `samples` (the mean of the middle two for an even count); 0 when empty.
+inline double median(std::vector<double> samples) {
+    if (samples.empty()) return 0;
+    std::sort(samples.begin(), samples.end());
+    const std::size_t mid = samples.size() / 2;
+    return samples.size() % 2 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
+}
+
 // Times body(n), which must perform n operations, and returns ns per operation.
 // Without --iters it first warms up by doubling n until one call takes about a tenth of
 // rep_ms, then scales n so that a repetition takes about rep_ms.
@@ -119,14 +159,99 @@ Result measure(const Options& opt, Body&& body) {
     Result res;
     res.iters = n;
     res.min_ns = per_op.front();
-    const std::size_t mid = per_op.size() / 2;
-    res.median_ns = per_op.size() % 2 ? per_op[mid] : (per_op[mid - 1] + per_op[mid]) / 2;
+    res.median_ns = median(std::move(per_op));
     return res;
 }
 
-// Rows grouped by benchmark. One row per group is marked as fiber_sched's ("ours"); every
-// row then shows ours / this row, for the best and for the median ("-" when --filter left
-// ours out).
+// The text table every benchmark prints: groups of rows, each group under a blank line, its
+// title, a header and a rule. The first column holds the implementation, left-aligned and as
+// wide as the longest name in the whole table, so that the groups line up; the other columns
+// are the group's own, each right-aligned at its width. A cell wider than its column pushes
+// the rest of its row right instead of being cut, and a row may stop short of the last
+// column, as a "failed" row does.
+class TextTable {
+public:
+    struct Column {
+        std::string header;
+        int width;
+    };
+
+    void begin_group(std::string title, std::vector<Column> columns) {
+        groups_.push_back(Group{std::move(title), std::move(columns), {}});
+    }
+
+    void row(std::string impl, std::vector<std::string> cells) {
+        groups_.back().lines.push_back(Line{std::move(impl), std::move(cells), false});
+    }
+
+    // A line of text under the group's rows so far, indented like them.
+    void note(std::string text) { groups_.back().lines.push_back(Line{std::move(text), {}, true}); }
+
+    void print(std::FILE* out = stdout) const {
+        std::size_t w = std::strlen("implementation");
+        for (const Group& g : groups_)
+            for (const Line& line : g.lines)
+                if (!line.is_note) w = std::max(w, line.text.size());
+        const int iw = static_cast<int>(w);
+        for (const Group& g : groups_) {
+            std::fprintf(out, "\n%s\n", g.title.c_str());
+            std::vector<std::string> headers;
+            std::size_t rule = w;
+            for (const Column& c : g.columns) {
+                headers.push_back(c.header);
+                rule += 2 + static_cast<std::size_t>(c.width);
+            }
+            print_row(out, iw, "implementation", headers, g.columns);
+            std::fprintf(out, "  %s\n", std::string(rule, '-').c_str());
+            for (const Line& line : g.lines) {
+                if (line.is_note) {
+                    std::fprintf(out, "  %s\n", line.text.c_str());
+                } else {
+                    print_row(out, iw, line.text, line.cells, g.columns);
+                }
+            }
+        }
+    }
+
+private:
+    struct Line {
+        std::string text;  // a row's implementation, or a note
+        std::vector<std::string> cells;
+        bool is_note;
+    };
+    struct Group {
+        std::string title;
+        std::vector<Column> columns;
+        std::vector<Line> lines;
+    };
+
+    static void print_row(std::FILE* out, int iw, const std::string& impl, const std::vector<std::string>& cells,
+                          const std::vector<Column>& columns) {
+        std::fprintf(out, "  %-*s", iw, impl.c_str());
+        for (std::size_t i = 0; i < cells.size() && i < columns.size(); ++i)
+            std::fprintf(out, "  %*s", columns[i].width, cells[i].c_str());
+        std::fprintf(out, "\n");
+    }
+
+    std::vector<Group> groups_;
+};
+
+// printf() into a std::string, for a TextTable cell or note.
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+inline std::string format(const char* fmt, ...) {
+    char buf[512];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, args);
+    va_end(args);
+    return buf;
+}
+
+// ns/op results grouped by benchmark. One row per group is marked as fiber_sched's
+// ("ours"); every row then shows ours / this row, for the best and for the median ("-"
+// when --filter left ours out).
 class Table {
 public:
     void begin_group(std::string title) { groups_.push_back(Group{std::move(title), {}, -1}); }
@@ -139,28 +264,23 @@ public:
     }
 
     void print(std::FILE* out = stdout) const {
-        std::size_t w = std::strlen("implementation");
-        for (const Group& g : groups_)
-            for (const Row& row : g.rows) w = std::max(w, row.impl.size());
-        const int iw = static_cast<int>(w);
+        TextTable table;
         for (const Group& g : groups_) {
-            if (g.rows.empty()) continue;
-            std::fprintf(out, "\n%s\n", g.title.c_str());
-            std::fprintf(out, "  %-*s  %10s  %10s  %11s  %11s  %12s\n", iw, "implementation", "min ns/op",
-                         "median ns", "ours/x min", "ours/x med", "iters/rep");
-            std::fprintf(out, "  %s\n", std::string(static_cast<std::size_t>(iw) + 64, '-').c_str());
+            if (g.rows.empty()) continue;  // every row filtered out
+            table.begin_group(g.title, {{"min ns/op", 10}, {"median ns", 10}, {"ours/x min", 11},
+                                        {"ours/x med", 11}, {"iters/rep", 12}});
             for (const Row& row : g.rows) {
-                char ratio_min[32] = "-", ratio_med[32] = "-";
+                std::string ratio_min = "-", ratio_med = "-";
                 if (g.ours >= 0) {
                     const Result& ours = g.rows[static_cast<std::size_t>(g.ours)].r;
-                    std::snprintf(ratio_min, sizeof ratio_min, "%.2f", ours.min_ns / row.r.min_ns);
-                    std::snprintf(ratio_med, sizeof ratio_med, "%.2f", ours.median_ns / row.r.median_ns);
+                    ratio_min = format("%.2f", ours.min_ns / row.r.min_ns);
+                    ratio_med = format("%.2f", ours.median_ns / row.r.median_ns);
                 }
-                std::fprintf(out, "  %-*s  %10.1f  %10.1f  %11s  %11s  %12llu\n", iw, row.impl.c_str(),
-                             row.r.min_ns, row.r.median_ns, ratio_min, ratio_med,
-                             static_cast<unsigned long long>(row.r.iters));
+                table.row(row.impl, {format("%.1f", row.r.min_ns), format("%.1f", row.r.median_ns), ratio_min,
+                                     ratio_med, std::to_string(row.r.iters)});
             }
         }
+        table.print(out);
         std::fprintf(out, "\nours/x < 1: fiber_sched is faster than x; > 1: slower.\n");
     }
 
@@ -177,7 +297,7 @@ private:
     std::vector<Group> groups_;
 };
 
-// One line describing the build, printed above every table.
+// "g++ 12.2.0", "clang 14.0.6": the compiler, for build_line().
 inline std::string compiler_string() {
 #if defined(__clang__)
     std::string s = std::string("clang ") + __clang_version__;
@@ -189,6 +309,138 @@ inline std::string compiler_string() {
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s;
 }
+
+// What every benchmark's first line starts with: "<benchmark>: fiber_sched backend
+// <backend>; <compiler>".
+inline std::string build_line(const char* benchmark) {
+    return std::string(benchmark) + ": fiber_sched backend " + fsched::backend() + "; " + compiler_string();
+}
+
+// The first line's Boost part: "; Boost 1.74.0" and `suffix` when the benchmark's Boost rows
+// are compiled in (`compiled_in`: the FIBER_SCHED_BENCH_HAVE_BOOST_* macro of its library),
+// else "; " and `missing`, which says what is left out.
+inline std::string boost_note([[maybe_unused]] bool compiled_in, [[maybe_unused]] const char* suffix,
+                              const char* missing) {
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT || FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+    if (compiled_in) {
+        return "; Boost " + std::to_string(BOOST_VERSION / 100000) + "." + std::to_string(BOOST_VERSION / 100 % 1000) +
+               "." + std::to_string(BOOST_VERSION % 100) + suffix;
+    }
+#endif
+    return std::string("; ") + missing;
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------------------
+
+// Calls transfer(fd, p, left) (a read() or a write()) until all `n` bytes from `p` on have
+// moved; false on an error or on 0 bytes moved (end of file) first. Restarts after a signal.
+template <class Byte, class Transfer>
+bool transfer_all(int fd, Byte* p, std::size_t n, Transfer transfer) {
+    while (n > 0) {
+        const ssize_t moved = transfer(fd, p, n);
+        if (moved < 0 && errno == EINTR) continue;
+        if (moved <= 0) return false;
+        p += moved;
+        n -= static_cast<std::size_t>(moved);
+    }
+    return true;
+}
+
+// Writes all `n` bytes of `buf` to `fd`; false on an error.
+inline bool write_all(int fd, const void* buf, std::size_t n) {
+    return transfer_all(fd, static_cast<const char*>(buf), n,
+                        [](int f, const char* p, std::size_t left) { return ::write(f, p, left); });
+}
+
+// Reads exactly `n` bytes from `fd` into `buf`; false on an error or at end of file first.
+inline bool read_exact(int fd, void* buf, std::size_t n) {
+    return transfer_all(fd, static_cast<char*>(buf), n,
+                        [](int f, char* p, std::size_t left) { return ::read(f, p, left); });
+}
+
+// A forked child process with a pipe from it to the parent. The baselines that need a
+// process of their own run in one (Boost's work_stealing sets up per-process state that
+// cannot be torn down safely), and so does bench_io's client (its CPU must not be counted
+// as the server's). Fork only while the parent has no other threads: the child has a copy of
+// the forking thread alone, and a lock another thread held stays locked in it forever.
+class ChildProcess {
+public:
+    // Forks; the child runs body(fd), fd being the pipe's write end, and leaves with
+    // _exit(body's return value). _exit() runs no destructors and no atexit handlers: what the
+    // child inherited (the parent's schedulers, stdio buffers, Boost's statics) is the
+    // parent's to tear down, not the child's. stdout and stderr are flushed first, or the
+    // child would print the parent's buffered output a second time. Both pipe ends are
+    // close-on-exec, so a child that execs keeps only what it dup2()s. started() is false if
+    // the pipe or the fork failed, with errno saying why.
+    template <class Body>
+    explicit ChildProcess(Body&& body) {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        int fds[2];
+        if (::pipe(fds) != 0) return;
+        ::fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+        ::fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+        pid_ = ::fork();
+        if (pid_ < 0) {
+            const int fork_errno = errno;
+            ::close(fds[0]);
+            ::close(fds[1]);
+            errno = fork_errno;
+            return;
+        }
+        if (pid_ == 0) {
+            ::close(fds[0]);
+            const int status = body(fds[1]);
+            std::fflush(stdout);
+            std::fflush(stderr);
+            ::_exit(status);
+        }
+        ::close(fds[1]);
+        fd_ = fds[0];
+    }
+    ChildProcess(const ChildProcess&) = delete;
+    ChildProcess& operator=(const ChildProcess&) = delete;
+    ~ChildProcess() { wait(); }
+
+    bool started() const { return pid_ > 0; }
+
+    // Reads exactly `n` bytes that the child wrote; false if it could not (the child ended,
+    // crashed or never started).
+    bool read(void* buf, std::size_t n) { return fd_ >= 0 && read_exact(fd_, buf, n); }
+
+    // Everything the child writes until it closes the pipe (by ending).
+    std::string read_to_end() {
+        std::string text;
+        char buf[4096];
+        for (ssize_t got; fd_ >= 0 && (got = ::read(fd_, buf, sizeof buf)) != 0;) {
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) break;
+            text.append(buf, static_cast<std::size_t>(got));
+        }
+        return text;
+    }
+
+    // Waits for the child; true if it exited with status 0. The pipe is closed first, so
+    // that a child blocked writing to it fails (SIGPIPE) instead of hanging the wait. Once:
+    // later calls return false.
+    bool wait() {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+        if (pid_ <= 0) return false;
+        int status = 0;
+        pid_t got;
+        while ((got = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+        }
+        pid_ = -1;
+        return got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+
+private:
+    pid_t pid_ = -1;
+    int fd_ = -1;  // the pipe's read end
+};
 
 }  // namespace fsched_bench
 
