@@ -40,6 +40,9 @@ CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_STACK_POOL_MAX       freed stacks kept per size for reuse (default 4096)
     FIBER_SCHED_GUARDED_STACK_LIMIT  stacks that get a guard page (default 0: a quarter of
                                      vm.max_map_count; stacks past it are unguarded)
+    FIBER_SCHED_NO_EPOLL             on Linux, idle on a condition variable instead of
+                                     epoll; fsched::io is then left out (as on other
+                                     POSIX systems, where it does not exist)
     FIBER_SCHED_ASSERT(expr)         the check for API misuse (default: print the rule
                                      broken, the expression and where, then abort; stays
                                      on with NDEBUG)
