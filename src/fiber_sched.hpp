@@ -130,7 +130,6 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/epoll.h>
@@ -138,6 +137,9 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 
 #include "impl/common.ipp"
+#include "impl/os.ipp"
+// The OS layer: POSIX is the only one so far; the Windows port chooses impl/os_win32.ipp here.
+#include "impl/os_posix.ipp"
 #if defined(FIBER_SCHED_BACKEND_X86_64_SYSV)
 #include "impl/context_x86_64_sysv.ipp"
 #elif defined(FIBER_SCHED_BACKEND_AARCH64_AAPCS)

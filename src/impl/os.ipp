@@ -1,0 +1,48 @@
+// ---------------------------------------------------------------------------
+// Implementation: the OS interface.
+//
+// What the library asks of the operating system, besides the context switch (context_*)
+// and the scheduler's idle wait: stack memory and fork.
+// One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
+// impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) above
+// them is the same on every OS. cpu_relax(), the pause in spin loops, is an instruction,
+// not a system call: it stays in config.hpp, where the public inline SpinLock needs it.
+//
+// Memory comes as four primitives rather than "map a guarded stack" and "map a slab":
+// each is one call on either OS (mmap / VirtualAlloc reserve+commit, mprotect /
+// VirtualProtect, munmap / VirtualFree, madvise / DiscardVirtualMemory), and the policy
+// (the guard below the stack, slabs past the budget, when pages go back) is written once,
+// in stack.ipp, where the tests of fork, RLIMIT_AS and the budget exercise it.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+namespace os {
+
+// The size of a memory page in bytes, the unit of every range below.
+std::size_t page_size() noexcept;
+// How many stacks may get a guard page before what a guard costs the OS runs short (Linux:
+// mappings); the stack pool carves the rest without one. Called once.
+std::size_t guarded_stack_budget() noexcept;
+
+// Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
+// first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
+void* map_stack_memory(std::size_t bytes) noexcept;
+// Makes [lo, lo + bytes), whole pages inside one mapping, no-access, so that a touch faults;
+// false when the OS refuses, the range then as it was.
+bool guard_pages(void* lo, std::size_t bytes) noexcept;
+// Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
+// releases only whole reservations).
+void unmap_memory(void* base, std::size_t bytes) noexcept;
+// Gives the pages of [lo, lo + bytes), whole pages inside one mapping, back to the OS and
+// keeps the range mapped; its contents are dead (they may read as zero or as before).
+void discard_memory(void* lo, std::size_t bytes) noexcept;
+
+// Has prepare() run before each fork() and parent() / child() after it, in the process
+// each names; nothing where there is no fork. Errors (out of memory) are ignored.
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched
