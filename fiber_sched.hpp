@@ -1367,7 +1367,6 @@ void cancel(Args&&...) {
 #include <cxxabi.h>
 #endif
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1561,11 +1560,12 @@ struct FiberAccess {
 // Implementation: the OS interface.
 //
 // What the library asks of the operating system, besides the context switch (context_*)
-// and the scheduler's idle wait: stack memory and fork.
+// and the scheduler's idle wait: stack memory, the fault handler, fork.
 // One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
-// impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) above
-// them is the same on every OS. cpu_relax(), the pause in spin loops, is an instruction,
-// not a system call: it stays in config.hpp, where the public inline SpinLock needs it.
+// impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
+// overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
+// the pause in spin loops, is an instruction, not a system call: it stays in config.hpp,
+// where the public inline SpinLock needs it.
 //
 // Memory comes as four primitives rather than "map a guarded stack" and "map a slab":
 // each is one call on either OS (mmap / VirtualAlloc reserve+commit, mprotect /
@@ -1576,6 +1576,11 @@ struct FiberAccess {
 
 namespace fsched {
 namespace detail {
+
+// The portable half of the fault handler, in stack_overflow.ipp; the OS's handler calls it
+// first. When `fault_address` lies in the guard page of the fiber running on this thread,
+// writes which fiber overflowed and aborts; otherwise returns. Async-signal-safe.
+void report_if_stack_overflow(const void* fault_address) noexcept;
 
 namespace os {
 
@@ -1602,6 +1607,23 @@ void discard_memory(void* lo, std::size_t bytes) noexcept;
 // each names; nothing where there is no fork. Errors (out of memory) are ignored.
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 
+// Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
+// errors ignored.
+void write_stderr(const char* text, std::size_t bytes) noexcept;
+
+// Installs the process-wide handler for memory faults: it calls report_if_stack_overflow()
+// and passes every other fault on to the handler installed before it. Call once, under a
+// lock; throws std::system_error when the OS refuses.
+void install_fault_handler();
+// Gives the calling thread a `bytes`-byte stack for the fault handler to run on (a fiber in
+// its guard page has no room left on its own). Returns the memory it mapped, for
+// remove_fault_stack() at thread exit; nullptr when the thread already has one of at least
+// half that size (someone else's) or none can be made (an overflow there then faults
+// unreported).
+void* install_fault_stack(std::size_t bytes) noexcept;
+// Takes the stack install_fault_stack() returned away from the calling thread and frees it.
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
+
 }  // namespace os
 }  // namespace detail
 }  // namespace fsched
@@ -1609,11 +1631,14 @@ void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 // The OS layer: POSIX is the only one so far; the Windows port chooses impl/os_win32.ipp here.
 // ---- begin src/impl/os_posix.ipp ----
 // ---------------------------------------------------------------------------
-// Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, pthread_atfork.
+// Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
+// on an alternate signal stack for overflows, pthread_atfork.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
+#include <csignal>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -1662,6 +1687,82 @@ void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes);
 void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
 
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
+
+void write_stderr(const char* text, std::size_t bytes) noexcept {
+    while (bytes > 0) {
+        ssize_t written = ::write(STDERR_FILENO, text, bytes);
+        if (written <= 0) return;
+        text += written;
+        bytes -= static_cast<std::size_t>(written);
+    }
+}
+
+namespace {
+
+struct sigaction previous_segv_action;
+struct sigaction previous_bus_action;
+
+void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
+    const struct sigaction& previous = sig == SIGBUS ? previous_bus_action : previous_segv_action;
+    if (previous.sa_flags & SA_SIGINFO) {
+        if (previous.sa_sigaction) previous.sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
+        // Back to the default action: a real fault happens again on return and kills the
+        // process as if we had never been here; a signal sent by kill() is re-raised.
+        signal(sig, SIG_DFL);
+        if (info->si_code <= 0) raise(sig);
+        return;
+    }
+    previous.sa_handler(sig);
+}
+
+void on_fault(int sig, siginfo_t* info, void* uctx) {
+    report_if_stack_overflow(info->si_addr);
+    pass_to_previous_handler(sig, info, uctx);
+}
+
+}  // namespace
+
+void install_fault_handler() {
+    struct sigaction action {};
+    action.sa_sigaction = &on_fault;
+    // SA_ONSTACK: a fiber that ran into its guard page faults with its stack pointer in that
+    // page, so the handler runs on the thread's alternate signal stack (install_fault_stack).
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGSEGV, &action, &previous_segv_action) != 0 ||
+        sigaction(SIGBUS, &action, &previous_bus_action) != 0) {
+        throw std::system_error(errno, std::generic_category(),
+                                "fiber_sched: install_stack_overflow_handler(): sigaction failed");
+    }
+}
+
+void* install_fault_stack(std::size_t bytes) noexcept {
+    stack_t current{};
+    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) && current.ss_size >= bytes / 2) {
+        return nullptr;  // someone (a sanitizer runtime, the application) already gave it one
+    }
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return nullptr;
+    stack_t ss{};
+    ss.ss_sp = mem;
+    ss.ss_size = bytes;
+    ss.ss_flags = 0;
+    if (sigaltstack(&ss, nullptr) != 0) {
+        munmap(mem, bytes);
+        return nullptr;
+    }
+    return mem;
+}
+
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
+    stack_t ss{};
+    ss.ss_flags = SS_DISABLE;
+    sigaltstack(&ss, nullptr);
+    munmap(stack, bytes);
+}
 
 }  // namespace os
 }  // namespace detail
@@ -2235,51 +2336,28 @@ StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
 // ---------------------------------------------------------------------------
 // Implementation: stack overflow reporting (opt-in) and thread exit.
 //
-// A fiber that runs off its stack touches its guard page and takes SIGSEGV while its
-// stack pointer is in that page, so the handler must run on an alternate signal stack,
+// A fiber that runs off its stack touches its guard page and faults (SIGSEGV on POSIX)
+// while its stack pointer is in that page, so the handler must run on a stack of its own,
 // and those are per thread: install_stack_overflow_handler() sets one on the calling
-// thread, and Fiber::resume() sets one on any other thread the first time it runs a
-// fiber there. The handler only reads the faulting thread's current fiber and writes
-// with write(2), both async-signal-safe.
+// thread, and Fiber::resume() sets one on any other thread the first time it runs a fiber
+// there. The OS layer (os.ipp) catches the fault and asks report_if_stack_overflow(),
+// which only reads the faulting thread's current fiber and writes with os::write_stderr(),
+// both async-signal-safe.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
 namespace detail {
 
 std::atomic<bool> overflow_handler_installed{false};
-struct sigaction previous_segv_action;
-struct sigaction previous_bus_action;
 
 constexpr std::size_t altstack_bytes = 64 * 1024;
 
 void install_altstack(ThreadState* ts) noexcept {
-    ts->has_altstack = true;
-    register_thread(ts);  // so the signal stack is freed at thread exit
-    stack_t current{};
-    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) &&
-        current.ss_size >= altstack_bytes / 2) {
-        return;  // someone (a sanitizer runtime, the application) already gave it one
-    }
-    void* mem = mmap(nullptr, altstack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return;
-    stack_t ss{};
-    ss.ss_sp = mem;
-    ss.ss_size = altstack_bytes;
-    ss.ss_flags = 0;
-    if (sigaltstack(&ss, nullptr) != 0) {
-        munmap(mem, altstack_bytes);
-        return;
-    }
-    ts->owned_altstack = mem;
-    ts->owned_altstack_size = altstack_bytes;
-}
-
-inline void write_all(const char* text, std::size_t n) noexcept {
-    while (n > 0) {
-        ssize_t written = ::write(STDERR_FILENO, text, n);
-        if (written <= 0) return;
-        text += written;
-        n -= static_cast<std::size_t>(written);
+    ts->has_altstack = true;  // tried once per thread, whether or not it worked
+    register_thread(ts);  // so the fault stack is freed at thread exit
+    if (void* mem = os::install_fault_stack(altstack_bytes)) {
+        ts->owned_altstack = mem;
+        ts->owned_altstack_size = altstack_bytes;
     }
 }
 
@@ -2299,27 +2377,11 @@ inline char* append_number(char* out, char* end, std::uint64_t value) noexcept {
     return out;
 }
 
-void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
-    const struct sigaction& previous = sig == SIGBUS ? previous_bus_action : previous_segv_action;
-    if (previous.sa_flags & SA_SIGINFO) {
-        if (previous.sa_sigaction) previous.sa_sigaction(sig, info, uctx);
-        return;
-    }
-    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
-        // Back to the default action: a real fault happens again on return and kills the
-        // process as if we had never been here; a signal sent by kill() is re-raised.
-        signal(sig, SIG_DFL);
-        if (info->si_code <= 0) raise(sig);
-        return;
-    }
-    previous.sa_handler(sig);
-}
-
-void on_fault(int sig, siginfo_t* info, void* uctx) {
+void report_if_stack_overflow(const void* fault_address) noexcept {
     Fiber* fiber = thread_state()->current;
     if (fiber) {
         const Stack& stack = FiberAccess::stack(*fiber);
-        const char* addr = static_cast<const char*>(info->si_addr);
+        const char* addr = static_cast<const char*>(fault_address);
         if (stack.guard && addr >= stack.base - stack.guard && addr < stack.base) {
             char message[256];
             char* end = message + sizeof(message);
@@ -2329,11 +2391,10 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
             out = append_number(out, end, stack.size);
             out = append_text(out, end, "-byte stack into the guard page; "
                                         "give it a larger stack_size. Aborting.\n");
-            write_all(message, static_cast<std::size_t>(out - message));
+            os::write_stderr(message, static_cast<std::size_t>(out - message));
             std::abort();
         }
     }
-    pass_to_previous_handler(sig, info, uctx);
 }
 
 namespace {
@@ -2347,10 +2408,7 @@ struct ThreadExit {
         for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
         ts->cached_stack_count = 0;
         if (ts->owned_altstack) {
-            stack_t ss{};
-            ss.ss_flags = SS_DISABLE;
-            sigaltstack(&ss, nullptr);
-            munmap(ts->owned_altstack, ts->owned_altstack_size);
+            os::remove_fault_stack(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
         }
         // Stays registered: a thread_local destroyed after this one may still create or
@@ -2381,15 +2439,7 @@ void install_stack_overflow_handler() {
     static std::mutex install_mutex;
     std::lock_guard<std::mutex> lock(install_mutex);
     if (detail::overflow_handler_installed.load(std::memory_order_relaxed)) return;
-    struct sigaction action {};
-    action.sa_sigaction = &detail::on_fault;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&action.sa_mask);
-    if (sigaction(SIGSEGV, &action, &detail::previous_segv_action) != 0 ||
-        sigaction(SIGBUS, &action, &detail::previous_bus_action) != 0) {
-        throw std::system_error(errno, std::generic_category(),
-                                "fiber_sched: install_stack_overflow_handler(): sigaction failed");
-    }
+    detail::os::install_fault_handler();
     detail::install_altstack(detail::thread_state());
     detail::overflow_handler_installed.store(true, std::memory_order_relaxed);
 }

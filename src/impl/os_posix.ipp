@@ -1,9 +1,12 @@
 // ---------------------------------------------------------------------------
-// Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, pthread_atfork.
+// Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
+// on an alternate signal stack for overflows, pthread_atfork.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
+#include <csignal>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -52,6 +55,82 @@ void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes);
 void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
 
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
+
+void write_stderr(const char* text, std::size_t bytes) noexcept {
+    while (bytes > 0) {
+        ssize_t written = ::write(STDERR_FILENO, text, bytes);
+        if (written <= 0) return;
+        text += written;
+        bytes -= static_cast<std::size_t>(written);
+    }
+}
+
+namespace {
+
+struct sigaction previous_segv_action;
+struct sigaction previous_bus_action;
+
+void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
+    const struct sigaction& previous = sig == SIGBUS ? previous_bus_action : previous_segv_action;
+    if (previous.sa_flags & SA_SIGINFO) {
+        if (previous.sa_sigaction) previous.sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
+        // Back to the default action: a real fault happens again on return and kills the
+        // process as if we had never been here; a signal sent by kill() is re-raised.
+        signal(sig, SIG_DFL);
+        if (info->si_code <= 0) raise(sig);
+        return;
+    }
+    previous.sa_handler(sig);
+}
+
+void on_fault(int sig, siginfo_t* info, void* uctx) {
+    report_if_stack_overflow(info->si_addr);
+    pass_to_previous_handler(sig, info, uctx);
+}
+
+}  // namespace
+
+void install_fault_handler() {
+    struct sigaction action {};
+    action.sa_sigaction = &on_fault;
+    // SA_ONSTACK: a fiber that ran into its guard page faults with its stack pointer in that
+    // page, so the handler runs on the thread's alternate signal stack (install_fault_stack).
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGSEGV, &action, &previous_segv_action) != 0 ||
+        sigaction(SIGBUS, &action, &previous_bus_action) != 0) {
+        throw std::system_error(errno, std::generic_category(),
+                                "fiber_sched: install_stack_overflow_handler(): sigaction failed");
+    }
+}
+
+void* install_fault_stack(std::size_t bytes) noexcept {
+    stack_t current{};
+    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) && current.ss_size >= bytes / 2) {
+        return nullptr;  // someone (a sanitizer runtime, the application) already gave it one
+    }
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return nullptr;
+    stack_t ss{};
+    ss.ss_sp = mem;
+    ss.ss_size = bytes;
+    ss.ss_flags = 0;
+    if (sigaltstack(&ss, nullptr) != 0) {
+        munmap(mem, bytes);
+        return nullptr;
+    }
+    return mem;
+}
+
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
+    stack_t ss{};
+    ss.ss_flags = SS_DISABLE;
+    sigaltstack(&ss, nullptr);
+    munmap(stack, bytes);
+}
 
 }  // namespace os
 }  // namespace detail
