@@ -1560,7 +1560,7 @@ struct FiberAccess {
 // Implementation: the OS interface.
 //
 // What the library asks of the operating system, besides the context switch (context_*)
-// and the scheduler's idle wait: stack memory, the fault handler, fork.
+// and the scheduler's idle wait: stack memory, the fault handler, thread names, fork.
 // One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
 // impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
 // overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
@@ -1607,6 +1607,10 @@ void discard_memory(void* lo, std::size_t bytes) noexcept;
 // each names; nothing where there is no fork. Errors (out of memory) are ignored.
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 
+// Names the calling thread "<base>-<index>" for debuggers and top; where the OS limits the
+// length (Linux: 15 characters) base is cut so that the index stays whole.
+void name_thread(const std::string& base, int index) noexcept;
+
 // Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
 // errors ignored.
 void write_stderr(const char* text, std::size_t bytes) noexcept;
@@ -1632,7 +1636,7 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
 // ---- begin src/impl/os_posix.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
-// on an alternate signal stack for overflows, pthread_atfork.
+// on an alternate signal stack for overflows, pthread for names and fork.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
@@ -1687,6 +1691,20 @@ void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes);
 void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
 
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
+
+void name_thread(const std::string& base, int index) noexcept {
+#if defined(__linux__)
+    // Linux takes 15 characters: up to 11 of base, so that "-index" fits for 1000 workers.
+    char name[24];  // room for all that "%.11s-%d" can write
+    std::snprintf(name, sizeof name, "%.11s-%d", base.c_str(), index);
+    name[15] = '\0';
+    pthread_setname_np(pthread_self(), name);
+#else
+    // Linux only so far: macOS (pthread_setname_np(name)) and the BSDs spell it differently.
+    (void)base;
+    (void)index;
+#endif
+}
 
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     while (bytes > 0) {
@@ -3421,10 +3439,7 @@ void SchedulerCore::launch_threads() {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
         worker->thread = std::thread([this, worker] {
-#if defined(__linux__)
-            std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
-            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
-#endif
+            os::name_thread(owner.name(), worker->index);
             worker->run_loop();
         });
     }

@@ -2,7 +2,7 @@
 // Implementation: the OS interface.
 //
 // What the library asks of the operating system, besides the context switch (context_*)
-// and the scheduler's idle wait: stack memory, the fault handler, fork.
+// and the scheduler's idle wait: stack memory, the fault handler, thread names, fork.
 // One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
 // impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
 // overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
@@ -48,6 +48,10 @@ void discard_memory(void* lo, std::size_t bytes) noexcept;
 // Has prepare() run before each fork() and parent() / child() after it, in the process
 // each names; nothing where there is no fork. Errors (out of memory) are ignored.
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
+
+// Names the calling thread "<base>-<index>" for debuggers and top; where the OS limits the
+// length (Linux: 15 characters) base is cut so that the index stays whole.
+void name_thread(const std::string& base, int index) noexcept;
 
 // Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
 // errors ignored.

@@ -1,6 +1,6 @@
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
-// on an alternate signal stack for overflows, pthread_atfork.
+// on an alternate signal stack for overflows, pthread for names and fork.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
@@ -55,6 +55,20 @@ void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes);
 void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
 
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
+
+void name_thread(const std::string& base, int index) noexcept {
+#if defined(__linux__)
+    // Linux takes 15 characters: up to 11 of base, so that "-index" fits for 1000 workers.
+    char name[24];  // room for all that "%.11s-%d" can write
+    std::snprintf(name, sizeof name, "%.11s-%d", base.c_str(), index);
+    name[15] = '\0';
+    pthread_setname_np(pthread_self(), name);
+#else
+    // Linux only so far: macOS (pthread_setname_np(name)) and the BSDs spell it differently.
+    (void)base;
+    (void)index;
+#endif
+}
 
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     while (bytes > 0) {
