@@ -1439,7 +1439,6 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #include <cxxabi.h>
 #endif
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1457,7 +1456,6 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/epoll.h>
@@ -1567,6 +1565,238 @@ struct FiberAccess {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/common.ipp ----
+// The OS layer: the interface (os.ipp) and its one implementation so far; the Windows port
+// chooses impl/os_win32.ipp here.
+// ---- begin src/impl/os.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the OS interface.
+//
+// What the library asks of the operating system, besides the context switch (context_*)
+// and the scheduler's idle wait: stack memory, the fault handler, thread names, fork.
+// One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
+// impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
+// overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
+// the pause in spin loops, is an instruction, not a system call: it stays in config.hpp,
+// where the public inline SpinLock needs it.
+//
+// Memory comes as four primitives rather than "map a guarded stack" and "map a slab":
+// each is one call on either OS (mmap / VirtualAlloc reserve+commit, mprotect /
+// VirtualProtect, munmap / VirtualFree, madvise / DiscardVirtualMemory), and the policy
+// (the guard below the stack, slabs past the budget, when pages go back) is written once,
+// in stack.ipp, where the tests of fork, RLIMIT_AS and the budget exercise it.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// The portable half of the fault handler, in stack_overflow.ipp; the OS's handler calls it
+// first. When `fault_address` lies in the guard page of the fiber running on this thread,
+// writes which fiber overflowed and aborts; otherwise returns. Async-signal-safe.
+void report_if_stack_overflow(const void* fault_address) noexcept;
+
+namespace os {
+
+// The size of a memory page in bytes, the unit of every range below.
+std::size_t page_size() noexcept;
+// How many stacks may get a guard page before what a guard costs the OS runs short (Linux:
+// mappings); the stack pool carves the rest without one. Called once.
+std::size_t guarded_stack_budget() noexcept;
+
+// Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
+// first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
+void* map_stack_memory(std::size_t bytes) noexcept;
+// Makes [lo, lo + bytes), whole pages inside one mapping, no-access, so that a touch faults;
+// false when the OS refuses, the range then as it was.
+bool guard_pages(void* lo, std::size_t bytes) noexcept;
+// Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
+// releases only whole reservations).
+void unmap_memory(void* base, std::size_t bytes) noexcept;
+// Gives the pages of [lo, lo + bytes), whole pages inside one mapping, back to the OS and
+// keeps the range mapped; its contents are dead (they may read as zero or as before).
+void discard_memory(void* lo, std::size_t bytes) noexcept;
+
+// Has prepare() run before each fork() and parent() / child() after it, in the process
+// each names; nothing where there is no fork. Errors (out of memory) are ignored.
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
+
+// Names the calling thread "<base>-<index>" for debuggers and top; where the OS limits the
+// length (Linux: 15 characters) base is cut so that the index stays whole.
+void name_thread(const std::string& base, int index) noexcept;
+
+// Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
+// errors ignored.
+void write_stderr(const char* text, std::size_t bytes) noexcept;
+
+// Installs the process-wide handler for memory faults: it calls report_if_stack_overflow()
+// and passes every other fault on to the handler installed before it. Call once, under a
+// lock; throws std::system_error when the OS refuses.
+void install_fault_handler();
+// Gives the calling thread a `bytes`-byte stack for the fault handler to run on (a fiber in
+// its guard page has no room left on its own). Returns the memory it mapped, for
+// remove_fault_stack() at thread exit; nullptr when the thread already has one of at least
+// half that size (someone else's) or none can be made (an overflow there then faults
+// unreported).
+void* install_fault_stack(std::size_t bytes) noexcept;
+// Takes the stack install_fault_stack() returned away from the calling thread and frees it.
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/os.ipp ----
+// ---- begin src/impl/os_posix.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
+// on an alternate signal stack for overflows, pthread for names and fork.
+// (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
+// ---------------------------------------------------------------------------
+
+#include <csignal>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace fsched {
+namespace detail {
+namespace os {
+
+std::size_t page_size() noexcept { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+std::size_t guarded_stack_budget() noexcept {
+    // A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two
+    // kernel mappings. Linux allows vm.max_map_count (65,530 by default) mappings per
+    // process, and malloc and thread stacks need some too, so at most a quarter of that
+    // many stacks (half the mappings) get a guard page. Other systems have no such file
+    // and get the Linux default.
+    std::size_t max_maps = 65530;
+    if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+        unsigned long value = 0;
+        if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
+        std::fclose(f);
+    }
+    return max_maps / 4;
+}
+
+void* map_stack_memory(std::size_t bytes) noexcept {
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+#ifdef MAP_NORESERVE
+    // Reserve address space only; pages are committed when a fiber touches them.
+    flags |= MAP_NORESERVE;
+#endif
+#ifdef MAP_STACK
+    flags |= MAP_STACK;
+#endif
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+    return mem == MAP_FAILED ? nullptr : mem;
+}
+
+bool guard_pages(void* lo, std::size_t bytes) noexcept {
+    // ENOMEM here means the mapping count is reached after all: splitting the mapping
+    // needs one more.
+    return mprotect(lo, bytes, PROT_NONE) == 0;
+}
+
+void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes); }
+
+void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
+
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
+
+void name_thread(const std::string& base, int index) noexcept {
+#if defined(__linux__)
+    // Linux takes 15 characters: up to 11 of base, so that "-index" fits for 1000 workers.
+    char name[24];  // room for all that "%.11s-%d" can write
+    std::snprintf(name, sizeof name, "%.11s-%d", base.c_str(), index);
+    name[15] = '\0';
+    pthread_setname_np(pthread_self(), name);
+#else
+    // Linux only so far: macOS (pthread_setname_np(name)) and the BSDs spell it differently.
+    (void)base;
+    (void)index;
+#endif
+}
+
+void write_stderr(const char* text, std::size_t bytes) noexcept {
+    while (bytes > 0) {
+        ssize_t written = ::write(STDERR_FILENO, text, bytes);
+        if (written <= 0) return;
+        text += written;
+        bytes -= static_cast<std::size_t>(written);
+    }
+}
+
+namespace {
+
+struct sigaction previous_segv_action;
+struct sigaction previous_bus_action;
+
+void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
+    const struct sigaction& previous = sig == SIGBUS ? previous_bus_action : previous_segv_action;
+    if (previous.sa_flags & SA_SIGINFO) {
+        if (previous.sa_sigaction) previous.sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
+        // Back to the default action: a real fault happens again on return and kills the
+        // process as if we had never been here; a signal sent by kill() is re-raised.
+        signal(sig, SIG_DFL);
+        if (info->si_code <= 0) raise(sig);
+        return;
+    }
+    previous.sa_handler(sig);
+}
+
+void on_fault(int sig, siginfo_t* info, void* uctx) {
+    report_if_stack_overflow(info->si_addr);
+    pass_to_previous_handler(sig, info, uctx);
+}
+
+}  // namespace
+
+void install_fault_handler() {
+    struct sigaction action {};
+    action.sa_sigaction = &on_fault;
+    // SA_ONSTACK: a fiber that ran into its guard page faults with its stack pointer in that
+    // page, so the handler runs on the thread's alternate signal stack (install_fault_stack).
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGSEGV, &action, &previous_segv_action) != 0 ||
+        sigaction(SIGBUS, &action, &previous_bus_action) != 0) {
+        throw std::system_error(errno, std::generic_category(),
+                                "fiber_sched: install_stack_overflow_handler(): sigaction failed");
+    }
+}
+
+void* install_fault_stack(std::size_t bytes) noexcept {
+    stack_t current{};
+    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) && current.ss_size >= bytes / 2) {
+        return nullptr;  // someone (a sanitizer runtime, the application) already gave it one
+    }
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return nullptr;
+    stack_t ss{};
+    ss.ss_sp = mem;
+    ss.ss_size = bytes;
+    ss.ss_flags = 0;
+    if (sigaltstack(&ss, nullptr) != 0) {
+        munmap(mem, bytes);
+        return nullptr;
+    }
+    return mem;
+}
+
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
+    stack_t ss{};
+    ss.ss_flags = SS_DISABLE;
+    sigaltstack(&ss, nullptr);
+    munmap(stack, bytes);
+}
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/os_posix.ipp ----
 // The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
 // there is a routine for the ABI and the compiler takes GNU inline assembly, else ucontext
 // on POSIX systems (or where FIBER_SCHED_USE_UCONTEXT asks for it).
@@ -1881,12 +2111,12 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.
 //
-// A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two
-// kernel mappings. Linux allows vm.max_map_count (65,530 by default) mappings per process,
-// and malloc and thread stacks need some too, so at most a quarter of that many stacks
-// (half the mappings) get a guard page. Past that budget stacks are carved without a guard
-// from slabs of 64; neighbouring slabs with equal protection merge into one mapping, so
-// 100,000 fibers alive at once cost a few thousand mappings. stack_stats() counts both kinds.
+// A guarded stack is one mapping of size + one page, the lowest page no-access. A guard
+// costs the OS something it has only so much of (on Linux two kernel mappings, of
+// vm.max_map_count), so only os::guarded_stack_budget() stacks get one. Past that budget
+// stacks are carved without a guard from slabs of 64; neighbouring slabs with equal
+// protection merge into one mapping, so 100,000 fibers alive at once cost a few thousand
+// mappings. stack_stats() counts both kinds. The memory calls are the OS layer's (os.ipp).
 //
 // Freed stacks go to a small per-thread cache first (no lock on the create/destroy path),
 // then to the global pool, which keeps up to FIBER_SCHED_STACK_POOL_MAX of each size.
@@ -1895,8 +2125,8 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 namespace fsched {
 namespace detail {
 
-// What acquire_stack() throws when the kernel refuses the memory (mmap failed: the address
-// space limit, RLIMIT_AS, or the mapping count is reached).
+// What acquire_stack() throws when the kernel refuses the memory (the address space limit,
+// RLIMIT_AS, or the mapping count is reached).
 class StackMapFailed : public std::bad_alloc {
 public:
     const char* what() const noexcept override { return "fiber_sched: cannot map memory for a fiber stack"; }
@@ -1907,12 +2137,12 @@ inline StackPool& stack_pool();  // the one pool, below
 
 class StackPool {
 public:
-    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {
+    StackPool() : page_(os::page_size()), guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
         // pool's locks across the fork, so the child never inherits one held by a thread
         // that does not exist there, and the child forgets the other threads' records.
-        pthread_atfork([] { stack_pool().lock_for_fork(); }, [] { stack_pool().unlock_after_fork(false); },
-                       [] { stack_pool().unlock_after_fork(true); });
+        os::at_fork([] { stack_pool().lock_for_fork(); }, [] { stack_pool().unlock_after_fork(false); },
+                    [] { stack_pool().unlock_after_fork(true); });
     }
 
     std::size_t usable_size(std::size_t requested) const {
@@ -1976,7 +2206,8 @@ public:
     static constexpr std::size_t reuse_limit = 16u << 20;
 
     void unmap(const Stack& stack) noexcept {
-        munmap(stack.base - stack.guard, stack.size + stack.guard);
+        // Exactly the range mapped: a guarded stack's own mapping, or a slab of one stack.
+        os::unmap_memory(stack.base - stack.guard, stack.size + stack.guard);
         (stack.guard ? guarded_ : unguarded_).fetch_sub(1, std::memory_order_relaxed);
     }
 
@@ -1989,7 +2220,7 @@ public:
             if (stack.guard) return unmap(stack);
             // A carved stack cannot be unmapped without splitting its slab's mapping; give
             // its memory back and keep the address range.
-            madvise(stack.base, stack.size, MADV_DONTNEED);
+            os::discard_memory(stack.base, stack.size);
         }
         list.push_back(stack);
         pooled_.fetch_add(1, std::memory_order_relaxed);
@@ -2036,25 +2267,7 @@ private:
 
     static std::size_t compute_guarded_limit() noexcept {
         if (FIBER_SCHED_GUARDED_STACK_LIMIT != 0) return FIBER_SCHED_GUARDED_STACK_LIMIT;
-        std::size_t max_maps = 65530;
-        if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
-            unsigned long value = 0;
-            if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
-            std::fclose(f);
-        }
-        return max_maps / 4;
-    }
-
-    static int map_flags() noexcept {
-        int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-#ifdef MAP_NORESERVE
-        // Reserve address space only; pages are committed when a fiber touches them.
-        flags |= MAP_NORESERVE;
-#endif
-#ifdef MAP_STACK
-        flags |= MAP_STACK;
-#endif
-        return flags;
+        return os::guarded_stack_budget();
     }
 
     SizeClass& size_class(std::size_t size) {
@@ -2068,11 +2281,11 @@ private:
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
         if (FIBER_SCHED_FAULT(stack_map)) return false;
-        void* mem = mmap(nullptr, size + page_, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
-        if (mem == MAP_FAILED) return false;
-        if (mprotect(mem, page_, PROT_NONE) != 0) {
-            // ENOMEM here means the mapping budget is spent after all: the split needs one more.
-            munmap(mem, size + page_);
+        void* mem = os::map_stack_memory(size + page_);
+        if (!mem) return false;
+        if (!os::guard_pages(mem, page_)) {
+            // The budget is an estimate: the OS may still refuse the guard.
+            os::unmap_memory(mem, size + page_);
             return false;
         }
         out.base = static_cast<char*>(mem) + page_;
@@ -2087,10 +2300,8 @@ private:
             // of its own, so that it can be unmapped on release.
             const std::size_t count =
                 cls.size > reuse_limit ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, reuse_limit / cls.size));
-            void* mem = FIBER_SCHED_FAULT(stack_map)
-                            ? MAP_FAILED
-                            : mmap(nullptr, cls.size * count, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
-            if (mem == MAP_FAILED) throw StackMapFailed();
+            void* mem = FIBER_SCHED_FAULT(stack_map) ? nullptr : os::map_stack_memory(cls.size * count);
+            if (!mem) throw StackMapFailed();
             cls.slab_next = static_cast<char*>(mem);
             cls.slab_left = count;
         }
@@ -2179,51 +2390,28 @@ StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
 // ---------------------------------------------------------------------------
 // Implementation: stack overflow reporting (opt-in) and thread exit.
 //
-// A fiber that runs off its stack touches its guard page and takes SIGSEGV while its
-// stack pointer is in that page, so the handler must run on an alternate signal stack,
+// A fiber that runs off its stack touches its guard page and faults (SIGSEGV on POSIX)
+// while its stack pointer is in that page, so the handler must run on a stack of its own,
 // and those are per thread: install_stack_overflow_handler() sets one on the calling
-// thread, and Fiber::resume() sets one on any other thread the first time it runs a
-// fiber there. The handler only reads the faulting thread's current fiber and writes
-// with write(2), both async-signal-safe.
+// thread, and Fiber::resume() sets one on any other thread the first time it runs a fiber
+// there. The OS layer (os.ipp) catches the fault and asks report_if_stack_overflow(),
+// which only reads the faulting thread's current fiber and writes with os::write_stderr(),
+// both async-signal-safe.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
 namespace detail {
 
 std::atomic<bool> overflow_handler_installed{false};
-struct sigaction previous_segv_action;
-struct sigaction previous_bus_action;
 
 constexpr std::size_t altstack_bytes = 64 * 1024;
 
 void install_altstack(ThreadState* ts) noexcept {
-    ts->has_altstack = true;
-    register_thread(ts);  // so the signal stack is freed at thread exit
-    stack_t current{};
-    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) &&
-        current.ss_size >= altstack_bytes / 2) {
-        return;  // someone (a sanitizer runtime, the application) already gave it one
-    }
-    void* mem = mmap(nullptr, altstack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return;
-    stack_t ss{};
-    ss.ss_sp = mem;
-    ss.ss_size = altstack_bytes;
-    ss.ss_flags = 0;
-    if (sigaltstack(&ss, nullptr) != 0) {
-        munmap(mem, altstack_bytes);
-        return;
-    }
-    ts->owned_altstack = mem;
-    ts->owned_altstack_size = altstack_bytes;
-}
-
-inline void write_all(const char* text, std::size_t n) noexcept {
-    while (n > 0) {
-        ssize_t written = ::write(STDERR_FILENO, text, n);
-        if (written <= 0) return;
-        text += written;
-        n -= static_cast<std::size_t>(written);
+    ts->has_altstack = true;  // tried once per thread, whether or not it worked
+    register_thread(ts);  // so the fault stack is freed at thread exit
+    if (void* mem = os::install_fault_stack(altstack_bytes)) {
+        ts->owned_altstack = mem;
+        ts->owned_altstack_size = altstack_bytes;
     }
 }
 
@@ -2243,27 +2431,11 @@ inline char* append_number(char* out, char* end, std::uint64_t value) noexcept {
     return out;
 }
 
-void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
-    const struct sigaction& previous = sig == SIGBUS ? previous_bus_action : previous_segv_action;
-    if (previous.sa_flags & SA_SIGINFO) {
-        if (previous.sa_sigaction) previous.sa_sigaction(sig, info, uctx);
-        return;
-    }
-    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
-        // Back to the default action: a real fault happens again on return and kills the
-        // process as if we had never been here; a signal sent by kill() is re-raised.
-        signal(sig, SIG_DFL);
-        if (info->si_code <= 0) raise(sig);
-        return;
-    }
-    previous.sa_handler(sig);
-}
-
-void on_fault(int sig, siginfo_t* info, void* uctx) {
+void report_if_stack_overflow(const void* fault_address) noexcept {
     Fiber* fiber = thread_state()->current;
     if (fiber) {
         const Stack& stack = FiberAccess::stack(*fiber);
-        const char* addr = static_cast<const char*>(info->si_addr);
+        const char* addr = static_cast<const char*>(fault_address);
         if (stack.guard && addr >= stack.base - stack.guard && addr < stack.base) {
             char message[256];
             char* end = message + sizeof(message);
@@ -2273,11 +2445,10 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
             out = append_number(out, end, stack.size);
             out = append_text(out, end, "-byte stack into the guard page; "
                                         "give it a larger stack_size. Aborting.\n");
-            write_all(message, static_cast<std::size_t>(out - message));
+            os::write_stderr(message, static_cast<std::size_t>(out - message));
             std::abort();
         }
     }
-    pass_to_previous_handler(sig, info, uctx);
 }
 
 namespace {
@@ -2291,10 +2462,7 @@ struct ThreadExit {
         for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
         ts->cached_stack_count = 0;
         if (ts->owned_altstack) {
-            stack_t ss{};
-            ss.ss_flags = SS_DISABLE;
-            sigaltstack(&ss, nullptr);
-            munmap(ts->owned_altstack, ts->owned_altstack_size);
+            os::remove_fault_stack(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
         }
         // Stays registered: a thread_local destroyed after this one may still create or
@@ -2325,15 +2493,7 @@ void install_stack_overflow_handler() {
     static std::mutex install_mutex;
     std::lock_guard<std::mutex> lock(install_mutex);
     if (detail::overflow_handler_installed.load(std::memory_order_relaxed)) return;
-    struct sigaction action {};
-    action.sa_sigaction = &detail::on_fault;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&action.sa_mask);
-    if (sigaction(SIGSEGV, &action, &detail::previous_segv_action) != 0 ||
-        sigaction(SIGBUS, &action, &detail::previous_bus_action) != 0) {
-        throw std::system_error(errno, std::generic_category(),
-                                "fiber_sched: install_stack_overflow_handler(): sigaction failed");
-    }
+    detail::os::install_fault_handler();
     detail::install_altstack(detail::thread_state());
     detail::overflow_handler_installed.store(true, std::memory_order_relaxed);
 }
@@ -3491,10 +3651,7 @@ void SchedulerCore::launch_threads() {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
         worker->thread = std::thread([this, worker] {
-#if defined(__linux__)
-            std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
-            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
-#endif
+            os::name_thread(owner.name(), worker->index);
             worker->run_loop();
         });
     }

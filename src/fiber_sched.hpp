@@ -116,7 +116,6 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <cxxabi.h>
 #endif
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -134,7 +133,6 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/epoll.h>
@@ -142,6 +140,10 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 
 #include "impl/common.ipp"
+// The OS layer: the interface (os.ipp) and its one implementation so far; the Windows port
+// chooses impl/os_win32.ipp here.
+#include "impl/os.ipp"
+#include "impl/os_posix.ipp"
 // The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
 // there is a routine for the ABI and the compiler takes GNU inline assembly, else ucontext
 // on POSIX systems (or where FIBER_SCHED_USE_UCONTEXT asks for it).

@@ -823,10 +823,7 @@ void SchedulerCore::launch_threads() {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
         worker->thread = std::thread([this, worker] {
-#if defined(__linux__)
-            std::string thread_name = owner.name().substr(0, 11) + "-" + std::to_string(worker->index);
-            pthread_setname_np(pthread_self(), thread_name.substr(0, 15).c_str());
-#endif
+            os::name_thread(owner.name(), worker->index);
             worker->run_loop();
         });
     }

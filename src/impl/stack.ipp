@@ -1,12 +1,12 @@
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.
 //
-// A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two
-// kernel mappings. Linux allows vm.max_map_count (65,530 by default) mappings per process,
-// and malloc and thread stacks need some too, so at most a quarter of that many stacks
-// (half the mappings) get a guard page. Past that budget stacks are carved without a guard
-// from slabs of 64; neighbouring slabs with equal protection merge into one mapping, so
-// 100,000 fibers alive at once cost a few thousand mappings. stack_stats() counts both kinds.
+// A guarded stack is one mapping of size + one page, the lowest page no-access. A guard
+// costs the OS something it has only so much of (on Linux two kernel mappings, of
+// vm.max_map_count), so only os::guarded_stack_budget() stacks get one. Past that budget
+// stacks are carved without a guard from slabs of 64; neighbouring slabs with equal
+// protection merge into one mapping, so 100,000 fibers alive at once cost a few thousand
+// mappings. stack_stats() counts both kinds. The memory calls are the OS layer's (os.ipp).
 //
 // Freed stacks go to a small per-thread cache first (no lock on the create/destroy path),
 // then to the global pool, which keeps up to FIBER_SCHED_STACK_POOL_MAX of each size.
@@ -15,8 +15,8 @@
 namespace fsched {
 namespace detail {
 
-// What acquire_stack() throws when the kernel refuses the memory (mmap failed: the address
-// space limit, RLIMIT_AS, or the mapping count is reached).
+// What acquire_stack() throws when the kernel refuses the memory (the address space limit,
+// RLIMIT_AS, or the mapping count is reached).
 class StackMapFailed : public std::bad_alloc {
 public:
     const char* what() const noexcept override { return "fiber_sched: cannot map memory for a fiber stack"; }
@@ -27,12 +27,12 @@ inline StackPool& stack_pool();  // the one pool, below
 
 class StackPool {
 public:
-    StackPool() : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))), guarded_limit_(compute_guarded_limit()) {
+    StackPool() : page_(os::page_size()), guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
         // pool's locks across the fork, so the child never inherits one held by a thread
         // that does not exist there, and the child forgets the other threads' records.
-        pthread_atfork([] { stack_pool().lock_for_fork(); }, [] { stack_pool().unlock_after_fork(false); },
-                       [] { stack_pool().unlock_after_fork(true); });
+        os::at_fork([] { stack_pool().lock_for_fork(); }, [] { stack_pool().unlock_after_fork(false); },
+                    [] { stack_pool().unlock_after_fork(true); });
     }
 
     std::size_t usable_size(std::size_t requested) const {
@@ -96,7 +96,8 @@ public:
     static constexpr std::size_t reuse_limit = 16u << 20;
 
     void unmap(const Stack& stack) noexcept {
-        munmap(stack.base - stack.guard, stack.size + stack.guard);
+        // Exactly the range mapped: a guarded stack's own mapping, or a slab of one stack.
+        os::unmap_memory(stack.base - stack.guard, stack.size + stack.guard);
         (stack.guard ? guarded_ : unguarded_).fetch_sub(1, std::memory_order_relaxed);
     }
 
@@ -109,7 +110,7 @@ public:
             if (stack.guard) return unmap(stack);
             // A carved stack cannot be unmapped without splitting its slab's mapping; give
             // its memory back and keep the address range.
-            madvise(stack.base, stack.size, MADV_DONTNEED);
+            os::discard_memory(stack.base, stack.size);
         }
         list.push_back(stack);
         pooled_.fetch_add(1, std::memory_order_relaxed);
@@ -156,25 +157,7 @@ private:
 
     static std::size_t compute_guarded_limit() noexcept {
         if (FIBER_SCHED_GUARDED_STACK_LIMIT != 0) return FIBER_SCHED_GUARDED_STACK_LIMIT;
-        std::size_t max_maps = 65530;
-        if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
-            unsigned long value = 0;
-            if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
-            std::fclose(f);
-        }
-        return max_maps / 4;
-    }
-
-    static int map_flags() noexcept {
-        int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-#ifdef MAP_NORESERVE
-        // Reserve address space only; pages are committed when a fiber touches them.
-        flags |= MAP_NORESERVE;
-#endif
-#ifdef MAP_STACK
-        flags |= MAP_STACK;
-#endif
-        return flags;
+        return os::guarded_stack_budget();
     }
 
     SizeClass& size_class(std::size_t size) {
@@ -188,11 +171,11 @@ private:
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
         if (FIBER_SCHED_FAULT(stack_map)) return false;
-        void* mem = mmap(nullptr, size + page_, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
-        if (mem == MAP_FAILED) return false;
-        if (mprotect(mem, page_, PROT_NONE) != 0) {
-            // ENOMEM here means the mapping budget is spent after all: the split needs one more.
-            munmap(mem, size + page_);
+        void* mem = os::map_stack_memory(size + page_);
+        if (!mem) return false;
+        if (!os::guard_pages(mem, page_)) {
+            // The budget is an estimate: the OS may still refuse the guard.
+            os::unmap_memory(mem, size + page_);
             return false;
         }
         out.base = static_cast<char*>(mem) + page_;
@@ -207,10 +190,8 @@ private:
             // of its own, so that it can be unmapped on release.
             const std::size_t count =
                 cls.size > reuse_limit ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, reuse_limit / cls.size));
-            void* mem = FIBER_SCHED_FAULT(stack_map)
-                            ? MAP_FAILED
-                            : mmap(nullptr, cls.size * count, PROT_READ | PROT_WRITE, map_flags(), -1, 0);
-            if (mem == MAP_FAILED) throw StackMapFailed();
+            void* mem = FIBER_SCHED_FAULT(stack_map) ? nullptr : os::map_stack_memory(cls.size * count);
+            if (!mem) throw StackMapFailed();
             cls.slab_next = static_cast<char*>(mem);
             cls.slab_left = count;
         }

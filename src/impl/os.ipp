@@ -1,0 +1,75 @@
+// ---------------------------------------------------------------------------
+// Implementation: the OS interface.
+//
+// What the library asks of the operating system, besides the context switch (context_*)
+// and the scheduler's idle wait: stack memory, the fault handler, thread names, fork.
+// One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
+// impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
+// overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
+// the pause in spin loops, is an instruction, not a system call: it stays in config.hpp,
+// where the public inline SpinLock needs it.
+//
+// Memory comes as four primitives rather than "map a guarded stack" and "map a slab":
+// each is one call on either OS (mmap / VirtualAlloc reserve+commit, mprotect /
+// VirtualProtect, munmap / VirtualFree, madvise / DiscardVirtualMemory), and the policy
+// (the guard below the stack, slabs past the budget, when pages go back) is written once,
+// in stack.ipp, where the tests of fork, RLIMIT_AS and the budget exercise it.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// The portable half of the fault handler, in stack_overflow.ipp; the OS's handler calls it
+// first. When `fault_address` lies in the guard page of the fiber running on this thread,
+// writes which fiber overflowed and aborts; otherwise returns. Async-signal-safe.
+void report_if_stack_overflow(const void* fault_address) noexcept;
+
+namespace os {
+
+// The size of a memory page in bytes, the unit of every range below.
+std::size_t page_size() noexcept;
+// How many stacks may get a guard page before what a guard costs the OS runs short (Linux:
+// mappings); the stack pool carves the rest without one. Called once.
+std::size_t guarded_stack_budget() noexcept;
+
+// Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
+// first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
+void* map_stack_memory(std::size_t bytes) noexcept;
+// Makes [lo, lo + bytes), whole pages inside one mapping, no-access, so that a touch faults;
+// false when the OS refuses, the range then as it was.
+bool guard_pages(void* lo, std::size_t bytes) noexcept;
+// Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
+// releases only whole reservations).
+void unmap_memory(void* base, std::size_t bytes) noexcept;
+// Gives the pages of [lo, lo + bytes), whole pages inside one mapping, back to the OS and
+// keeps the range mapped; its contents are dead (they may read as zero or as before).
+void discard_memory(void* lo, std::size_t bytes) noexcept;
+
+// Has prepare() run before each fork() and parent() / child() after it, in the process
+// each names; nothing where there is no fork. Errors (out of memory) are ignored.
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
+
+// Names the calling thread "<base>-<index>" for debuggers and top; where the OS limits the
+// length (Linux: 15 characters) base is cut so that the index stays whole.
+void name_thread(const std::string& base, int index) noexcept;
+
+// Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
+// errors ignored.
+void write_stderr(const char* text, std::size_t bytes) noexcept;
+
+// Installs the process-wide handler for memory faults: it calls report_if_stack_overflow()
+// and passes every other fault on to the handler installed before it. Call once, under a
+// lock; throws std::system_error when the OS refuses.
+void install_fault_handler();
+// Gives the calling thread a `bytes`-byte stack for the fault handler to run on (a fiber in
+// its guard page has no room left on its own). Returns the memory it mapped, for
+// remove_fault_stack() at thread exit; nullptr when the thread already has one of at least
+// half that size (someone else's) or none can be made (an overflow there then faults
+// unreported).
+void* install_fault_stack(std::size_t bytes) noexcept;
+// Takes the stack install_fault_stack() returned away from the calling thread and frees it.
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched

@@ -1,0 +1,151 @@
+// ---------------------------------------------------------------------------
+// Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
+// on an alternate signal stack for overflows, pthread for names and fork.
+// (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
+// ---------------------------------------------------------------------------
+
+#include <csignal>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace fsched {
+namespace detail {
+namespace os {
+
+std::size_t page_size() noexcept { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+std::size_t guarded_stack_budget() noexcept {
+    // A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two
+    // kernel mappings. Linux allows vm.max_map_count (65,530 by default) mappings per
+    // process, and malloc and thread stacks need some too, so at most a quarter of that
+    // many stacks (half the mappings) get a guard page. Other systems have no such file
+    // and get the Linux default.
+    std::size_t max_maps = 65530;
+    if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+        unsigned long value = 0;
+        if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
+        std::fclose(f);
+    }
+    return max_maps / 4;
+}
+
+void* map_stack_memory(std::size_t bytes) noexcept {
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+#ifdef MAP_NORESERVE
+    // Reserve address space only; pages are committed when a fiber touches them.
+    flags |= MAP_NORESERVE;
+#endif
+#ifdef MAP_STACK
+    flags |= MAP_STACK;
+#endif
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+    return mem == MAP_FAILED ? nullptr : mem;
+}
+
+bool guard_pages(void* lo, std::size_t bytes) noexcept {
+    // ENOMEM here means the mapping count is reached after all: splitting the mapping
+    // needs one more.
+    return mprotect(lo, bytes, PROT_NONE) == 0;
+}
+
+void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes); }
+
+void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
+
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
+
+void name_thread(const std::string& base, int index) noexcept {
+#if defined(__linux__)
+    // Linux takes 15 characters: up to 11 of base, so that "-index" fits for 1000 workers.
+    char name[24];  // room for all that "%.11s-%d" can write
+    std::snprintf(name, sizeof name, "%.11s-%d", base.c_str(), index);
+    name[15] = '\0';
+    pthread_setname_np(pthread_self(), name);
+#else
+    // Linux only so far: macOS (pthread_setname_np(name)) and the BSDs spell it differently.
+    (void)base;
+    (void)index;
+#endif
+}
+
+void write_stderr(const char* text, std::size_t bytes) noexcept {
+    while (bytes > 0) {
+        ssize_t written = ::write(STDERR_FILENO, text, bytes);
+        if (written <= 0) return;
+        text += written;
+        bytes -= static_cast<std::size_t>(written);
+    }
+}
+
+namespace {
+
+struct sigaction previous_segv_action;
+struct sigaction previous_bus_action;
+
+void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
+    const struct sigaction& previous = sig == SIGBUS ? previous_bus_action : previous_segv_action;
+    if (previous.sa_flags & SA_SIGINFO) {
+        if (previous.sa_sigaction) previous.sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
+        // Back to the default action: a real fault happens again on return and kills the
+        // process as if we had never been here; a signal sent by kill() is re-raised.
+        signal(sig, SIG_DFL);
+        if (info->si_code <= 0) raise(sig);
+        return;
+    }
+    previous.sa_handler(sig);
+}
+
+void on_fault(int sig, siginfo_t* info, void* uctx) {
+    report_if_stack_overflow(info->si_addr);
+    pass_to_previous_handler(sig, info, uctx);
+}
+
+}  // namespace
+
+void install_fault_handler() {
+    struct sigaction action {};
+    action.sa_sigaction = &on_fault;
+    // SA_ONSTACK: a fiber that ran into its guard page faults with its stack pointer in that
+    // page, so the handler runs on the thread's alternate signal stack (install_fault_stack).
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGSEGV, &action, &previous_segv_action) != 0 ||
+        sigaction(SIGBUS, &action, &previous_bus_action) != 0) {
+        throw std::system_error(errno, std::generic_category(),
+                                "fiber_sched: install_stack_overflow_handler(): sigaction failed");
+    }
+}
+
+void* install_fault_stack(std::size_t bytes) noexcept {
+    stack_t current{};
+    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE) && current.ss_size >= bytes / 2) {
+        return nullptr;  // someone (a sanitizer runtime, the application) already gave it one
+    }
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return nullptr;
+    stack_t ss{};
+    ss.ss_sp = mem;
+    ss.ss_size = bytes;
+    ss.ss_flags = 0;
+    if (sigaltstack(&ss, nullptr) != 0) {
+        munmap(mem, bytes);
+        return nullptr;
+    }
+    return mem;
+}
+
+void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
+    stack_t ss{};
+    ss.ss_flags = SS_DISABLE;
+    sigaltstack(&ss, nullptr);
+    munmap(stack, bytes);
+}
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched
