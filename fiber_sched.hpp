@@ -391,7 +391,9 @@ public:
     FiberState load() const noexcept { return state_.load(std::memory_order_acquire); }
 
     // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
-    void claim_for_resume() noexcept {
+    // Not noexcept, like every transition with a misuse check: a user's FIBER_SCHED_ASSERT
+    // may throw.
+    void claim_for_resume() {
         const FiberState state = load();
         FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
                            "resume(): fiber is already running");
@@ -478,7 +480,7 @@ public:
     }
 
     // The resumer, once the fiber's function has returned (or thrown).
-    void finish_returned(bool scheduled) noexcept {
+    void finish_returned(bool scheduled) {
         if (!scheduled) {
             state_.store(FiberState::Term, std::memory_order_release);
             return;
@@ -4158,13 +4160,13 @@ IoRegistry& io_registry() {
         // fork(): hold the registry's lock across it, so the child never inherits it held;
         // the child forgets the parent's schedulers and waiting threads, none of which it
         // has (io::cancel() in the child would otherwise take their locks).
-        pthread_atfork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
-                       [] {
-                           IoRegistry& child = io_registry();
-                           child.schedulers.clear();
-                           child.thread_waits.clear();
-                           child.mutex.unlock();
-                       });
+        os::at_fork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
+                    [] {
+                        IoRegistry& child = io_registry();
+                        child.schedulers.clear();
+                        child.thread_waits.clear();
+                        child.mutex.unlock();
+                    });
         return r;
     }();
     return *registry;

@@ -71,7 +71,9 @@ public:
     FiberState load() const noexcept { return state_.load(std::memory_order_acquire); }
 
     // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
-    void claim_for_resume() noexcept {
+    // Not noexcept, like every transition with a misuse check: a user's FIBER_SCHED_ASSERT
+    // may throw.
+    void claim_for_resume() {
         const FiberState state = load();
         FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
                            "resume(): fiber is already running");
@@ -158,7 +160,7 @@ public:
     }
 
     // The resumer, once the fiber's function has returned (or thrown).
-    void finish_returned(bool scheduled) noexcept {
+    void finish_returned(bool scheduled) {
         if (!scheduled) {
             state_.store(FiberState::Term, std::memory_order_release);
             return;

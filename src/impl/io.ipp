@@ -58,13 +58,13 @@ IoRegistry& io_registry() {
         // fork(): hold the registry's lock across it, so the child never inherits it held;
         // the child forgets the parent's schedulers and waiting threads, none of which it
         // has (io::cancel() in the child would otherwise take their locks).
-        pthread_atfork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
-                       [] {
-                           IoRegistry& child = io_registry();
-                           child.schedulers.clear();
-                           child.thread_waits.clear();
-                           child.mutex.unlock();
-                       });
+        os::at_fork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
+                    [] {
+                        IoRegistry& child = io_registry();
+                        child.schedulers.clear();
+                        child.thread_waits.clear();
+                        child.mutex.unlock();
+                    });
         return r;
     }();
     return *registry;
