@@ -1,26 +1,17 @@
 // ---------------------------------------------------------------------------
 // Implementation: the scheduler.
 //
-// Each worker owns a run queue (a deque under the worker's own mutex) and a deque of tasks
+// Each worker owns a run queue (a deque under the worker's queue_lock) and a deque of tasks
 // pinned to it. A worker takes from its own queues first, then steals from the back of the
 // other workers' run queues; pinned deques are never stolen from. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
 // Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
 //
 // Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
-// Worker::wait_for_work(), the one place a worker blocks, until notified or until its
-// earliest timer is due. New work wakes one sleeping worker, and only when no worker is
-// spinning already (a spinner will find it); pinned work wakes its own worker.
-//
-// The lost-wake-up argument: a worker going to sleep sets `sleeping`, increments `sleepers`,
-// then looks at every queue once more, taking each queue's lock (not trusting the size
-// hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`. The
-// two lock the same queue in some order: if the submitter's lock comes second, the sleeper's
-// increment happens-before the submitter's load, which sees the sleeper and wakes it; if the
-// sleeper's lock comes second, the push happens-before its look, which finds the task. So a
-// submitter needs no read-modify-write, and on x86 its check is two plain loads. A spinner
-// that stops spinning goes to sleep by the same path. `outstanding` reaching zero during
-// stop() pairs through seq_cst operations on `outstanding`, `stopping` and `sleeping`.
+// its idle wait (WorkerIdle::wait, idle_epoll.ipp or idle_condvar.ipp), the one place a
+// worker blocks, until notified or until the earliest timer is due. New work wakes one
+// sleeping worker, and only when no worker is spinning already (a spinner will find it);
+// pinned work wakes its own worker. Why no wake-up is lost: above Worker::sleep_until_work.
 
 // Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
 // after_switch_); resume() runs the hook on the worker only after the switch is complete,
@@ -30,8 +21,9 @@
 // the one case where a fiber can be found Running: claim_or_defer() then marks it
 // RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
 //
-// Timers: each worker keeps a heap of sleeping fibers that parked on it, touched only by
-// that worker, and its idle wait ends at the earliest deadline.
+// Timers: each worker keeps a heap of the fibers that parked on it with a deadline; it adds
+// to it, any worker fires its due timers, and an idle wait ends at the earliest deadline of
+// all the workers.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -97,7 +89,8 @@ struct alignas(64) Worker {
     std::atomic<std::size_t> stealable{0};
 
     // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
-    // or the worker itself), and that one decrements core.sleepers. seq_cst: see above.
+    // or the worker itself), and that one decrements core.sleepers. seq_cst: see
+    // sleep_until_work().
     std::atomic<bool> sleeping{false};
     // The deadline this worker's idle wait ends at (no_deadline: none, or awake). Written
     // after `sleeping` is set and reset after waking; add_timer() reads it (see there).
@@ -298,7 +291,8 @@ struct SchedulerCore {
     private:
         std::atomic<int>* count_;
     };
-    // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument.
+    // Workers spinning for work / asleep; seq_cst, see the lost-wake-up argument
+    // (sleep_until_work).
     std::atomic<int> spinning{0};
     std::atomic<int> sleepers{0};
     // Round-robin target for tasks from threads outside the scheduler; relaxed, a hint.
@@ -453,7 +447,7 @@ struct SchedulerCore {
 // A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
 // however the tasks arrive; then the worker's own queues and due timers (its own, then
 // any other worker's), then stealing; then a short spin; then the sleep, whose last look
-// at the queues is what the lost-wake-up argument above is about.
+// at the queues is what the lost-wake-up argument (at sleep_until_work) is about.
 inline void Worker::run_loop() {
     ThreadState* ts = thread_state();
     // Saved and restored: a use_caller scheduler may run inside a task of another one.
@@ -512,6 +506,18 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 }
 
 // Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
+//
+// The lost-wake-up argument: a worker going to sleep sets `sleeping`, increments `sleepers`,
+// then looks at every queue once more, taking each queue's lock (not trusting the size
+// hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
+// (SchedulerCore::after_push). The two lock the same queue in some order: if the
+// submitter's lock comes second, the sleeper's increment happens-before the submitter's
+// load, which sees the sleeper and wakes it; if the sleeper's lock comes second, the push
+// happens-before its look, which finds the task. So a submitter needs no read-modify-write,
+// and on x86 its check is two plain loads. A spinner that stops spinning goes to sleep by
+// the same path. `outstanding` reaching zero during stop() pairs through seq_cst operations
+// on `outstanding`, `stopping` and `sleeping`; a timer added meanwhile through
+// `timer_earliest` and `sleep_deadline` (Worker::add_timer).
 inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
     idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
     sleeping.store(true, std::memory_order_seq_cst);
