@@ -94,7 +94,7 @@ public:
             case FiberState::Suspended:
                 if (state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
                                                  std::memory_order_acquire)) {
-                    resume_ = target;
+                    set_resume(target);
                     return true;
                 }
                 break;
@@ -102,7 +102,8 @@ public:
             case FiberState::Parked: {
                 // Published by the release half of the CAS below; the resumer reads it after
                 // its own CAS observes the mark (finish_yielded).
-                deferred_ = target;
+                deferred_scheduler_ = target.scheduler;
+                deferred_worker_ = target.worker;
                 const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
                                                                        : FiberState::ParkedResumePending;
                 if (state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel, std::memory_order_acquire)) {
@@ -175,18 +176,26 @@ public:
 
     // The deferred schedule() takes effect: the fiber belongs to that scheduler now.
     ResumeTarget take_deferred() noexcept {
-        resume_ = deferred_;
-        return resume_;
+        set_resume(ResumeTarget{deferred_scheduler_, deferred_worker_});
+        return resume_target();
     }
 
     // Where the fiber runs while it belongs to a scheduler (set when it was claimed).
-    ResumeTarget resume_target() const noexcept { return resume_; }
+    ResumeTarget resume_target() const noexcept { return ResumeTarget{resume_scheduler_, resume_worker_}; }
 
 private:
+    void set_resume(ResumeTarget target) noexcept {
+        resume_scheduler_ = target.scheduler;
+        resume_worker_ = target.worker;
+    }
+
+    // Written before the state change that publishes them (see claim_or_defer). Two
+    // ResumeTargets side by side, unpacked so that their padding does not grow every Fiber.
+    Scheduler* resume_scheduler_ = nullptr;
+    Scheduler* deferred_scheduler_ = nullptr;  // where a deferred schedule() wants it to go
+    int resume_worker_ = -1;
+    int deferred_worker_ = -1;
     std::atomic<FiberState> state_{FiberState::Ready};
-    // Written before the state change that publishes them (see claim_or_defer).
-    ResumeTarget resume_;
-    ResumeTarget deferred_;  // where a deferred schedule() wants the fiber to go
 };
 
 }  // namespace detail
