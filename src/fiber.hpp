@@ -9,7 +9,7 @@ class Scheduler;
 
 namespace detail {
 
-class Worker;
+struct Worker;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
