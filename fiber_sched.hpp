@@ -233,7 +233,9 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 //   fsched_switch_context(&from.sp, to.sp)
 //                      save the running context, store its handle in from.sp, continue the
 //                      context whose handle is to.sp (assembly, or a function),
-//   backend_name       what fsched::backend() returns.
+//   backend_name       what fsched::backend() returns,
+// and context_stack_reserve, the bytes of each fiber stack the backend uses itself (the
+// stack pool adds them to the size asked for).
 // A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
 // address of a saved ucontext_t, an OS fiber), so nothing above this file knows which
 // backend is in use.
@@ -313,6 +315,10 @@ struct Stack {
 Stack acquire_stack(std::size_t size);
 // Gives a stack back to the pool. The stack's contents are dead.
 void release_stack(Stack& stack) noexcept;
+// Bytes of every stack that the context backend keeps for itself, in whole pages (0 for the
+// assembly backends; the ucontext one keeps its saved contexts there). acquire_stack() adds
+// them to the size asked for.
+std::size_t stack_reserve() noexcept;
 
 }  // namespace detail
 }  // namespace fsched
@@ -630,8 +636,8 @@ public:
     }
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
-    // Usable bytes of stack.
-    std::size_t stack_size() const noexcept { return stack_.size; }
+    // Usable bytes of stack: the size asked for, rounded up to pages.
+    std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve(); }
 
     // The fiber running on this thread; nullptr outside fibers.
     static Fiber* current() noexcept;
@@ -1379,7 +1385,8 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 // Parks until `fd` is ready for `what` (Read: data, EOF or an error; Write: room or an
-// error), or `timeout` passes (negative: no limit). Returns true when ready (a wait whose
+// error), or `timeout` passes (negative: no limit; one too large for the clock, such as
+// milliseconds::max(), waits as if it had none). Returns true when ready (a wait whose
 // timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
 // on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
 // the same scheduler already waits for the same fd and direction, ENOMEM when no memory
@@ -1631,7 +1638,8 @@ void discard_memory(void* lo, std::size_t bytes) noexcept;
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 
 // Names the calling thread "<base>-<index>" for debuggers and top; where the OS limits the
-// length (Linux: 15 characters) base is cut so that the index stays whole.
+// length (Linux: 15 characters) base is cut to make room for the index (whole below 1000
+// workers).
 void name_thread(const std::string& base, int index) noexcept;
 
 // Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
@@ -1899,6 +1907,8 @@ namespace fsched {
 namespace detail {
 
 const char* const backend_name = "asm-x86_64-sysv";
+// Nothing of the switch stays on a fiber's stack beyond its frames.
+constexpr std::size_t context_stack_reserve = 0;
 
 struct X86_64SwitchFrame {
     std::uint32_t mxcsr;
@@ -2025,6 +2035,8 @@ namespace fsched {
 namespace detail {
 
 const char* const backend_name = "asm-aarch64";
+// Nothing of the switch stays on a fiber's stack beyond its frames.
+constexpr std::size_t context_stack_reserve = 0;
 
 struct Aarch64SwitchFrame {
     void* x19_x28[10];
@@ -2057,7 +2069,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_aarch64_aapcs.ipp ----
-#elif defined(__unix__) || defined(__APPLE__)
+#elif defined(FIBER_SCHED_USE_UCONTEXT) || defined(__unix__) || defined(__APPLE__)
 // ---- begin src/impl/context_ucontext.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch, portable fallback: POSIX ucontext. swapcontext() also saves the signal
@@ -2083,6 +2095,11 @@ struct FreshContext {
 };
 
 // makecontext() passes int arguments only: the FreshContext's address arrives in two halves.
+// What this backend keeps on a fiber's stack besides the fiber's frames: the fresh context
+// at its top for the whole run, and a saved ucontext_t in the switch's frame while it is
+// switched out. The stack pool adds it to every stack, so a fiber can use what it asked for.
+constexpr std::size_t context_stack_reserve = sizeof(FreshContext) + 64 + sizeof(ucontext_t) + 256;
+
 extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) {
     auto bits = (static_cast<std::uintptr_t>(high) << 16 << 16) | static_cast<std::uintptr_t>(low);
     auto* fresh = reinterpret_cast<FreshContext*>(bits);
@@ -2110,6 +2127,12 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
     ucontext_t self;
+    // swapcontext() does not write uc_stack, and ASan's interceptor unpoisons the range that
+    // the context being resumed names there: leftover stack words would unpoison memory at
+    // random. An empty range tells it nothing.
+    self.uc_stack.ss_sp = nullptr;
+    self.uc_stack.ss_size = 0;
+    self.uc_stack.ss_flags = 0;
     *save_sp = &self;
     const int rc = swapcontext(&self, static_cast<ucontext_t*>(load_sp));
     FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");
@@ -2148,7 +2171,10 @@ inline StackPool& stack_pool();  // the one pool, below
 
 class StackPool {
 public:
-    StackPool() : page_(os::page_size()), guarded_limit_(compute_guarded_limit()) {
+    StackPool()
+        : page_(os::page_size()),
+          reserve_((context_stack_reserve + page_ - 1) / page_ * page_),
+          guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
         // pool's locks across the fork, so the child never inherits one held by a thread
         // that does not exist there, and the child forgets the other threads' records.
@@ -2162,8 +2188,13 @@ public:
             throw std::length_error("fiber_sched: Fiber(): stack_size is above the limit (fsched::detail::max_stack_size)");
         }
         size = std::max(size, 4 * page_);
-        return (size + page_ - 1) / page_ * page_;  // no overflow: size <= max_stack_size
+        // What the context backend keeps on every stack comes on top of what was asked for,
+        // so the fiber keeps all of that (Fiber::stack_size() leaves it out).
+        return (size + page_ - 1) / page_ * page_ + reserve_;  // no overflow: size <= max_stack_size
     }
+
+    // context_stack_reserve in whole pages.
+    std::size_t reserve() const noexcept { return reserve_; }
 
     void lock_for_fork() noexcept {
         mutex_.lock();
@@ -2327,6 +2358,7 @@ private:
     }
 
     std::size_t page_;
+    std::size_t reserve_;
     std::size_t guarded_limit_;
     std::mutex mutex_;
     std::vector<SizeClass> classes_;
@@ -2391,6 +2423,8 @@ void release_stack(Stack& stack) noexcept {
     stack = Stack{};
 }
 
+std::size_t stack_reserve() noexcept { return stack_pool().reserve(); }
+
 }  // namespace detail
 
 StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
@@ -2405,7 +2439,7 @@ StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
 // while its stack pointer is in that page, so the handler must run on a stack of its own,
 // and those are per thread: install_stack_overflow_handler() sets one on the calling
 // thread, and Fiber::resume() sets one on any other thread the first time it runs a fiber
-// there. The OS layer (os.ipp) catches the fault and asks report_if_stack_overflow(),
+// there. The OS layer (os_posix.ipp) catches the fault and asks report_if_stack_overflow(),
 // which only reads the faulting thread's current fiber and writes with os::write_stderr(),
 // both async-signal-safe.
 // ---------------------------------------------------------------------------
@@ -2453,7 +2487,7 @@ void report_if_stack_overflow(const void* fault_address) noexcept {
             char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
             out = append_number(out, end, fiber->id());
             out = append_text(out, end, ": it ran past its ");
-            out = append_number(out, end, stack.size);
+            out = append_number(out, end, fiber->stack_size());
             out = append_text(out, end, "-byte stack into the guard page; "
                                         "give it a larger stack_size. Aborting.\n");
             os::write_stderr(message, static_cast<std::size_t>(out - message));

@@ -8,7 +8,9 @@
 //   fsched_switch_context(&from.sp, to.sp)
 //                      save the running context, store its handle in from.sp, continue the
 //                      context whose handle is to.sp (assembly, or a function),
-//   backend_name       what fsched::backend() returns.
+//   backend_name       what fsched::backend() returns,
+// and context_stack_reserve, the bytes of each fiber stack the backend uses itself (the
+// stack pool adds them to the size asked for).
 // A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
 // address of a saved ucontext_t, an OS fiber), so nothing above this file knows which
 // backend is in use.

@@ -106,8 +106,8 @@ public:
     }
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
-    // Usable bytes of stack.
-    std::size_t stack_size() const noexcept { return stack_.size; }
+    // Usable bytes of stack: the size asked for, rounded up to pages.
+    std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve(); }
 
     // The fiber running on this thread; nullptr outside fibers.
     static Fiber* current() noexcept;

@@ -153,7 +153,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && !defined(_WIN32) && \
     (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_aarch64_aapcs.ipp"
-#elif defined(__unix__) || defined(__APPLE__)
+#elif defined(FIBER_SCHED_USE_UCONTEXT) || defined(__unix__) || defined(__APPLE__)
 #include "impl/context_ucontext.ipp"
 #else
 #error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/fiber_sched.hpp (see src/README.md)."

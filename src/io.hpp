@@ -19,7 +19,8 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 // Parks until `fd` is ready for `what` (Read: data, EOF or an error; Write: room or an
-// error), or `timeout` passes (negative: no limit). Returns true when ready (a wait whose
+// error), or `timeout` passes (negative: no limit; one too large for the clock, such as
+// milliseconds::max(), waits as if it had none). Returns true when ready (a wait whose
 // timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
 // on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
 // the same scheduler already waits for the same fd and direction, ENOMEM when no memory

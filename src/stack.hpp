@@ -42,6 +42,10 @@ struct Stack {
 Stack acquire_stack(std::size_t size);
 // Gives a stack back to the pool. The stack's contents are dead.
 void release_stack(Stack& stack) noexcept;
+// Bytes of every stack that the context backend keeps for itself, in whole pages (0 for the
+// assembly backends; the ucontext one keeps its saved contexts there). acquire_stack() adds
+// them to the size asked for.
+std::size_t stack_reserve() noexcept;
 
 }  // namespace detail
 }  // namespace fsched

@@ -22,6 +22,11 @@ struct FreshContext {
 };
 
 // makecontext() passes int arguments only: the FreshContext's address arrives in two halves.
+// What this backend keeps on a fiber's stack besides the fiber's frames: the fresh context
+// at its top for the whole run, and a saved ucontext_t in the switch's frame while it is
+// switched out. The stack pool adds it to every stack, so a fiber can use what it asked for.
+constexpr std::size_t context_stack_reserve = sizeof(FreshContext) + 64 + sizeof(ucontext_t) + 256;
+
 extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) {
     auto bits = (static_cast<std::uintptr_t>(high) << 16 << 16) | static_cast<std::uintptr_t>(low);
     auto* fresh = reinterpret_cast<FreshContext*>(bits);
@@ -49,6 +54,12 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
     ucontext_t self;
+    // swapcontext() does not write uc_stack, and ASan's interceptor unpoisons the range that
+    // the context being resumed names there: leftover stack words would unpoison memory at
+    // random. An empty range tells it nothing.
+    self.uc_stack.ss_sp = nullptr;
+    self.uc_stack.ss_size = 0;
+    self.uc_stack.ss_flags = 0;
     *save_sp = &self;
     const int rc = swapcontext(&self, static_cast<ucontext_t*>(load_sp));
     FIBER_SCHED_ASSERT(rc == 0 && "switch_context(): swapcontext() failed");

@@ -83,6 +83,8 @@ namespace fsched {
 namespace detail {
 
 const char* const backend_name = "asm-x86_64-sysv";
+// Nothing of the switch stays on a fiber's stack beyond its frames.
+constexpr std::size_t context_stack_reserve = 0;
 
 struct X86_64SwitchFrame {
     std::uint32_t mxcsr;

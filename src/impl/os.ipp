@@ -50,7 +50,8 @@ void discard_memory(void* lo, std::size_t bytes) noexcept;
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 
 // Names the calling thread "<base>-<index>" for debuggers and top; where the OS limits the
-// length (Linux: 15 characters) base is cut so that the index stays whole.
+// length (Linux: 15 characters) base is cut to make room for the index (whole below 1000
+// workers).
 void name_thread(const std::string& base, int index) noexcept;
 
 // Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,

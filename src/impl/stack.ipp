@@ -27,7 +27,10 @@ inline StackPool& stack_pool();  // the one pool, below
 
 class StackPool {
 public:
-    StackPool() : page_(os::page_size()), guarded_limit_(compute_guarded_limit()) {
+    StackPool()
+        : page_(os::page_size()),
+          reserve_((context_stack_reserve + page_ - 1) / page_ * page_),
+          guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
         // pool's locks across the fork, so the child never inherits one held by a thread
         // that does not exist there, and the child forgets the other threads' records.
@@ -41,8 +44,13 @@ public:
             throw std::length_error("fiber_sched: Fiber(): stack_size is above the limit (fsched::detail::max_stack_size)");
         }
         size = std::max(size, 4 * page_);
-        return (size + page_ - 1) / page_ * page_;  // no overflow: size <= max_stack_size
+        // What the context backend keeps on every stack comes on top of what was asked for,
+        // so the fiber keeps all of that (Fiber::stack_size() leaves it out).
+        return (size + page_ - 1) / page_ * page_ + reserve_;  // no overflow: size <= max_stack_size
     }
+
+    // context_stack_reserve in whole pages.
+    std::size_t reserve() const noexcept { return reserve_; }
 
     void lock_for_fork() noexcept {
         mutex_.lock();
@@ -206,6 +214,7 @@ private:
     }
 
     std::size_t page_;
+    std::size_t reserve_;
     std::size_t guarded_limit_;
     std::mutex mutex_;
     std::vector<SizeClass> classes_;
@@ -269,6 +278,8 @@ void release_stack(Stack& stack) noexcept {
     }
     stack = Stack{};
 }
+
+std::size_t stack_reserve() noexcept { return stack_pool().reserve(); }
 
 }  // namespace detail
 

@@ -5,7 +5,7 @@
 // while its stack pointer is in that page, so the handler must run on a stack of its own,
 // and those are per thread: install_stack_overflow_handler() sets one on the calling
 // thread, and Fiber::resume() sets one on any other thread the first time it runs a fiber
-// there. The OS layer (os.ipp) catches the fault and asks report_if_stack_overflow(),
+// there. The OS layer (os_posix.ipp) catches the fault and asks report_if_stack_overflow(),
 // which only reads the faulting thread's current fiber and writes with os::write_stderr(),
 // both async-signal-safe.
 // ---------------------------------------------------------------------------
@@ -53,7 +53,7 @@ void report_if_stack_overflow(const void* fault_address) noexcept {
             char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
             out = append_number(out, end, fiber->id());
             out = append_text(out, end, ": it ran past its ");
-            out = append_number(out, end, stack.size);
+            out = append_number(out, end, fiber->stack_size());
             out = append_text(out, end, "-byte stack into the guard page; "
                                         "give it a larger stack_size. Aborting.\n");
             os::write_stderr(message, static_cast<std::size_t>(out - message));
