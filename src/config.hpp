@@ -16,6 +16,12 @@
 #define FIBER_SCHED_STACK_POOL_MAX 4096u
 #endif
 
+#ifndef FIBER_SCHED_STACK_TRIM_MS
+// How long a Scheduler stays idle before it gives back the memory of the freed stacks
+// kept beyond FIBER_SCHED_STACK_POOL_MAX (after a burst of fibers).
+#define FIBER_SCHED_STACK_TRIM_MS 1000
+#endif
+
 #ifndef FIBER_SCHED_GUARDED_STACK_LIMIT
 // 0: derive the limit from /proc/sys/vm/max_map_count (a quarter of it).
 #define FIBER_SCHED_GUARDED_STACK_LIMIT 0
@@ -108,6 +114,8 @@ void inject_fault(FaultSite site, long nth) noexcept;
 // With FIBER_SCHED_FAULT_INJECTION, FIBER_SCHED_ASSERT's default throws
 // std::logic_error(rule) instead of aborting while this is set (to test refusals).
 void set_assert_throws(bool on) noexcept;
+// Overrides FIBER_SCHED_STACK_TRIM_MS from now on.
+void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
 #define FIBER_SCHED_FAULT(site) (::fsched::detail::fault_hit(::fsched::detail::FaultSite::site))
 #else
 #define FIBER_SCHED_FAULT(site) false

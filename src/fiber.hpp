@@ -38,7 +38,7 @@ struct ThreadState {
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
-    static constexpr unsigned stack_cache_capacity = 8;
+    static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
     unsigned cached_stack_count = 0;
     // Stacks acquired minus released by this thread. Written by this thread only (a plain

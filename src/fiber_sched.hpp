@@ -37,7 +37,10 @@ CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_IMPLEMENTATION       emit the implementation in this translation unit
     FIBER_SCHED_USE_UCONTEXT         use the portable ucontext backend (default: assembly)
     FIBER_SCHED_DEFAULT_STACK_SIZE   bytes of stack for a size of 0 (default 262144)
-    FIBER_SCHED_STACK_POOL_MAX       freed stacks kept per size for reuse (default 4096)
+    FIBER_SCHED_STACK_POOL_MAX       freed stacks kept per size for reuse (default 4096);
+                                     a burst may leave up to twice as many until a
+                                     scheduler has been idle FIBER_SCHED_STACK_TRIM_MS
+    FIBER_SCHED_STACK_TRIM_MS        idle time before the surplus goes back (default 1000)
     FIBER_SCHED_GUARDED_STACK_LIMIT  stacks that get a guard page (default 0: a quarter of
                                      vm.max_map_count; stacks past it are unguarded)
     FIBER_SCHED_NO_EPOLL             on Linux, idle on a condition variable instead of

@@ -8,6 +8,8 @@ namespace fsched {
 struct StackStats {
     std::size_t in_use = 0;          // stacks owned by live fibers now
     std::size_t pooled = 0;          // freed stacks kept for reuse (global pool, not thread caches)
+    std::size_t discarded = 0;       // of those, stacks whose memory went back to the OS (only
+                                     // their address range is kept)
     std::size_t guarded = 0;         // mapped stacks with a guard page, in use or pooled
     std::size_t unguarded = 0;       // stacks carved without a guard page (mapping budget spent)
     std::size_t guarded_limit = 0;   // how many guarded stacks this process may map
@@ -46,6 +48,10 @@ void release_stack(Stack& stack) noexcept;
 // assembly backends; the ucontext one keeps its saved contexts there). acquire_stack() adds
 // them to the size asked for.
 std::size_t stack_reserve() noexcept;
+// True when the pool keeps more stacks of a size than FIBER_SCHED_STACK_POOL_MAX (after a
+// burst of fibers); trim_stack_pool() then gives their memory back. An idle scheduler does.
+bool stack_pool_has_surplus() noexcept;
+void trim_stack_pool() noexcept;
 
 }  // namespace detail
 }  // namespace fsched

@@ -201,3 +201,82 @@ TEST_CASE("with no handler before it, a stray fault still kills with SIGSEGV") {
     CHECK(r.signal == SIGSEGV);
 }
 #endif
+
+// --- freed stacks beyond the pool's cap: kept through a burst, given back when idle --------
+
+namespace {
+
+// The pool's stacks of one size (the pool keeps up to FIBER_SCHED_STACK_POOL_MAX of each);
+// an odd size, so no other test's stacks are counted.
+constexpr std::size_t burst_stack_size = 40 * 1024;
+constexpr std::size_t burst_fibers = FIBER_SCHED_STACK_POOL_MAX + 1000;
+
+struct TrimDelay {
+    explicit TrimDelay(std::chrono::milliseconds d) { fsched::detail::set_stack_trim_delay(d); }
+    ~TrimDelay() { fsched::detail::set_stack_trim_delay(std::chrono::milliseconds(FIBER_SCHED_STACK_TRIM_MS)); }
+};
+
+}  // namespace
+
+TEST_CASE("a burst of fibers beyond the pool's cap keeps its stacks until a scheduler idles, then gives them back") {
+    TrimDelay no_trim(std::chrono::hours(1));
+    const std::size_t pooled_before = fsched::stack_stats().pooled;
+    const auto with_memory = [] {  // pooled stacks that still hold their pages
+        const fsched::StackStats s = fsched::stack_stats();
+        return s.pooled - s.discarded;
+    };
+    const std::size_t with_memory_before = with_memory();
+    {
+        std::vector<std::unique_ptr<Fiber>> burst;
+        for (std::size_t i = 0; i < burst_fibers; ++i) burst.push_back(std::make_unique<Fiber>([] {}, burst_stack_size));
+    }
+    // All of them kept (a thread's cache holds a few of them outside the pool): no system
+    // call per freed stack while the burst ends.
+    const std::size_t kept = fsched::stack_stats().pooled - pooled_before;
+    INFO("kept " << kept << " of " << burst_fibers);
+    CHECK(kept + fsched::detail::ThreadState::stack_cache_capacity >= burst_fibers);
+
+    // An idle scheduler gives back what is above the cap.
+    fsched::detail::set_stack_trim_delay(std::chrono::milliseconds(0));
+    fsched::Scheduler scheduler(1, false);
+    scheduler.start();
+    bool trimmed = false;
+    for (int i = 0; i < 3000 && !trimmed; ++i) {  // 30 s at most; it takes one idle wait
+        scheduler.schedule([] {});
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        // (the slack: stacks of other sizes the scheduler's own fibers leave in the pool)
+        trimmed = with_memory() <= with_memory_before + FIBER_SCHED_STACK_POOL_MAX + 64;
+    }
+    INFO("with memory " << with_memory() << ", before " << with_memory_before << ", surplus "
+                        << fsched::detail::stack_pool_has_surplus());
+    CHECK(trimmed);
+    scheduler.stop();
+    CHECK(fsched::stack_stats().discarded <= fsched::stack_stats().pooled);
+
+    // Reused after the trim: the pages given back fault in again, nothing breaks.
+    std::vector<std::unique_ptr<Fiber>> again;
+    for (std::size_t i = 0; i < burst_fibers; ++i) {
+        again.push_back(std::make_unique<Fiber>([] { volatile char touch[1024] = {}; (void)touch; }, burst_stack_size));
+        again.back()->resume();
+    }
+    CHECK(again.back()->state() == Fiber::State::Term);
+}
+
+TEST_CASE("without an idle scheduler the pool keeps at most twice its cap of one size") {
+    TrimDelay no_trim(std::chrono::hours(1));
+    const auto with_memory = [] {  // pooled stacks that still hold their pages
+        const fsched::StackStats s = fsched::stack_stats();
+        return s.pooled - s.discarded;
+    };
+    const std::size_t before = with_memory();
+    {
+        std::vector<std::unique_ptr<Fiber>> burst;
+        for (std::size_t i = 0; i < 2 * FIBER_SCHED_STACK_POOL_MAX + 500; ++i) {
+            burst.push_back(std::make_unique<Fiber>([] {}, burst_stack_size + 4096));
+        }
+    }
+    const std::size_t kept = with_memory() - before;
+    INFO("kept with their memory: " << kept);
+    CHECK(kept <= 2 * std::size_t{FIBER_SCHED_STACK_POOL_MAX});
+    CHECK(kept >= FIBER_SCHED_STACK_POOL_MAX);
+}

@@ -29,6 +29,15 @@
 namespace fsched {
 namespace detail {
 
+// How long a scheduler stays idle before it gives back the memory of surplus stacks
+// (FIBER_SCHED_STACK_TRIM_MS; tests change it). Relaxed: a setting, read when a worker idles.
+std::atomic<long> stack_trim_delay_ms{FIBER_SCHED_STACK_TRIM_MS};
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept {
+    stack_trim_delay_ms.store(static_cast<long>(delay.count()), std::memory_order_relaxed);
+}
+#endif
+
 // A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
 inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
 constexpr std::int64_t no_deadline = INT64_MAX;
@@ -535,15 +544,22 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
     // asleep and wakes us (add_timer).
     const std::int64_t deadline_ticks = earliest_deadline();
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
-    if (deadline_ticks == no_deadline) {
+    // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
+    // memory back once the scheduler has been idle a while, not while it is busy.
+    const bool trim_stacks = stack_pool_has_surplus();
+    const TimePoint trim_at =
+        trim_stacks ? deadline_after(std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)))
+                    : TimePoint::max();
+    if (deadline_ticks == no_deadline && !trim_stacks) {
         idle.wait(core.idle, nullptr);
     } else {
-        const TimePoint deadline{std::chrono::steady_clock::duration(deadline_ticks)};
+        const TimePoint deadline = std::min(TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at);
         idle.wait(core.idle, &deadline);
     }
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
+    if (trim_stacks && std::chrono::steady_clock::now() >= trim_at) trim_stack_pool();
     return false;
 }
 

@@ -77,25 +77,24 @@ public:
         exited_in_use_ += delta;
     }
 
-    Stack acquire(std::size_t size) {
+    // A stack of `size` bytes; with `extra`, also up to `extra_count` more pooled ones of
+    // that size for the calling thread's cache, under the same lock. Returns how many extra
+    // it took. Throws std::bad_alloc when no memory can be mapped.
+    Stack acquire(std::size_t size, Stack* extra = nullptr, unsigned extra_count = 0, unsigned* taken = nullptr) {
         std::lock_guard<std::mutex> lock(mutex_);
         SizeClass& cls = size_class(size);
-        for (std::vector<Stack>* list : {&cls.guarded, &cls.unguarded}) {
-            if (!list->empty()) {
-                Stack stack = list->back();
-                list->pop_back();
-                pooled_.fetch_sub(1, std::memory_order_relaxed);
-                return stack;
-            }
-        }
-        if (guarded_.load(std::memory_order_relaxed) < guarded_limit_) {
-            Stack stack;
-            if (map_guarded(size, stack)) {
+        Stack stack;
+        if (!take_pooled(cls, stack)) {
+            if (guarded_.load(std::memory_order_relaxed) < guarded_limit_ && map_guarded(size, stack)) {
                 guarded_.fetch_add(1, std::memory_order_relaxed);
-                return stack;
+            } else {
+                stack = carve_unguarded(cls);
             }
         }
-        return carve_unguarded(cls);
+        unsigned n = 0;
+        while (n < extra_count && take_pooled(cls, extra[n])) ++n;
+        if (taken) *taken = n;
+        return stack;
     }
 
     // Stacks above this many bytes are not kept for reuse: they go back to the kernel at once
@@ -109,19 +108,43 @@ public:
         (stack.guard ? guarded_ : unguarded_).fetch_sub(1, std::memory_order_relaxed);
     }
 
+    // Takes back `count` stacks, all at most reuse_limit bytes, under one lock. They are kept
+    // for reuse, beyond FIBER_SCHED_STACK_POOL_MAX of a size too: giving memory back costs a
+    // system call and, on a multi-core machine, a TLB shootdown (an interrupt to every other
+    // core running this process) per stack, so a burst of fibers ending at once would pay
+    // one per fiber. What is kept beyond the cap goes back in trim(), which an idle
+    // scheduler calls, or here once one size holds twice the cap (no scheduler idles).
+    void release(const Stack* stacks, unsigned count) noexcept {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (unsigned i = 0; i < count; ++i) {
+            const Stack& stack = stacks[i];
+            SizeClass& cls = size_class(stack.size);
+            std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
+            list.push_back(stack);
+            pooled_.fetch_add(1, std::memory_order_relaxed);
+            const std::size_t held = cls.guarded.size() + cls.unguarded.size();
+            if (held > FIBER_SCHED_STACK_POOL_MAX) {
+                surplus_.store(true, std::memory_order_relaxed);
+                if (held >= 2 * std::size_t{FIBER_SCHED_STACK_POOL_MAX}) trim_locked(cls);
+            }
+        }
+    }
+
     void release(const Stack& stack) noexcept {
         if (stack.size > reuse_limit) return unmap(stack);
+        release(&stack, 1);
+    }
+
+    // True when stacks beyond FIBER_SCHED_STACK_POOL_MAX of a size are kept (a hint).
+    bool has_surplus() const noexcept { return surplus_.load(std::memory_order_relaxed); }
+
+    // Gives back the memory of the stacks kept beyond FIBER_SCHED_STACK_POOL_MAX of each
+    // size: guarded ones are unmapped; carved ones keep their address range (a slab cannot
+    // be split) and lose their pages.
+    void trim() noexcept {
         std::lock_guard<std::mutex> lock(mutex_);
-        SizeClass& cls = size_class(stack.size);
-        std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
-        if (list.size() >= FIBER_SCHED_STACK_POOL_MAX) {
-            if (stack.guard) return unmap(stack);
-            // A carved stack cannot be unmapped without splitting its slab's mapping; give
-            // its memory back and keep the address range.
-            os::discard_memory(stack.base, stack.size);
-        }
-        list.push_back(stack);
-        pooled_.fetch_add(1, std::memory_order_relaxed);
+        surplus_.store(false, std::memory_order_relaxed);
+        for (SizeClass& cls : classes_) trim_locked(cls);
     }
 
     void register_thread(ThreadState* ts) {
@@ -146,6 +169,7 @@ public:
         }
         s.in_use = in_use > 0 ? static_cast<std::size_t>(in_use) : 0;
         s.pooled = pooled_.load(std::memory_order_relaxed);
+        s.discarded = discarded_.load(std::memory_order_relaxed);
         s.guarded = guarded_.load(std::memory_order_relaxed);
         s.unguarded = unguarded_.load(std::memory_order_relaxed);
         s.guarded_limit = guarded_limit_;
@@ -157,11 +181,59 @@ private:
         std::size_t size = 0;
         std::vector<Stack> guarded;
         std::vector<Stack> unguarded;
+        std::vector<Stack> discarded;  // carved stacks whose pages went back (trim)
         char* slab_next = nullptr;
         std::size_t slab_left = 0;
     };
 
     static constexpr std::size_t slab_stacks = 64;
+
+    // Takes a pooled stack of `cls`: guarded first, then carved ones with their pages, then
+    // carved ones whose pages were given back (they fault in again).
+    bool take_pooled(SizeClass& cls, Stack& out) noexcept {
+        for (std::vector<Stack>* list : {&cls.guarded, &cls.unguarded, &cls.discarded}) {
+            if (!list->empty()) {
+                out = list->back();
+                list->pop_back();
+                pooled_.fetch_sub(1, std::memory_order_relaxed);
+                if (list == &cls.discarded) discarded_.fetch_sub(1, std::memory_order_relaxed);
+                return true;
+            }
+        }
+        return false;
+    }
+
+    // Under mutex_. The oldest stacks (the front) go: the back ones are the warmest.
+    void trim_locked(SizeClass& cls) noexcept {
+        // Guarded stacks are kept first (they detect overflow); carved ones fill the rest.
+        const std::size_t cap = FIBER_SCHED_STACK_POOL_MAX;
+        const std::size_t keep_guarded = std::min(cls.guarded.size(), cap);
+        const std::size_t keep_unguarded = std::min(cls.unguarded.size(), cap - keep_guarded);
+        if (cls.guarded.size() > keep_guarded) {
+            const std::size_t excess = cls.guarded.size() - keep_guarded;
+            for (std::size_t i = 0; i < excess; ++i) unmap(cls.guarded[i]);
+            cls.guarded.erase(cls.guarded.begin(), cls.guarded.begin() + static_cast<std::ptrdiff_t>(excess));
+            pooled_.fetch_sub(excess, std::memory_order_relaxed);
+        }
+        if (cls.unguarded.size() > keep_unguarded) {
+            const std::size_t excess = cls.unguarded.size() - keep_unguarded;
+            std::size_t kept = 0;
+            try {
+                cls.discarded.reserve(cls.discarded.size() + excess);
+                kept = excess;
+            } catch (...) {
+                // No room to remember them: their address ranges stay mapped, unused, like
+                // a slab's unused rest; nothing else is lost.
+            }
+            for (std::size_t i = 0; i < excess; ++i) {
+                os::discard_memory(cls.unguarded[i].base, cls.unguarded[i].size);
+                if (i < kept) cls.discarded.push_back(cls.unguarded[i]);  // reserved: no throw
+            }
+            discarded_.fetch_add(kept, std::memory_order_relaxed);
+            cls.unguarded.erase(cls.unguarded.begin(), cls.unguarded.begin() + static_cast<std::ptrdiff_t>(excess));
+            pooled_.fetch_sub(excess - kept, std::memory_order_relaxed);
+        }
+    }
 
     static std::size_t compute_guarded_limit() noexcept {
         if (FIBER_SCHED_GUARDED_STACK_LIMIT != 0) return FIBER_SCHED_GUARDED_STACK_LIMIT;
@@ -222,6 +294,10 @@ private:
     std::atomic<std::size_t> pooled_{0};
     std::atomic<std::size_t> guarded_{0};
     std::atomic<std::size_t> unguarded_{0};
+    std::atomic<std::size_t> discarded_{0};
+    // Set when a size holds more than FIBER_SCHED_STACK_POOL_MAX stacks, cleared by trim();
+    // relaxed: only a hint that an idle scheduler should call trim().
+    std::atomic<bool> surplus_{false};
     std::mutex threads_mutex_;
     std::vector<ThreadState*> threads_;
     long exited_in_use_ = 0;
@@ -243,7 +319,8 @@ Stack acquire_stack(std::size_t requested) {
         pool.count_exited(1);
         return stack;
     }
-    for (unsigned i = 0; i < ts->cached_stack_count; ++i) {
+    // The most recently freed first: its pages are the likeliest to be in the caches.
+    for (unsigned i = ts->cached_stack_count; i-- > 0;) {
         if (ts->cached_stacks[i].size == size) {
             Stack stack = ts->cached_stacks[i];
             ts->cached_stacks[i] = ts->cached_stacks[--ts->cached_stack_count];
@@ -251,7 +328,15 @@ Stack acquire_stack(std::size_t requested) {
             return stack;
         }
     }
-    Stack stack = pool.acquire(size);
+    // A miss refills the cache with more of this size under the same lock, so a thread
+    // making many fibers takes the pool's lock once per few of them, not once each.
+    unsigned taken = 0;
+    const unsigned room = ThreadState::stack_cache_capacity - ts->cached_stack_count;
+    Stack stack = size <= StackPool::reuse_limit
+                      ? pool.acquire(size, ts->cached_stacks + ts->cached_stack_count,
+                                     std::min(room, ThreadState::stack_cache_capacity / 2), &taken)
+                      : pool.acquire(size);
+    ts->cached_stack_count += taken;
     ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return stack;
 }
@@ -270,16 +355,27 @@ void release_stack(Stack& stack) noexcept {
         stack_pool().release(stack);
     } else {
         ts->stacks_in_use.store(ts->stacks_in_use.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-        if (ts->cached_stack_count < ThreadState::stack_cache_capacity && stack.size <= StackPool::reuse_limit) {
-            ts->cached_stacks[ts->cached_stack_count++] = stack;
-        } else {
+        if (stack.size > StackPool::reuse_limit) {
             stack_pool().release(stack);
+        } else {
+            if (ts->cached_stack_count == ThreadState::stack_cache_capacity) {
+                // Full: the older half goes to the pool in one locked call.
+                constexpr unsigned half = ThreadState::stack_cache_capacity / 2;
+                stack_pool().release(ts->cached_stacks, half);
+                for (unsigned i = half; i < ThreadState::stack_cache_capacity; ++i) {
+                    ts->cached_stacks[i - half] = ts->cached_stacks[i];
+                }
+                ts->cached_stack_count -= half;
+            }
+            ts->cached_stacks[ts->cached_stack_count++] = stack;
         }
     }
     stack = Stack{};
 }
 
 std::size_t stack_reserve() noexcept { return stack_pool().reserve(); }
+bool stack_pool_has_surplus() noexcept { return stack_pool().has_surplus(); }
+void trim_stack_pool() noexcept { stack_pool().trim(); }
 
 }  // namespace detail
 
