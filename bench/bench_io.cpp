@@ -8,7 +8,10 @@
 //   - thread per connection: blocking sockets, one std::thread per connection (C threads);
 //   - epoll loop: the hand-written event loop a C programmer would write, 2 threads with
 //     an epoll instance each, level-triggered, connections dealt out round-robin; the
-//     floor for what a server on this kernel can cost.
+//     floor for what a server on this kernel can cost;
+//   - Go, when the build made the Go twins (bench/go/echo.go, FIBER_SCHED_BENCH_GO_TWINS):
+//     a goroutine per connection on Go's netpoller, GOMAXPROCS=2, in a process of its own
+//     that inherits the listening socket; its server CPU is that process's CPU clock.
 // Every one of them is driven by the same client, in a forked child process so that its
 // work is not counted as the server's: 2 threads, each with an epoll instance and C/2
 // non-blocking connections. The parent (the server) and the child share the machine's
@@ -18,9 +21,6 @@
 // One more row: client and server in one process, on one Scheduler(2, false): C client
 // fibers (io::connect, io::write, io::read) and the server fibers above. Its client is not
 // the epoll client, so its ratio compares whole systems; its CPU is the process's.
-//
-// Go's netpoller (goroutine per connection) is the peer to beat, but it is not a row here:
-// the machine these figures come from has no Go toolchain (see BENCHMARKS.md).
 //
 // Each repetition of a forked row: fork the client, start the server; the client opens
 // every connection, warms up (a tenth of the window, at least 20 ms), counts round trips
@@ -161,12 +161,21 @@ int accept_plain(int listen_fd) {
 // once every connection has ended (the client closed it) and the threads are gone.
 // ---------------------------------------------------------------------------------------
 
+double process_cpu_seconds(int who) {
+    rusage ru{};
+    getrusage(who, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 class Server {
 public:
     virtual ~Server() = default;
     virtual bool nonblocking_listener() const = 0;
     virtual void start(int listen_fd, int connections) = 0;
     virtual void finish() = 0;
+    // CPU seconds the server has used so far: this process's, unless it runs elsewhere.
+    virtual double cpu_seconds() const { return process_cpu_seconds(RUSAGE_SELF); }
 };
 
 // fsched: one fiber per connection on a 2-worker scheduler.
@@ -328,16 +337,51 @@ private:
     std::thread acceptor_;
 };
 
+// Go: the twins' echo server (bench/go/echo.go), a goroutine per connection, GOMAXPROCS=2,
+// in a child process that gets the listening socket as fd 3 and ends once every connection
+// has. Its CPU is read from the child's process CPU clock, which counts all its threads.
+class GoServer : public Server {
+public:
+    bool nonblocking_listener() const override { return false; }
+    void start(int listen_fd, int connections) override {
+        // Built before the fork: the child only dup2()s and execs.
+        twin_ = std::make_unique<fsched_bench::GoTwin>(
+            std::vector<std::string>{"echo", "-procs", "2", "-connections", std::to_string(connections)});
+        const fsched_bench::GoTwin& twin = *twin_;
+        child_ = std::make_unique<fsched_bench::ChildProcess>([&twin, listen_fd](int fd) {
+            // dup2() onto fd 3 clears close-on-exec; a socket that is fd 3 already keeps it, so clear it.
+            if (listen_fd == 3 ? ::fcntl(3, F_SETFD, 0) != 0 : ::dup2(listen_fd, 3) != 3) return 126;
+            ::dup2(fd, STDOUT_FILENO);
+            twin.exec();
+            return 127;
+        });
+        // Like the other servers, return once it serves: the twins say "ready" when they do.
+        char ready[6] = {};
+        if (!child_->started() || !child_->read(ready, sizeof ready) || std::memcmp(ready, "ready\n", 6) != 0 ||
+            clock_getcpuclockid(child_->pid(), &cpu_clock_) != 0) {
+            die("start the Go echo server");
+        }
+    }
+    void finish() override {
+        if (!child_->wait()) std::fprintf(stderr, "bench_io: the Go echo server failed\n");
+        child_.reset();
+        twin_.reset();
+    }
+    double cpu_seconds() const override {
+        timespec ts{};
+        clock_gettime(cpu_clock_, &ts);
+        return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+    }
+
+private:
+    std::unique_ptr<fsched_bench::GoTwin> twin_;
+    std::unique_ptr<fsched_bench::ChildProcess> child_;
+    clockid_t cpu_clock_{};
+};
+
 // ---------------------------------------------------------------------------------------
 // The client: a forked child, 2 threads with an epoll instance each
 // ---------------------------------------------------------------------------------------
-
-double cpu_seconds(int who) {
-    rusage ru{};
-    getrusage(who, &ru);
-    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 // What the client sends to the parent at the end of its window.
 struct ClientReport {
@@ -424,7 +468,7 @@ int run_client_process(int port, const Config& cfg, int report_fd) {
 
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.warmup_s));
     const std::uint64_t n0 = total();
-    const double cpu0 = cpu_seconds(RUSAGE_SELF);
+    const double cpu0 = process_cpu_seconds(RUSAGE_SELF);
     const auto t0 = Clock::now();
     const char start_byte = 'S';
     if (!fsched_bench::write_all(report_fd, &start_byte, 1)) die("client report");
@@ -433,7 +477,7 @@ int run_client_process(int port, const Config& cfg, int report_fd) {
     ClientReport report;
     report.round_trips = total() - n0;
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    report.cpu_seconds = cpu_seconds(RUSAGE_SELF) - cpu0;
+    report.cpu_seconds = process_cpu_seconds(RUSAGE_SELF) - cpu0;
     if (!fsched_bench::write_all(report_fd, &report, sizeof report)) die("client report");
 
     stop.store(true);
@@ -471,9 +515,9 @@ Sample run_forked(Server& server, const Config& cfg) {
     ClientReport report;
     std::uint64_t errors = 0;
     bool ok = client.read(&start_byte, 1);
-    const double cpu0 = cpu_seconds(RUSAGE_SELF);
+    const double cpu0 = server.cpu_seconds();
     ok = ok && client.read(&report, sizeof report);
-    const double cpu1 = cpu_seconds(RUSAGE_SELF);
+    const double cpu1 = server.cpu_seconds();
     ok = ok && client.read(&errors, sizeof errors);
     server.finish();
     ::close(listen_fd);
@@ -553,12 +597,12 @@ Sample run_shared(const Config& cfg) {
     };
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.warmup_s));
     const std::uint64_t n0 = total();
-    const double cpu0 = cpu_seconds(RUSAGE_SELF);
+    const double cpu0 = process_cpu_seconds(RUSAGE_SELF);
     const auto t0 = Clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.window_s));
     const double n = static_cast<double>(total() - n0);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double cpu = cpu_seconds(RUSAGE_SELF) - cpu0;
+    const double cpu = process_cpu_seconds(RUSAGE_SELF) - cpu0;
     stop.store(true);
     scheduler.stop();
     ::close(listen_fd);
@@ -705,8 +749,8 @@ int main(int argc, char** argv) {
     if (!parse(argc, argv, cfg)) return 2;
     raise_fd_limit();
 
-    std::printf("%s; %u hardware threads; no Go row (see BENCHMARKS.md)\n", fsched_bench::build_line("bench_io").c_str(),
-                std::thread::hardware_concurrency());
+    std::printf("%s%s; %u hardware threads\n", fsched_bench::build_line("bench_io").c_str(),
+                fsched_bench::go_note().c_str(), std::thread::hardware_concurrency());
     std::printf("%s; %d repetition%s per case of a %.0f ms window after a %.0f ms warm-up; best and median shown\n",
                 cfg.quick ? "--quick: one short window, the numbers are noise" : "full run", cfg.reps,
                 cfg.reps == 1 ? "" : "s", cfg.window_s * 1e3, cfg.warmup_s * 1e3);
@@ -715,10 +759,15 @@ int main(int argc, char** argv) {
     FschedServer fsched_server;
     ThreadServer thread_server;
     EpollServer epoll_server;
+    GoServer go_server;
     std::vector<Row> rows;
     rows.push_back(Row{"fsched, fiber per connection", true, [&] { return run_forked(fsched_server, cfg); }, {}, false});
     rows.push_back(Row{"thread per connection, blocking", false, [&] { return run_forked(thread_server, cfg); }, {}, false});
     rows.push_back(Row{"epoll loop, 2 threads", false, [&] { return run_forked(epoll_server, cfg); }, {}, false});
+    if (fsched_bench::have_go()) {
+        rows.push_back(Row{"Go, goroutine per connection, GOMAXPROCS=2", false, [&] { return run_forked(go_server, cfg); },
+                           {}, false});
+    }
     rows.push_back(Row{"fsched, client + server on one scheduler", false, [&] { return run_shared(cfg); }, {}, false});
     rows.erase(std::remove_if(rows.begin(), rows.end(),
                               [&](const Row& r) {

@@ -17,8 +17,10 @@
 //      and capacity 1 against boost::fibers::buffered_channel(2): Boost's capacity must be
 //      a power of two >= 2, and its ring keeps one slot free, so capacity 2 holds one
 //      value, like ours. On Scheduler(1, false) against round_robin, on Scheduler(2, false)
-//      against work_stealing on 2 threads. (Go's unbuffered channel is the peer to beat;
-//      no Go toolchain is needed or used here.)
+//      against work_stealing on 2 threads. Go's channels (the unbuffered one is the peer to
+//      beat) on GOMAXPROCS=1 and 2, when the build made the Go twins (bench/go/channel.go,
+//      FIBER_SCHED_BENCH_GO_TWINS): the same ping-pong between two goroutines, timed by the
+//      twins with timed()'s calibration and repetitions.
 //   3. memory per parked fiber: 100,000 tasks on a Scheduler(2, false), default stack
 //      size, each parked in WaitGroup::wait() on one gate; resident memory (VmRSS) before
 //      and after, KiB per parked fiber; then the gate opens and every task must finish.
@@ -96,7 +98,8 @@ using Clock = std::chrono::steady_clock;
 // (see BENCHMARKS.md), which the best and the median alone would hide.
 struct Timing {
     Result r;
-    double max_ns = 0;  // slowest timed repetition, ns per operation
+    double max_ns = 0;    // slowest timed repetition, ns per operation
+    bool failed = false;  // the case could not be measured (a Go twin that failed)
 };
 
 // Like fsched_bench::measure(), with a calibration that one slow call cannot spoil and
@@ -232,6 +235,23 @@ Timing channel_fsched(const Options& opt, std::size_t threads, std::size_t capac
     sched.stop();
     sink = total;
     return r;
+}
+
+// Go's ping-pong over two channels of `capacity` on GOMAXPROCS=`procs` (bench/go/channel.go),
+// with our repetitions, calibration target and fixed count when --iters is given.
+Timing channel_go(const Options& opt, std::size_t procs, std::size_t capacity) {
+    const fsched_bench::GoResult g =
+        fsched_bench::run_go_twin({"chan", "-procs", std::to_string(procs), "-cap", std::to_string(capacity), "-reps",
+                                   std::to_string(opt.reps), "-rep-ms", fsched_bench::format("%g", opt.rep_ms),
+                                   "-iters", std::to_string(opt.iters)});
+    Timing t;
+    t.failed = !g.ok;
+    if (t.failed) return t;
+    t.r.min_ns = g.best;
+    t.r.median_ns = g.median;
+    t.r.iters = g.work;
+    t.max_ns = *std::max_element(g.samples.begin(), g.samples.end());
+    return t;
 }
 
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
@@ -392,6 +412,11 @@ std::vector<Case> make_cases() {
             const std::string g = what + (threads == 1 ? ", 1 thread" : ", 2 threads") + ": ns per one-way message";
             add(g, "fsched::Channel<int>(" + std::to_string(capacity) + "), Scheduler(" + std::to_string(threads) + ")",
                 true, Where::here, [threads, capacity](const Options& o) { return channel_fsched(o, threads, capacity); });
+            if (fsched_bench::have_go()) {
+                add(g, std::string(capacity == 0 ? "Go chan int (unbuffered)" : "Go chan int, capacity 1") +
+                           ", GOMAXPROCS=" + std::to_string(threads),
+                    false, Where::here, [threads, capacity](const Options& o) { return channel_go(o, threads, capacity); });
+            }
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
             const std::string algo = threads == 1 ? ", round_robin" : ", work_stealing(2)";
             const Where where = threads == 1 ? Where::fresh_thread : Where::work_stealing_child;
@@ -708,8 +733,9 @@ int main(int argc, char** argv) {
 
     const std::string boost = fsched_bench::boost_note(FIBER_SCHED_BENCH_HAVE_BOOST_FIBER, " (Boost.Fiber)",
                                                        "Boost.Fiber not compiled in (no baselines but std::mutex)");
-    std::printf("%s%s\n%s; %d repetitions per case, best and median shown\n", fsched_bench::build_line("bench_sync").c_str(),
-                boost.c_str(), opt.quick ? "quick run (numbers are noise)" : "full run", opt.reps);
+    std::printf("%s%s%s\n%s; %d repetitions per case, best and median shown\n", fsched_bench::build_line("bench_sync").c_str(),
+                boost.c_str(), fsched_bench::go_note().c_str(), opt.quick ? "quick run (numbers are noise)" : "full run",
+                opt.reps);
 
     std::vector<Case> cases = make_cases();
     auto name = [](const Case& c) { return c.group + "/" + c.impl; };
@@ -748,8 +774,14 @@ int main(int argc, char** argv) {
 
     fsched_bench::Table table;
     std::string group;
+    bool any_failed = false;
     for (const Case& c : cases) {
         if (!c.done) continue;
+        if (c.result.failed) {
+            std::fprintf(stderr, "bench_sync: %s: failed, left out of the table\n", name(c).c_str());
+            any_failed = true;
+            continue;
+        }
         if (c.group != group) {
             table.begin_group(c.group);
             group = c.group;
@@ -762,7 +794,7 @@ int main(int argc, char** argv) {
     // columns alone would hide a bimodal case.
     bool header = false;
     for (const Case& c : cases) {
-        if (!c.done || c.result.max_ns <= 2 * c.result.r.min_ns) continue;
+        if (!c.done || c.result.failed || c.result.max_ns <= 2 * c.result.r.min_ns) continue;
         if (!header) std::printf("\nspread: slowest repetition over twice the best (ns/op: best / median / slowest)\n");
         header = true;
         std::printf("  %s / %s: %.1f / %.1f / %.1f\n", c.group.substr(0, c.group.find(':')).c_str(), c.impl.c_str(),
@@ -770,5 +802,6 @@ int main(int argc, char** argv) {
     }
 
     memory_benchmark(fibers, opt);
-    return 0;
+    // A failed case fails the run: CTest's --quick smoke test is how CI notices one.
+    return any_failed ? 1 : 0;
 }

@@ -12,7 +12,9 @@
 //   - build_line() and boost_note(): the first line of every benchmark's output;
 //   - the Boost macros, FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT and _FIBER, defined 0 or 1;
 //   - ChildProcess, write_all() and read_exact(): a forked child with a pipe back to the
-//     benchmark, for the baselines and the client that must not run in its process.
+//     benchmark, for the baselines and the client that must not run in its process;
+//   - GoTwin, run_go_twin(), have_go(), go_version() and go_note(): the Go twins of
+//     bench/go/, run as a child process when the build made them (FIBER_SCHED_BENCH_GO_TWINS).
 // The benchmarks need a POSIX system (bench/CMakeLists.txt skips them elsewhere).
 #ifndef FIBER_SCHED_BENCH_UTIL_HPP
 #define FIBER_SCHED_BENCH_UTIL_HPP
@@ -32,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -406,6 +409,9 @@ public:
 
     bool started() const { return pid_ > 0; }
 
+    // The child's process id (<= 0 if it did not start or was waited for).
+    pid_t pid() const { return pid_; }
+
     // Reads exactly `n` bytes that the child wrote; false if it could not (the child ended,
     // crashed or never started).
     bool read(void* buf, std::size_t n) { return fd_ >= 0 && read_exact(fd_, buf, n); }
@@ -441,6 +447,136 @@ private:
     pid_t pid_ = -1;
     int fd_ = -1;  // the pipe's read end
 };
+
+// ---------------------------------------------------------------------------------------
+// The Go twins
+// ---------------------------------------------------------------------------------------
+//
+// bench/go/ is one Go program with a case for each of our cases that Go has a peer for
+// (goroutines, Gosched, channels, an echo server). When CMake finds `go` it builds it into
+// the build tree and passes its path as FIBER_SCHED_BENCH_GO_TWINS (a string literal), so a
+// run never compiles anything; without it the Go rows are left out and the reference
+// figures stay. Go's runtime measures its own case and prints one line,
+//   result <case> unit <unit> work <per repetition> best <b> median <m> samples <s1,s2,...>
+// which run_go_twin() parses: the program's start-up is not in the figures.
+
+// The twins' executable; nullptr when this benchmark was built without them.
+inline const char* go_twins_path() {
+#ifdef FIBER_SCHED_BENCH_GO_TWINS
+    return FIBER_SCHED_BENCH_GO_TWINS;
+#else
+    return nullptr;
+#endif
+}
+
+// One command line of the twins. The argv array is built here, in the parent: exec() runs
+// in a forked child, where a multi-threaded parent's child must not allocate.
+class GoTwin {
+public:
+    explicit GoTwin(std::vector<std::string> args) : args_(std::move(args)) {
+        args_.insert(args_.begin(), go_twins_path() ? go_twins_path() : "");
+        for (std::string& a : args_) argv_.push_back(&a[0]);
+        argv_.push_back(nullptr);
+    }
+    GoTwin(const GoTwin&) = delete;
+    GoTwin& operator=(const GoTwin&) = delete;
+
+    // In a forked child: replaces it with the twins; returns only if that failed.
+    void exec() const { ::execv(argv_[0], argv_.data()); }
+
+    // "go_twins spawn -n 1000", for messages.
+    std::string text() const {
+        std::string t = "go_twins";
+        for (std::size_t i = 1; i < args_.size(); ++i) t += " " + args_[i];
+        return t;
+    }
+
+private:
+    std::vector<std::string> args_;
+    std::vector<char*> argv_;
+};
+
+// What a measuring case of the twins printed.
+struct GoResult {
+    bool ok = false;  // false: the twins could not run, failed, or printed no result
+    std::string unit;
+    std::uint64_t work = 0;  // operations per repetition
+    double best = 0;         // the best repetition (for a rate the highest), in `unit`
+    double median = 0;
+    std::vector<double> samples;  // every timed repetition, in `unit`
+};
+
+// Runs `twin` to its end with its stdout read back through a pipe (its stderr is ours);
+// `exited_ok`: whether it exited with status 0. Fork only while this process has no other
+// threads (see ChildProcess).
+inline std::string go_twin_output(const GoTwin& twin, bool& exited_ok) {
+    ChildProcess child([&twin](int fd) {
+        ::dup2(fd, STDOUT_FILENO);
+        twin.exec();
+        return 127;
+    });
+    std::string out = child.read_to_end();
+    exited_ok = child.wait();
+    return out;
+}
+
+// Runs the twins with `args` (the case first, then its flags) and parses their "result" line.
+inline GoResult run_go_twin(std::vector<std::string> args) {
+    GoResult res;
+    if (!go_twins_path()) return res;
+    const GoTwin twin(std::move(args));
+    bool exited_ok = false;
+    std::istringstream lines(go_twin_output(twin, exited_ok));
+    for (std::string line; std::getline(lines, line);) {
+        std::istringstream words(line);
+        std::string word, name;
+        if (!(words >> word) || word != "result" || !(words >> name)) continue;
+        GoResult r;
+        for (std::string key, value; words >> key >> value;) {
+            if (key == "unit") {
+                r.unit = value;
+            } else if (key == "work") {
+                r.work = std::strtoull(value.c_str(), nullptr, 10);
+            } else if (key == "best") {
+                r.best = std::atof(value.c_str());
+            } else if (key == "median") {
+                r.median = std::atof(value.c_str());
+            } else if (key == "samples") {
+                std::istringstream list(value);
+                for (std::string s; std::getline(list, s, ',');) r.samples.push_back(std::atof(s.c_str()));
+            }
+        }
+        r.ok = exited_ok && !r.samples.empty();
+        res = std::move(r);
+    }
+    if (!res.ok) std::fprintf(stderr, "Go twin failed: %s\n", twin.text().c_str());
+    return res;
+}
+
+// The Go version the twins were built with ("go1.19.8"); "" when they are absent or do not
+// run. Asked once per process.
+inline const std::string& go_version() {
+    static const std::string version = [] {
+        std::string v;
+        if (!go_twins_path() || ::access(go_twins_path(), X_OK) != 0) return v;
+        bool exited_ok = false;
+        std::istringstream words(go_twin_output(GoTwin({"version"}), exited_ok));
+        std::string word;
+        if (exited_ok && words >> word && word == "version") words >> v;
+        return v;
+    }();
+    return version;
+}
+
+// Whether the Go rows run: the twins were built and answer.
+inline bool have_go() { return !go_version().empty(); }
+
+// The first line's Go part: "; Go twins: go1.19.8", or why there are no Go rows.
+inline std::string go_note() {
+    if (have_go()) return "; Go twins: " + go_version();
+    if (!go_twins_path()) return "; no Go rows (no Go twins in this build: CMake found no `go`, or FIBER_SCHED_BENCH_GO=OFF)";
+    return std::string("; no Go rows (the Go twins at ") + go_twins_path() + " do not run)";
+}
 
 }  // namespace fsched_bench
 

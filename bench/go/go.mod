@@ -1,0 +1,3 @@
+module fiber_sched/bench/go
+
+go 1.19
