@@ -43,11 +43,21 @@ bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, b
 void add_to_io_registry(SchedulerIdle* idle);
 void remove_from_io_registry(SchedulerIdle* idle) noexcept;
 
+// An epoll event's data: the fd and the generation of the arming that asked for it (see
+// IoFd::generation; the idle wait's own eventfds use generation 0).
+inline std::uint64_t event_data(int fd, std::uint32_t generation) noexcept {
+    return static_cast<std::uint64_t>(generation) << 32 | static_cast<std::uint32_t>(fd);
+}
+inline int event_fd(const epoll_event& ev) noexcept { return static_cast<int>(static_cast<std::uint32_t>(ev.data.u64)); }
+inline std::uint32_t event_generation(const epoll_event& ev) noexcept {
+    return static_cast<std::uint32_t>(ev.data.u64 >> 32);
+}
+
 // Adds `fd` to `epoll_fd` for reading; false with errno set if epoll_ctl fails.
 inline bool watch(int epoll_fd, int fd) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = static_cast<std::uint32_t>(fd);  // generation 0: see io.ipp's event_data()
+    ev.data.u64 = event_data(fd, 0);
     return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 

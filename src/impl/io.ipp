@@ -70,13 +70,6 @@ IoRegistry& io_registry() {
     return *registry;
 }
 
-// An epoll event's data: the fd and the generation of the arming that asked for it.
-std::uint64_t event_data(int fd, std::uint32_t generation) noexcept {
-    return static_cast<std::uint64_t>(generation) << 32 | static_cast<std::uint32_t>(fd);
-}
-int event_fd(const epoll_event& ev) noexcept { return static_cast<int>(static_cast<std::uint32_t>(ev.data.u64)); }
-std::uint32_t event_generation(const epoll_event& ev) noexcept { return static_cast<std::uint32_t>(ev.data.u64 >> 32); }
-
 // What to do with an fd's epoll entry once no fiber waits for it.
 enum class WhenIdle {
     keep,    // it just fired, so one-shot already disarmed it: no system call
@@ -137,28 +130,6 @@ void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint
         entry.writer = nullptr;
     }
     rearm(idle, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
-}
-
-// Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
-// drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
-// the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
-bool dispatch_events(SchedulerIdle& idle, const epoll_event* events, int n, bool is_poller) noexcept {
-    bool any = false;
-    for (int i = 0; i < n; ++i) {
-        const int fd = event_fd(events[i]);
-        if (fd == idle.poller_wake_fd) {
-            if (is_poller) drain(fd);
-            continue;
-        }
-        IoWait* woken[2];
-        int count = 0;
-        idle.io_lock.lock();
-        take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
-        idle.io_lock.unlock();
-        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
-        any = any || count > 0;
-    }
-    return any;
 }
 
 struct FiberIoWait {
@@ -387,8 +358,26 @@ ssize_t write_without_sigpipe(int fd, const void* buf, std::size_t n) noexcept {
 
 }  // namespace
 
+// Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
+// drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
+// the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
 bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept {
-    return dispatch_events(idle, events, n, from_poller);
+    bool any = false;
+    for (int i = 0; i < n; ++i) {
+        const int fd = event_fd(events[i]);
+        if (fd == idle.poller_wake_fd) {
+            if (from_poller) drain(fd);
+            continue;
+        }
+        IoWait* woken[2];
+        int count = 0;
+        idle.io_lock.lock();
+        take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
+        idle.io_lock.unlock();
+        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
+        any = any || count > 0;
+    }
+    return any;
 }
 
 void add_to_io_registry(SchedulerIdle* idle) {
