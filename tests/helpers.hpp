@@ -3,8 +3,12 @@
 
 #include "fiber_sched.hpp"
 
+#include <atomic>
 #include <csignal>
+#include <exception>
+#include <functional>
 #include <mutex>
+#include <new>
 #include <ostream>  // doctest prints std types through it
 #include <cstdio>
 #include <string>
@@ -100,6 +104,23 @@ inline std::vector<Config> all_configs() {
 inline std::string config_name(const Config& c) {
     return std::to_string(c.threads) + (c.use_caller ? " workers, use_caller" : " workers");
 }
+
+// Counts what a scheduler's exception handler receives, by kind.
+struct Failures {
+    std::atomic<int> bad_alloc{0};
+    std::atomic<int> other{0};
+    std::function<void(std::exception_ptr)> handler() {
+        return [this](std::exception_ptr e) {
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::bad_alloc&) {
+                bad_alloc++;
+            } catch (...) {
+                other++;
+            }
+        };
+    }
+};
 
 }  // namespace test
 

@@ -45,22 +45,7 @@ struct Fault {
     return n;
 }
 
-// Counts what the exception handler receives, by kind.
-struct Failures {
-    std::atomic<int> bad_alloc{0};
-    std::atomic<int> other{0};
-    std::function<void(std::exception_ptr)> handler() {
-        return [this](std::exception_ptr e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::bad_alloc&) {
-                bad_alloc++;
-            } catch (...) {
-                other++;
-            }
-        };
-    }
-};
+using test::Failures;
 
 }  // namespace
 

@@ -638,16 +638,9 @@ TEST_CASE("running out of stack memory in a worker reaches the exception handler
                             // test_faults.cpp injects the same failure in every variant
     test::ChildResult r = test::run_in_child([] {
         Scheduler s(2, false, "oom");
-        std::atomic<int> ran{0}, failed{0}, other{0};
-        s.set_exception_handler([&](std::exception_ptr e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::bad_alloc&) {
-                failed++;
-            } catch (...) {
-                other++;
-            }
-        });
+        std::atomic<int> ran{0};
+        test::Failures failures;
+        s.set_exception_handler(failures.handler());
         s.start();
         s.schedule([] {});  // the workers are up and have their thread stacks
         std::this_thread::sleep_for(50ms);
@@ -667,7 +660,8 @@ TEST_CASE("running out of stack memory in a worker reaches the exception handler
             });
         }
         s.stop();
-        std::fprintf(stderr, "ran %d failed %d other %d\n", ran.load(), failed.load(), other.load());
+        const int failed = failures.bad_alloc, other = failures.other;
+        std::fprintf(stderr, "ran %d failed %d other %d\n", ran.load(), failed, other);
         if (other != 0) _exit(12);
         if (failed == 0) _exit(13);  // the cap did not bite: the test proves nothing
         if (ran + failed != tasks) _exit(14);

@@ -229,15 +229,17 @@ struct TrimDelay {
     }
 };
 
+// Pooled stacks that still hold their pages.
+std::size_t with_memory() {
+    const fsched::StackStats s = fsched::stack_stats();
+    return s.pooled - s.discarded;
+}
+
 }  // namespace
 
 TEST_CASE("a burst of fibers beyond the pool's cap keeps its stacks until a scheduler idles, then gives them back") {
     TrimDelay no_trim(std::chrono::hours(1));
     const std::size_t pooled_before = fsched::stack_stats().pooled;
-    const auto with_memory = [] {  // pooled stacks that still hold their pages
-        const fsched::StackStats s = fsched::stack_stats();
-        return s.pooled - s.discarded;
-    };
     const std::size_t with_memory_before = with_memory();
     {
         std::vector<std::unique_ptr<Fiber>> burst;
@@ -277,10 +279,6 @@ TEST_CASE("a burst of fibers beyond the pool's cap keeps its stacks until a sche
 
 TEST_CASE("without an idle scheduler the pool keeps at most twice its cap of one size") {
     TrimDelay no_trim(std::chrono::hours(1));
-    const auto with_memory = [] {  // pooled stacks that still hold their pages
-        const fsched::StackStats s = fsched::stack_stats();
-        return s.pooled - s.discarded;
-    };
     const std::size_t before = with_memory();
     {
         std::vector<std::unique_ptr<Fiber>> burst;
