@@ -136,6 +136,16 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define FIBER_SCHED_HAVE_EPOLL 1
 #endif
 
+// Switch the floating-point control state with each fiber: on x86-64 the MXCSR control
+// bits (rounding, flush-to-zero, exception masks) and the x87 control word, on aarch64 FPCR.
+// The ABIs make them callee-saved, so a fiber that changes its rounding mode does not change
+// its resumer's. Reading MXCSR (stmxcsr) waits for the instructions before it, which makes
+// it most of a switch's cost: define 0 when no code run in fibers changes these modes, and
+// a switch leaves them as the thread has them (as marl and Go do). BENCHMARKS.md: "The switch".
+#if !defined(FIBER_SCHED_SWITCH_FP_CONTROL)
+#define FIBER_SCHED_SWITCH_FP_CONTROL 1
+#endif
+
 // Switch the C++ runtime's exception state with each fiber where the runtime exposes it
 // (the Itanium C++ ABI's __cxa_get_globals: libstdc++, libc++abi).
 #if !defined(FIBER_SCHED_SWITCH_EH_STATE)
@@ -392,10 +402,11 @@ class Scheduler;
 
 namespace detail {
 
+// Ready and Suspended come first: resume() claims a fiber with one compare (state <= Suspended).
 enum class FiberState : std::uint8_t {
     Ready,
-    Running,
     Suspended,
+    Running,
     Term,
     RunningResumePending,
     Parked,
@@ -418,11 +429,7 @@ public:
     // may throw.
     void claim_for_resume() {
         const FiberState state = load();
-        FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
-                           "resume(): fiber is already running");
-        FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
-        FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
-                           "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
+        if (__builtin_expect(state > FiberState::Suspended, 0)) misused_resume(state);
         state_.store(FiberState::Running, std::memory_order_relaxed);
     }
 
@@ -527,6 +534,16 @@ public:
     ResumeTarget resume_target() const noexcept { return ResumeTarget{resume_scheduler_, resume_worker_}; }
 
 private:
+    // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
+    __attribute__((noinline, cold)) static void misused_resume(FiberState state) {
+        FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                           "resume(): fiber is already running");
+        FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+        FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
+                           "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
+        (void)state;
+    }
+
     void set_resume(ResumeTarget target) noexcept {
         resume_scheduler_ = target.scheduler;
         resume_worker_ = target.worker;
@@ -743,11 +760,17 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     // The resumer's exception state waits in this frame while the fiber's is the thread's.
     // Field by field, at each field's width: a 16-byte copy of the struct would read back
     // two narrower stores made just before and stall store-to-load forwarding (~7 ns).
+    // Almost always both sides are outside every handler (all four fields zero): then
+    // nothing is stored, here or after the switch back.
     detail::EhState* eh = ts->eh ? ts->eh : detail::eh_globals(ts);
     void* const resumer_caught = eh->caught;
     const unsigned int resumer_uncaught = eh->uncaught;
-    eh->caught = eh_.caught;
-    eh->uncaught = eh_.uncaught;
+    const bool eh_swapped = (reinterpret_cast<std::uintptr_t>(resumer_caught) | resumer_uncaught |
+                             reinterpret_cast<std::uintptr_t>(eh_.caught) | eh_.uncaught) != 0;
+    if (__builtin_expect(eh_swapped, 0)) {
+        eh->caught = eh_.caught;
+        eh->uncaught = eh_.uncaught;
+    }
 #endif
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
@@ -764,10 +787,14 @@ __attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(b
     // Back on the thread that called resume(): a resumer cannot move while it waits here.
     ts->current = resumer;
 #if FIBER_SCHED_SWITCH_EH_STATE
-    eh_.caught = eh->caught;
-    eh_.uncaught = eh->uncaught;
-    eh->caught = resumer_caught;
-    eh->uncaught = resumer_uncaught;
+    // Not swapped: the fiber's state was empty and the resumer's is still the thread's
+    // unless the fiber left one there (it switched out inside a handler).
+    if (__builtin_expect(eh_swapped || eh->caught || eh->uncaught, 0)) {
+        eh_.caught = eh->caught;
+        eh_.uncaught = eh->uncaught;
+        eh->caught = resumer_caught;
+        eh->uncaught = resumer_uncaught;
+    }
 #endif
     auto after_switch = after_switch_;
     void* after_switch_arg = after_switch_arg_;
@@ -1842,7 +1869,8 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // ---------------------------------------------------------------------------
 // Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
 //
-// Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word.
+// Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
+// (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
 // fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the
 // running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
 // A switched-out stack, from its saved sp upwards:
@@ -1868,6 +1896,16 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 #define FIBER_SCHED_ENDBR ""
 #endif
 
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
+// reads it.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
+#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
+#else
+#define FIBER_SCHED_SAVE_FP ""
+#define FIBER_SCHED_LOAD_FP ""
+#endif
+
 __asm__(
     ".text\n"
     ".globl fsched_switch_context\n"
@@ -1883,12 +1921,10 @@ __asm__(
     "    pushq %r14\n"
     "    pushq %r15\n"
     "    subq $8, %rsp\n"
-    "    stmxcsr (%rsp)\n"
-    "    fnstcw 4(%rsp)\n"
+    FIBER_SCHED_SAVE_FP
     "    movq %rsp, (%rdi)\n"
     "    movq %rsi, %rsp\n"
-    "    ldmxcsr (%rsp)\n"
-    "    fldcw 4(%rsp)\n"
+    FIBER_SCHED_LOAD_FP
     "    addq $8, %rsp\n"
     "    popq %r15\n"
     "    popq %r14\n"
@@ -1919,6 +1955,8 @@ __asm__(
     ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
 
 #undef FIBER_SCHED_ENDBR
+#undef FIBER_SCHED_SAVE_FP
+#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {
@@ -1977,7 +2015,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 // Context switch for aarch64, AAPCS64 (Linux, BSDs).
 //
 // Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
-// halves d8-d15 of v8-v15, and FPCR. fsched_switch_context(void** save_sp,
+// halves d8-d15 of v8-v15, and FPCR (unless FIBER_SCHED_SWITCH_FP_CONTROL is 0). fsched_switch_context(void** save_sp,
 // void* load_sp) stores that state in a 176-byte frame below sp, stores sp to *save_sp,
 // loads load_sp, reloads the other side's frame and returns through its x30.
 //
@@ -1993,6 +2031,16 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 // ---------------------------------------------------------------------------
 
 extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
+
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the FPCR slot (one frame layout) but neither fills
+// nor reads it.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_SAVE_FP "    mrs x9, fpcr\n    str x9, [sp, #160]\n"
+#define FIBER_SCHED_LOAD_FP "    ldr x9, [sp, #160]\n    msr fpcr, x9\n"
+#else
+#define FIBER_SCHED_SAVE_FP ""
+#define FIBER_SCHED_LOAD_FP ""
+#endif
 
 __asm__(
     ".text\n"
@@ -2012,8 +2060,7 @@ __asm__(
     "    stp d10, d11, [sp, #112]\n"
     "    stp d12, d13, [sp, #128]\n"
     "    stp d14, d15, [sp, #144]\n"
-    "    mrs x9, fpcr\n"
-    "    str x9, [sp, #160]\n"
+    FIBER_SCHED_SAVE_FP
     "    mov x9, sp\n"
     "    str x9, [x0]\n"
     "    mov sp, x1\n"
@@ -2027,8 +2074,7 @@ __asm__(
     "    ldp d10, d11, [sp, #112]\n"
     "    ldp d12, d13, [sp, #128]\n"
     "    ldp d14, d15, [sp, #144]\n"
-    "    ldr x9, [sp, #160]\n"
-    "    msr fpcr, x9\n"
+    FIBER_SCHED_LOAD_FP
     "    add sp, sp, #176\n"
     "    ret\n"
     ".size fsched_switch_context,.-fsched_switch_context\n"
@@ -2047,6 +2093,9 @@ __asm__(
     "    brk #0\n"
     "    .cfi_endproc\n"
     ".size fsched_trampoline_aarch64_aapcs,.-fsched_trampoline_aarch64_aapcs\n");
+
+#undef FIBER_SCHED_SAVE_FP
+#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {

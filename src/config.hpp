@@ -42,6 +42,16 @@
 #define FIBER_SCHED_HAVE_EPOLL 1
 #endif
 
+// Switch the floating-point control state with each fiber: on x86-64 the MXCSR control
+// bits (rounding, flush-to-zero, exception masks) and the x87 control word, on aarch64 FPCR.
+// The ABIs make them callee-saved, so a fiber that changes its rounding mode does not change
+// its resumer's. Reading MXCSR (stmxcsr) waits for the instructions before it, which makes
+// it most of a switch's cost: define 0 when no code run in fibers changes these modes, and
+// a switch leaves them as the thread has them (as marl and Go do). BENCHMARKS.md: "The switch".
+#if !defined(FIBER_SCHED_SWITCH_FP_CONTROL)
+#define FIBER_SCHED_SWITCH_FP_CONTROL 1
+#endif
+
 // Switch the C++ runtime's exception state with each fiber where the runtime exposes it
 // (the Itanium C++ ABI's __cxa_get_globals: libstdc++, libc++abi).
 #if !defined(FIBER_SCHED_SWITCH_EH_STATE)

@@ -49,10 +49,11 @@ class Scheduler;
 
 namespace detail {
 
+// Ready and Suspended come first: resume() claims a fiber with one compare (state <= Suspended).
 enum class FiberState : std::uint8_t {
     Ready,
-    Running,
     Suspended,
+    Running,
     Term,
     RunningResumePending,
     Parked,
@@ -75,11 +76,7 @@ public:
     // may throw.
     void claim_for_resume() {
         const FiberState state = load();
-        FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
-                           "resume(): fiber is already running");
-        FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
-        FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
-                           "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
+        if (__builtin_expect(state > FiberState::Suspended, 0)) misused_resume(state);
         state_.store(FiberState::Running, std::memory_order_relaxed);
     }
 
@@ -184,6 +181,16 @@ public:
     ResumeTarget resume_target() const noexcept { return ResumeTarget{resume_scheduler_, resume_worker_}; }
 
 private:
+    // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
+    __attribute__((noinline, cold)) static void misused_resume(FiberState state) {
+        FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
+                           "resume(): fiber is already running");
+        FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
+        FIBER_SCHED_ASSERT(state != FiberState::Parked && state != FiberState::ParkedResumePending &&
+                           "resume(): fiber is parked in a scheduler; it runs again when its wait ends");
+        (void)state;
+    }
+
     void set_resume(ResumeTarget target) noexcept {
         resume_scheduler_ = target.scheduler;
         resume_worker_ = target.worker;

@@ -288,6 +288,7 @@ TEST_CASE("floating-point and integer values survive switches between interleave
     }
 }
 
+#if FIBER_SCHED_SWITCH_FP_CONTROL || defined(FIBER_SCHED_USE_UCONTEXT)
 TEST_CASE("each fiber keeps its own floating-point rounding mode") {
     const int original = std::fegetround();
     std::fesetround(FE_UPWARD);
@@ -313,6 +314,25 @@ TEST_CASE("each fiber keeps its own floating-point rounding mode") {
     CHECK(fiber.state() == Fiber::State::Term);
     std::fesetround(original);
 }
+#else
+TEST_CASE("FIBER_SCHED_SWITCH_FP_CONTROL 0: the rounding mode stays the thread's across switches") {
+    const int original = std::fegetround();
+    std::fesetround(FE_TONEAREST);
+    Fiber fiber([] {
+        CHECK(std::fegetround() == FE_TONEAREST);
+        std::fesetround(FE_DOWNWARD);
+        Fiber::yield();
+        // The resumer's change is what this fiber finds: nothing was switched.
+        CHECK(std::fegetround() == FE_UPWARD);
+    });
+    fiber.resume();
+    CHECK(std::fegetround() == FE_DOWNWARD);
+    std::fesetround(FE_UPWARD);
+    fiber.resume();
+    CHECK(fiber.state() == Fiber::State::Term);
+    std::fesetround(original);
+}
+#endif
 
 TEST_CASE("backend() names the backend compiled in") {
     const char* name = fsched::backend();

@@ -2,7 +2,7 @@
 // Context switch for aarch64, AAPCS64 (Linux, BSDs).
 //
 // Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
-// halves d8-d15 of v8-v15, and FPCR. fsched_switch_context(void** save_sp,
+// halves d8-d15 of v8-v15, and FPCR (unless FIBER_SCHED_SWITCH_FP_CONTROL is 0). fsched_switch_context(void** save_sp,
 // void* load_sp) stores that state in a 176-byte frame below sp, stores sp to *save_sp,
 // loads load_sp, reloads the other side's frame and returns through its x30.
 //
@@ -18,6 +18,16 @@
 // ---------------------------------------------------------------------------
 
 extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
+
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the FPCR slot (one frame layout) but neither fills
+// nor reads it.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_SAVE_FP "    mrs x9, fpcr\n    str x9, [sp, #160]\n"
+#define FIBER_SCHED_LOAD_FP "    ldr x9, [sp, #160]\n    msr fpcr, x9\n"
+#else
+#define FIBER_SCHED_SAVE_FP ""
+#define FIBER_SCHED_LOAD_FP ""
+#endif
 
 __asm__(
     ".text\n"
@@ -37,8 +47,7 @@ __asm__(
     "    stp d10, d11, [sp, #112]\n"
     "    stp d12, d13, [sp, #128]\n"
     "    stp d14, d15, [sp, #144]\n"
-    "    mrs x9, fpcr\n"
-    "    str x9, [sp, #160]\n"
+    FIBER_SCHED_SAVE_FP
     "    mov x9, sp\n"
     "    str x9, [x0]\n"
     "    mov sp, x1\n"
@@ -52,8 +61,7 @@ __asm__(
     "    ldp d10, d11, [sp, #112]\n"
     "    ldp d12, d13, [sp, #128]\n"
     "    ldp d14, d15, [sp, #144]\n"
-    "    ldr x9, [sp, #160]\n"
-    "    msr fpcr, x9\n"
+    FIBER_SCHED_LOAD_FP
     "    add sp, sp, #176\n"
     "    ret\n"
     ".size fsched_switch_context,.-fsched_switch_context\n"
@@ -72,6 +80,9 @@ __asm__(
     "    brk #0\n"
     "    .cfi_endproc\n"
     ".size fsched_trampoline_aarch64_aapcs,.-fsched_trampoline_aarch64_aapcs\n");
+
+#undef FIBER_SCHED_SAVE_FP
+#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {

@@ -1,7 +1,8 @@
 // ---------------------------------------------------------------------------
 // Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
 //
-// Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word.
+// Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
+// (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
 // fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the
 // running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
 // A switched-out stack, from its saved sp upwards:
@@ -27,6 +28,16 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 #define FIBER_SCHED_ENDBR ""
 #endif
 
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
+// reads it.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
+#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
+#else
+#define FIBER_SCHED_SAVE_FP ""
+#define FIBER_SCHED_LOAD_FP ""
+#endif
+
 __asm__(
     ".text\n"
     ".globl fsched_switch_context\n"
@@ -42,12 +53,10 @@ __asm__(
     "    pushq %r14\n"
     "    pushq %r15\n"
     "    subq $8, %rsp\n"
-    "    stmxcsr (%rsp)\n"
-    "    fnstcw 4(%rsp)\n"
+    FIBER_SCHED_SAVE_FP
     "    movq %rsp, (%rdi)\n"
     "    movq %rsi, %rsp\n"
-    "    ldmxcsr (%rsp)\n"
-    "    fldcw 4(%rsp)\n"
+    FIBER_SCHED_LOAD_FP
     "    addq $8, %rsp\n"
     "    popq %r15\n"
     "    popq %r14\n"
@@ -78,6 +87,8 @@ __asm__(
     ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
 
 #undef FIBER_SCHED_ENDBR
+#undef FIBER_SCHED_SAVE_FP
+#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {
