@@ -119,7 +119,7 @@ private:
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
-    void prepare_context() noexcept;
+    void prepare_context();
     // Runs a fiber already moved to Running; rethrows what its function threw. `scheduled`:
     // run by a Scheduler, so a concurrent schedule() may mark it RunningResumePending.
     detail::SwitchOutcome run_claimed(bool scheduled);

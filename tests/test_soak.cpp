@@ -43,7 +43,9 @@
 #include <vector>
 
 #include <dirent.h>
+#if !defined(_WIN32)
 #include <sys/socket.h>
+#endif
 #include <unistd.h>
 
 using fsched::Fiber;
