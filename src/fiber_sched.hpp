@@ -146,6 +146,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define WIN32_LEAN_AND_MEAN
 #endif
 #include <windows.h>
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
 #else
 #include <fcntl.h>
 #include <poll.h>

@@ -4,9 +4,11 @@
 //
 // A context's handle is an OS fiber (the address CreateFiberEx returns). Switching saves
 // GetCurrentFiber() into *save_sp and calls SwitchToFiber(load_sp); the OS switches the
-// callee-saved registers, the floating-point modes (FIBER_FLAG_FLOAT_SWITCH), the stack
-// fields of the TIB and the fiber-local storage, so the C runtime's per-fiber state (MSVC
-// keeps its exception state in FLS) follows each fiber.
+// callee-saved registers, the stack fields of the TIB and the fiber-local storage, so the C
+// runtime's per-fiber state (MSVC keeps its exception state in FLS) follows each fiber. The
+// floating-point control state (MXCSR, the x87 control word) is kept here, around the
+// switch, in the frame of the side switching out: FIBER_FLAG_FLOAT_SWITCH asks Windows for
+// it, but wine ignores the flag; a new fiber starts with its creator's modes.
 //
 // Only a fiber can switch to a fiber: a thread that is not one is converted the first time
 // it resumes a fiber (ConvertThreadToFiberEx) and converted back when it exits. A thread
@@ -25,23 +27,53 @@ namespace detail {
 
 const char* const backend_name = "winfiber";
 // The record below, at the top of each pooled stack.
-constexpr std::size_t context_stack_reserve = 64;
+constexpr std::size_t context_stack_reserve = 64;  // >= sizeof(WinFiberStart) + 16
+
+// The floating-point control state a fiber must find again when it resumes.
+struct FloatControl {
+#if defined(_M_X64) || defined(__x86_64__)
+    unsigned int mxcsr;
+#if defined(__GNUC__) || defined(__clang__)
+    unsigned short x87_control;  // MSVC's x64 code never uses the x87 unit
+#endif
+#endif
+};
+
+inline FloatControl save_float_control() noexcept {
+    FloatControl fc{};
+#if defined(_M_X64) || defined(__x86_64__)
+    fc.mxcsr = _mm_getcsr();
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__ volatile("fnstcw %0" : "=m"(fc.x87_control));
+#endif
+#endif
+    return fc;
+}
+
+inline void restore_float_control(const FloatControl& fc) noexcept {
+#if defined(_M_X64) || defined(__x86_64__)
+    _mm_setcsr(fc.mxcsr);
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
+#endif
+#else
+    (void)fc;
+#endif
+}
 
 struct WinFiberStart {
     ContextEntry entry;
     void* arg;
+    FloatControl float_control;  // the creator's, for the fiber's start
 };
 
-// Converts the thread back at exit if we converted it.
-struct ThreadFiber {
-    bool converted = false;
-    ~ThreadFiber() {
-        if (converted) ConvertFiberToThread();
-    }
-};
+// The thread-exit clean-up of a thread we converted (ThreadState::context_exit). Not a
+// thread_local with a destructor: MinGW's emutls frees those before their destructors run.
+inline void convert_back_to_thread() { ConvertFiberToThread(); }
 
 inline void WINAPI winfiber_start(void* param) {
     auto* start = static_cast<WinFiberStart*>(param);
+    restore_float_control(start->float_control);
     start->entry(start->arg);  // never returns: the last switch-out is final
 }
 
@@ -60,7 +92,7 @@ inline void* current_os_fiber() noexcept {
 
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
-    auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg};
+    auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
     // Commit one page now; the OS commits the rest as the fiber's stack grows, up to `size`.
     void* fiber = CreateFiberEx(0, size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
     if (!fiber) throw std::bad_alloc();
@@ -77,11 +109,14 @@ void release_context(Context& ctx) noexcept {
 
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
     if (!IsThreadAFiber()) {
-        static thread_local fsched::detail::ThreadFiber thread_fiber;
         const bool converted = ConvertThreadToFiberEx(nullptr, FIBER_FLAG_FLOAT_SWITCH) != nullptr;
         FIBER_SCHED_ASSERT(converted && "resume(): the thread cannot become a fiber (ConvertThreadToFiberEx failed)");
-        thread_fiber.converted = true;
+        fsched::detail::ThreadState* ts = fsched::detail::thread_state();
+        ts->context_exit = &fsched::detail::convert_back_to_thread;
+        fsched::detail::register_thread(ts);  // so that the clean-up runs at thread exit
     }
+    const fsched::detail::FloatControl float_control = fsched::detail::save_float_control();
     *save_sp = fsched::detail::current_os_fiber();
     SwitchToFiber(load_sp);
+    fsched::detail::restore_float_control(float_control);
 }

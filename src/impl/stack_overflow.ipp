@@ -87,6 +87,10 @@ struct ThreadExit {
             os::remove_fault_stack(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
         }
+        if (ts->context_exit) {
+            ts->context_exit();
+            ts->context_exit = nullptr;
+        }
         // Stays registered: a thread_local destroyed after this one may still create or
         // destroy fibers, and those are counted in the pool's total (acquire_stack).
         ts->exited = true;
