@@ -1614,12 +1614,19 @@ void assert_failed(const char* expr, const char* file, int line) {
 // before the thread_local destructors run (both are thread-exit callbacks of winpthreads,
 // emutls's registered first): the clean-up in stack_overflow.ipp would find a new, empty
 // ThreadState. So the ThreadState lives on the heap, found through a Win32 TLS slot that
-// outlives emutls; the thread_local only caches its address. It is not freed at thread
-// exit (a few hundred bytes per thread that used fibers): a thread_local destroyed after
-// the clean-up may still need it.
-FIBER_SCHED_NOINLINE ThreadState* thread_state_from_tls_slot() noexcept {
+// outlives emutls. It is not freed at thread exit (a few hundred bytes per thread that used
+// fibers): a thread_local destroyed after the clean-up may still need it.
+// Reading the slot is also what makes the switch fast here: an emutls access is a call
+// (__emutls_get_address); the slot is one load from the TIB (TlsSlots, gs:0x1480), for the
+// first 64 slots, where TlsAlloc() hands out a program's first ones.
+inline DWORD thread_state_slot() noexcept {
     static const DWORD slot = TlsAlloc();
     FIBER_SCHED_ASSERT(slot != TLS_OUT_OF_INDEXES && "fiber_sched: no Win32 TLS slot left for the thread state");
+    return slot;
+}
+
+FIBER_SCHED_NOINLINE ThreadState* thread_state_from_tls_slot() noexcept {
+    const DWORD slot = thread_state_slot();
     const DWORD error = GetLastError();  // TlsGetValue() clears it; the caller's stays
     auto* state = static_cast<ThreadState*>(TlsGetValue(slot));
     if (!state) {
@@ -1632,9 +1639,13 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state_from_tls_slot() noexcept {
 }
 
 FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
-    static thread_local ThreadState* cached = nullptr;
-    ThreadState* p = cached;
-    if (!p) p = cached = thread_state_from_tls_slot();
+    const DWORD slot = thread_state_slot();
+    ThreadState* p = nullptr;
+    if (slot < 64) {
+        // Volatile: the TIB is the running thread's, read anew on every call.
+        __asm__ volatile("movq %%gs:0x1480(,%1,8), %0" : "=r"(p) : "r"(static_cast<std::uintptr_t>(slot)));
+    }
+    if (!p) p = thread_state_from_tls_slot();
     // As below: the compiler must not reuse one thread's answer after a switch.
     __asm__ volatile("" : "+r"(p) : : "memory");
     return p;
