@@ -133,6 +133,77 @@ TEST_CASE("a fiber that parks in a catch block and resumes on another worker fin
     CHECK(ok);
 }
 
+namespace {
+// Counts the frames an exception unwinds, so a test sees the unwinder ran every destructor.
+struct UnwindCounter {
+    std::atomic<int>& count;
+    ~UnwindCounter() { count++; }
+};
+
+[[noreturn]] void throw_through_frames(int depth, const std::string& what, std::atomic<int>& unwound) {
+    UnwindCounter counter{unwound};
+    if (depth == 0) throw std::runtime_error(what);
+    throw_through_frames(depth - 1, what, unwound);
+}
+}  // namespace
+
+// All of it at once, for every backend and OS (Windows' SEH unwinder included): exceptions
+// thrown through frames inside fibers, caught there, a park inside the catch block that moves
+// the fiber to another worker, a rethrow there, and one more escaping the task.
+TEST_CASE("exceptions thrown, caught and rethrown in fibers that park in the catch and change workers") {
+    constexpr int workers = 4;
+    constexpr int fibers = 64;
+    constexpr int depth = 5;
+    Scheduler s(workers, false, "eh-all");
+    std::atomic<int> unwound{0}, own_exception{0}, moved{0}, escaped{0};
+    s.set_exception_handler([&](std::exception_ptr e) {
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::runtime_error& error) {
+            if (std::string(error.what()).rfind("escaping ", 0) == 0) escaped++;
+        } catch (...) {
+        }
+    });
+    std::vector<Fiber::ptr> all;
+    std::vector<std::atomic<bool>> yielding(fibers);  // set just before the fiber's yield
+    for (int i = 0; i < fibers; ++i) {
+        const std::string mine = "fiber " + std::to_string(i);
+        const int to = (i + 1) % workers;
+        std::atomic<bool>* about_to_yield = &yielding[static_cast<std::size_t>(i)];
+        all.push_back(std::make_shared<Fiber>([&, mine, to, about_to_yield] {
+            try {
+                throw_through_frames(depth, mine, unwound);
+            } catch (const std::runtime_error& e) {
+                fsched::this_fiber::sleep_for(1ms);  // parks; others throw and catch meanwhile
+                *about_to_yield = true;
+                Fiber::yield();  // leaves the scheduler; put back on `to`
+                if (Scheduler::worker_index() == to) moved++;
+                try {
+                    throw;
+                } catch (const std::runtime_error& again) {
+                    if (std::string(e.what()) == mine && std::string(again.what()) == mine) own_exception++;
+                }
+            }
+            throw std::runtime_error("escaping " + mine);  // to the exception handler
+        }));
+    }
+    s.start();
+    for (int i = 0; i < fibers; ++i) s.schedule(all[static_cast<std::size_t>(i)], i % workers);
+    // Each fiber that has yielded inside its catch block (Suspended once the switch-out is
+    // done) goes back on the next worker.
+    for (int i = 0; i < fibers; ++i) {
+        const std::size_t k = static_cast<std::size_t>(i);
+        REQUIRE(wait_until_true([&] { return yielding[k] && all[k]->state() == Fiber::State::Suspended; }));
+        s.schedule(all[k], (i + 1) % workers);
+    }
+    s.stop();
+    CHECK(unwound == fibers * (depth + 1));
+    CHECK(own_exception == fibers);
+    CHECK(moved == fibers);
+    CHECK(escaped == fibers);
+    CHECK(std::uncaught_exceptions() == 0);
+}
+
 TEST_CASE("a hand-resumed fiber and its resumer each keep their exception state") {
     std::string inside;
     Fiber fiber([&] {
