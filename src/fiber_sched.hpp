@@ -70,6 +70,9 @@ CAVEATS
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
+    - Windows: no fsched::io. With asm-x86_64-win64 a fiber is not an OS fiber: inside it
+      GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
+      fiber per run of a Fiber (slower to create; see README.md).
 
 VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 */
