@@ -16,6 +16,8 @@ USING IT
         #include "fiber_sched.hpp"
     Everywhere else just #include "fiber_sched.hpp". Link with -pthread. Forgetting the
     macro fails at link time naming define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file().
+    On Windows, a translation unit that includes <windows.h> before this header should
+    define NOMINMAX first.
 
 EXAMPLE
     #define FIBER_SCHED_IMPLEMENTATION
@@ -38,6 +40,8 @@ EXAMPLE
 CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_IMPLEMENTATION       emit the implementation in this translation unit
     FIBER_SCHED_USE_UCONTEXT         use the portable ucontext backend (default: assembly)
+    FIBER_SCHED_USE_WINFIBER         on Windows, use the Win32 fiber API (default: assembly,
+                                     or the fiber API with MSVC's cl.exe)
     FIBER_SCHED_DEFAULT_STACK_SIZE   bytes of stack for a size of 0 (default 262144)
     FIBER_SCHED_STACK_POOL_MAX       freed stacks kept per size for reuse (default 4096);
                                      a burst may leave up to twice as many until a
@@ -56,7 +60,8 @@ PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
     aarch64 Linux/BSD                   asm-aarch64
     any other POSIX target              ucontext
-    Windows                             not yet
+    x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
+    Windows, MSVC cl.exe (or forced)    winfiber (no fsched::io)
     fsched::backend() names the backend compiled in.
 
 CAVEATS
@@ -67,6 +72,9 @@ CAVEATS
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
+    - Windows: no fsched::io. With asm-x86_64-win64 a fiber is not an OS fiber: inside it
+      GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
+      fiber per run of a Fiber (slower to create; see README.md).
 
 VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 */
@@ -175,9 +183,29 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 #endif
 
+// Function attributes, spelled for the compiler at hand (MSVC has no __attribute__).
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+#define FIBER_SCHED_ALWAYS_INLINE __forceinline
+#define FIBER_SCHED_NOINLINE __declspec(noinline)
+// MSVC may drop an unreferenced static: there the link check below is best effort.
+#define FIBER_SCHED_USED
+#else
+#define FIBER_SCHED_ALWAYS_INLINE __attribute__((always_inline))
+#define FIBER_SCHED_NOINLINE __attribute__((noinline))
+#define FIBER_SCHED_USED __attribute__((used))
+#endif
+// Symbol visibility exists on ELF and Mach-O; PE/COFF exports nothing unless asked to.
+#if defined(_WIN32)
+#define FIBER_SCHED_HIDDEN
+#else
+#define FIBER_SCHED_HIDDEN __attribute__((visibility("hidden")))
+#endif
+
 namespace fsched {
 
-// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext".
+// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext",
+// "asm-x86_64-win64", "winfiber".
 const char* backend() noexcept;
 
 namespace detail {
@@ -185,9 +213,13 @@ namespace detail {
 // Prints the rule quoted in `expr` (if any), the expression and where, then aborts.
 [[noreturn]] void assert_failed(const char* expr, const char* file, int line);
 
-// A pause for spin-wait loops.
+// A pause for spin-wait loops. MSVC has no GNU builtins or inline assembly: its intrinsics.
 inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(_MSC_VER) && !defined(__clang__) && (defined(_M_X64) || defined(_M_IX86))
+    _mm_pause();
+#elif defined(_MSC_VER) && !defined(__clang__) && defined(_M_ARM64)
+    __yield();
+#elif defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ volatile("yield");
@@ -228,7 +260,7 @@ void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
 // Defined only by the translation unit that defines FIBER_SCHED_IMPLEMENTATION. Every other
 // unit references it, so forgetting the macro fails at link time with this name.
 int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
-[[maybe_unused]] __attribute__((used)) static int (*const implementation_link_check)() noexcept =
+[[maybe_unused]] FIBER_SCHED_USED static int (*const implementation_link_check)() noexcept =
     &define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file;
 
 }  // namespace detail
@@ -255,6 +287,9 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 //                      save the running context, store its handle in from.sp, continue the
 //                      context whose handle is to.sp (assembly, or a function),
 //   backend_name       what fsched::backend() returns,
+//   release_context(ctx)
+//                      free what make_context() acquired besides the stack (only the
+//                      winfiber backend has anything: its OS fiber),
 // and context_stack_reserve, the bytes of each fiber stack the backend uses itself (the
 // stack pool adds them to the size asked for).
 // A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
@@ -276,7 +311,7 @@ struct Context {
 }  // namespace fsched
 
 // Hidden: each shared object that embeds the implementation has its own.
-extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept FIBER_SCHED_HIDDEN;
 
 namespace fsched {
 namespace detail {
@@ -286,7 +321,11 @@ namespace detail {
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }
 
 // Prepares `ctx` to run entry(arg) on [stack_lo, stack_lo + size). In the backend's file.
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept;
+// Throws std::bad_alloc where the backend needs memory of its own (winfiber: an OS fiber).
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg);
+// Frees what make_context() acquired besides the stack; `ctx` must not be running. Called
+// before a context is made again on the same stack and when its fiber is destroyed.
+void release_context(Context& ctx) noexcept;
 
 }  // namespace detail
 }  // namespace fsched
@@ -601,6 +640,7 @@ struct ThreadState {
     std::size_t owned_altstack_size = 0;
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
+    void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -683,7 +723,7 @@ private:
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
-    void prepare_context() noexcept;
+    void prepare_context();
     // Runs a fiber already moved to Running; rethrows what its function threw. `scheduled`:
     // run by a Scheduler, so a concurrent schedule() may mark it RunningResumePending.
     detail::SwitchOutcome run_claimed(bool scheduled);
@@ -742,12 +782,12 @@ void resume_deferred(Fiber& fiber);
 
 }  // namespace detail
 
-__attribute__((always_inline)) inline void Fiber::resume() {
+FIBER_SCHED_ALWAYS_INLINE inline void Fiber::resume() {
     state_.claim_for_resume();
     run_claimed(false);
 }
 
-__attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
+FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
         detail::install_altstack(ts);
@@ -870,8 +910,9 @@ TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
     using std::chrono::steady_clock;
     const auto now = steady_clock::now();
     if (d <= d.zero()) return now;
-    const std::chrono::duration<double> room = TimePoint::max() - now;
-    return std::chrono::duration<double>(d) >= room ? TimePoint::max()
+    // (TimePoint::max)(): <windows.h> without NOMINMAX defines a max() macro.
+    const std::chrono::duration<double> room = (TimePoint::max)() - now;
+    return std::chrono::duration<double>(d) >= room ? (TimePoint::max)()
                                                     : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
 
@@ -1468,11 +1509,18 @@ template <class... T>
 constexpr bool linux_only = sizeof...(T) > 1000000;
 }
 // Without epoll these exist only to say so when used: each is a template whose
-// static_assert fires only when a call instantiates it.
+// static_assert fires only when a call instantiates it (an #error would refuse the whole
+// header, which every program includes).
+#if defined(_WIN32)
+#define FIBER_SCHED_IO_REFUSAL \
+    "fsched::io is Linux-only: it needs epoll; Windows has no fsched::io yet (IOCP is a later step)"
+#else
+#define FIBER_SCHED_IO_REFUSAL "fsched::io is Linux-only: it needs epoll"
+#endif
 #define FIBER_SCHED_IO_LINUX_ONLY(result, name, value)                                \
     template <class... Args>                                                           \
     result name(Args&&...) {                                                           \
-        static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll"); \
+        static_assert(detail::linux_only<Args...>, FIBER_SCHED_IO_REFUSAL);           \
         return value;                                                                  \
     }
 FIBER_SCHED_IO_LINUX_ONLY(bool, wait, false)
@@ -1483,6 +1531,7 @@ FIBER_SCHED_IO_LINUX_ONLY(int, connect, -1)
 FIBER_SCHED_IO_LINUX_ONLY(int, last_error, 0)
 FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #undef FIBER_SCHED_IO_LINUX_ONLY
+#undef FIBER_SCHED_IO_REFUSAL
 
 #endif
 
@@ -1514,11 +1563,23 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #include <unordered_map>
 #include <vector>
 
+#if defined(_WIN32)
+// NOMINMAX: the implementation calls std::min, std::max and numeric max() functions.
+#if !defined(NOMINMAX)
+#define NOMINMAX
+#endif
+#if !defined(WIN32_LEAN_AND_MEAN)
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
+#else
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
+#endif
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -1578,14 +1639,62 @@ void assert_failed(const char* expr, const char* file, int line) {
     std::abort();
 }
 
-__attribute__((noinline)) ThreadState* thread_state() noexcept {
+#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+// MinGW-w64 g++ keeps thread_local variables in emutls, which frees a thread's variables
+// before the thread_local destructors run (both are thread-exit callbacks of winpthreads,
+// emutls's registered first): the clean-up in stack_overflow.ipp would find a new, empty
+// ThreadState. So the ThreadState lives on the heap, found through a Win32 TLS slot that
+// outlives emutls. It is not freed at thread exit (a few hundred bytes per thread that used
+// fibers): a thread_local destroyed after the clean-up may still need it.
+// Reading the slot is also what makes the switch fast here: an emutls access is a call
+// (__emutls_get_address); the slot is one load from the TIB (TlsSlots, gs:0x1480), for the
+// first 64 slots, where TlsAlloc() hands out a program's first ones.
+inline DWORD thread_state_slot() noexcept {
+    static const DWORD slot = TlsAlloc();
+    FIBER_SCHED_ASSERT(slot != TLS_OUT_OF_INDEXES && "fiber_sched: no Win32 TLS slot left for the thread state");
+    return slot;
+}
+
+FIBER_SCHED_NOINLINE ThreadState* thread_state_from_tls_slot() noexcept {
+    const DWORD slot = thread_state_slot();
+    const DWORD error = GetLastError();  // TlsGetValue() clears it; the caller's stays
+    auto* state = static_cast<ThreadState*>(TlsGetValue(slot));
+    if (!state) {
+        state = new (std::nothrow) ThreadState();
+        FIBER_SCHED_ASSERT(state && "fiber_sched: out of memory for a thread's state");
+        TlsSetValue(slot, state);
+    }
+    SetLastError(error);
+    return state;
+}
+
+FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
+    const DWORD slot = thread_state_slot();
+    ThreadState* p = nullptr;
+    if (slot < 64) {
+        // Volatile: the TIB is the running thread's, read anew on every call.
+        __asm__ volatile("movq %%gs:0x1480(,%1,8), %0" : "=r"(p) : "r"(static_cast<std::uintptr_t>(slot)));
+    }
+    if (!p) p = thread_state_from_tls_slot();
+    // As below: the compiler must not reuse one thread's answer after a switch.
+    __asm__ volatile("" : "+r"(p) : : "memory");
+    return p;
+}
+#else
+FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
     static thread_local ThreadState state;
+#if defined(_MSC_VER) && !defined(__clang__)
+    // No inline assembly: a volatile round trip hides where p came from instead.
+    ThreadState* volatile p = &state;
+#else
     ThreadState* p = &state;
     // The empty asm hides where p came from, so the compiler cannot treat this function
     // as const and reuse one thread's answer after the calling fiber moved to another.
     __asm__ volatile("" : "+r"(p) : : "memory");
+#endif
     return p;
 }
+#endif
 
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
@@ -1604,7 +1713,7 @@ struct FiberAccess {
 
     static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
 
-    __attribute__((always_inline)) static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
+    FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, std::function<void()>&& fn) {
@@ -1627,8 +1736,7 @@ struct FiberAccess {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/common.ipp ----
-// The OS layer: the interface (os.ipp) and its one implementation so far; the Windows port
-// chooses impl/os_win32.ipp here.
+// The OS layer: the interface (os.ipp) and its implementation for this system.
 // ---- begin src/impl/os.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface.
@@ -1664,11 +1772,16 @@ std::size_t page_size() noexcept;
 // mappings); the stack pool carves the rest without one. Called once.
 std::size_t guarded_stack_budget() noexcept;
 
+// Bytes of guard below each guarded stack, whole pages: one page on POSIX, where the fault
+// handler runs on an alternate stack; more on Windows, where it runs on the faulting one.
+std::size_t guard_size() noexcept;
+
 // Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
 // first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
 void* map_stack_memory(std::size_t bytes) noexcept;
-// Makes [lo, lo + bytes), whole pages inside one mapping, no-access, so that a touch faults;
-// false when the OS refuses, the range then as it was.
+// Makes [lo, lo + bytes), guard_size() bytes at the bottom of one mapping, the guard: a touch
+// of its top faults (POSIX: all of it no-access); false when the OS refuses, the range
+// then as it was.
 bool guard_pages(void* lo, std::size_t bytes) noexcept;
 // Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
 // releases only whole reservations).
@@ -1685,6 +1798,10 @@ void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 // length (Linux: 15 characters) base is cut to make room for the index (whole below 1000
 // workers).
 void name_thread(const std::string& base, int index) noexcept;
+
+// Ends the process as abort() does, after the overflow report (on Windows from within the
+// little stack an overflow leaves; on POSIX abort() itself).
+[[noreturn]] void abort_after_report() noexcept;
 
 // Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
 // errors ignored.
@@ -1707,6 +1824,175 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/os.ipp ----
+#if defined(_WIN32)
+// ---- begin src/impl/os_win32.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the OS interface (impl/os.ipp) on Windows: VirtualAlloc for stacks, a
+// vectored exception handler for overflows, SetThreadDescription for names.
+//
+// Stack memory is reserved and committed in one VirtualAlloc call. Committing charges the
+// system's commit limit (RAM + page file) for the whole stack, but takes no physical page:
+// each page is a demand-zero page until a fiber first touches it, so memory in use is what
+// the fibers touched, as with mmap on POSIX. (Committing page by page as the stack grows,
+// as Windows does for thread stacks, would need the kernel's stack-growth guard to follow
+// the fiber, or a fault handler in every program; the one call keeps both out.)
+//
+// The guard below each stack is 16 KiB: from the top, one PAGE_GUARD page, two ordinary
+// pages, and a PAGE_NOACCESS floor. Windows has no alternate signal stack: an exception is
+// dispatched on the stack of the code that faulted, and a fiber that ran into its guard has
+// its stack pointer there. A touch of a PAGE_GUARD page raises STATUS_GUARD_PAGE_VIOLATION
+// and turns the page into ordinary memory, so the dispatcher and the vectored handler below
+// run in the 12 KiB under the fault (one page is not enough for wine's dispatcher); a
+// PAGE_NOACCESS guard would leave them no room, and the process would vanish without a
+// word. The floor stops whatever runs past that room. The PAGE_GUARD page is one-shot, but
+// an overflow is fatal either way: reported and ended with the handler, an unhandled
+// exception without it. SetThreadStackGuarantee() keeps such room on a thread's own stack
+// (whose guard the kernel moves as it grows); install_fault_stack() asks for it, so an
+// overflow of a thread's own stack reaches the handlers too.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// The overflow report for a fiber whose stack the OS manages (winfiber backend), in
+// stack_overflow.ipp: names the current fiber, aborts. Returns when no fiber is running.
+void report_overflow_of_current_fiber() noexcept;
+
+namespace os {
+
+// What abort() does on Windows, in what little stack an overflow leaves: abort() itself
+// goes through raise() and the C runtime's reporting, which need more.
+[[noreturn]] void abort_after_report() noexcept {
+    TerminateProcess(GetCurrentProcess(), 3);
+    std::abort();  // not reached
+}
+
+std::size_t page_size() noexcept {
+    SYSTEM_INFO info;
+    GetSystemInfo(&info);
+    return static_cast<std::size_t>(info.dwPageSize);
+}
+
+std::size_t guard_size() noexcept { return 4 * page_size(); }
+
+std::size_t guarded_stack_budget() noexcept {
+    // A guard costs a split of the allocation's descriptor, and Windows has no cap on those
+    // like vm.max_map_count: the address space is the limit (a million guarded stacks of
+    // the default size are 256 GiB of it). Under wine each protection run is a Linux
+    // mapping (four per guarded stack here) and Linux's default vm.max_map_count of 65,530
+    // applies: half of it for stacks, as os_posix.ipp allows.
+    HMODULE ntdll = GetModuleHandleW(L"ntdll.dll");
+    if (ntdll && GetProcAddress(ntdll, "wine_get_version")) return 65530 / 2 / 4;
+    return std::size_t{1} << 20;
+}
+
+void* map_stack_memory(std::size_t bytes) noexcept {
+    return VirtualAlloc(nullptr, bytes, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+}
+
+bool guard_pages(void* lo, std::size_t bytes) noexcept {
+    const std::size_t page = page_size();
+    char* const floor = static_cast<char*>(lo);
+    char* const top = floor + bytes - page;
+    DWORD previous = 0;
+    if (!VirtualProtect(floor, page, PAGE_NOACCESS, &previous)) return false;
+    if (!VirtualProtect(top, page, PAGE_READWRITE | PAGE_GUARD, &previous)) {
+        VirtualProtect(floor, page, PAGE_READWRITE, &previous);
+        return false;
+    }
+    return true;
+}
+
+// MEM_RELEASE takes the whole reservation, and size 0: `bytes` is implied by the base.
+void unmap_memory(void* base, std::size_t) noexcept { VirtualFree(base, 0, MEM_RELEASE); }
+
+void discard_memory(void* lo, std::size_t bytes) noexcept {
+    // MEM_RESET: the pages' contents are not needed; the OS takes them without writing them
+    // to the page file, and the range stays committed and usable.
+    VirtualAlloc(lo, bytes, MEM_RESET, PAGE_READWRITE);
+}
+
+void at_fork(void (*)(), void (*)(), void (*)()) noexcept {}
+
+void name_thread(const std::string& base, int index) noexcept {
+    // SetThreadDescription exists from Windows 10 1607: looked up, not linked, so the
+    // program still starts on older systems. No length limit.
+    using SetDescription = HRESULT(WINAPI*)(HANDLE, PCWSTR);
+    HMODULE kernel = GetModuleHandleW(L"kernel32.dll");
+    if (!kernel) return;
+    FARPROC proc = GetProcAddress(kernel, "SetThreadDescription");
+    if (!proc) return;
+    SetDescription set_description;
+    std::memcpy(&set_description, &proc, sizeof proc);  // no cast between function types
+    const std::string name = base + "-" + std::to_string(index);
+    std::wstring wide(name.begin(), name.end());  // the base names we give are ASCII
+    set_description(GetCurrentThread(), wide.c_str());
+}
+
+void write_stderr(const char* text, std::size_t bytes) noexcept {
+    HANDLE err = GetStdHandle(STD_ERROR_HANDLE);
+    if (err == nullptr || err == INVALID_HANDLE_VALUE) return;
+    while (bytes > 0) {
+        DWORD written = 0;
+        const DWORD chunk = bytes > 65536 ? 65536u : static_cast<DWORD>(bytes);
+        if (!WriteFile(err, text, chunk, &written, nullptr) || written == 0) return;
+        text += written;
+        bytes -= written;
+    }
+}
+
+namespace {
+
+LONG WINAPI on_exception(EXCEPTION_POINTERS* info) {
+    const EXCEPTION_RECORD* record = info->ExceptionRecord;
+    switch (record->ExceptionCode) {
+    case STATUS_GUARD_PAGE_VIOLATION:
+    case EXCEPTION_ACCESS_VIOLATION:
+        // ExceptionInformation[1]: the address touched.
+        if (record->NumberParameters >= 2) {
+            report_if_stack_overflow(reinterpret_cast<const void*>(record->ExceptionInformation[1]));
+        }
+        break;
+    case EXCEPTION_STACK_OVERFLOW:
+        // Raised by the kernel for a stack it manages: a thread's own, or an OS fiber's
+        // (winfiber). Inside a fiber it is the fiber's.
+        report_overflow_of_current_fiber();
+        break;
+    default: break;
+    }
+    // Every other exception goes on to the handlers registered before and to the frames'.
+    return EXCEPTION_CONTINUE_SEARCH;
+}
+
+}  // namespace
+
+void install_fault_handler() {
+    // First in the vectored list: it only reads and, unless it aborts, passes on.
+    if (!AddVectoredExceptionHandler(1, &on_exception)) {
+        throw std::system_error(static_cast<int>(GetLastError()), std::system_category(),
+                                "fiber_sched: install_stack_overflow_handler(): AddVectoredExceptionHandler failed");
+    }
+}
+
+void* install_fault_stack(std::size_t bytes) noexcept {
+    // No alternate stacks on Windows (see the top of this file); for the thread's own stack
+    // the kernel keeps `bytes` free below its guard once the stack overflows, so handlers
+    // can run there. Never lowers a guarantee someone else set.
+    ULONG guarantee = 0;
+    if (SetThreadStackGuarantee(&guarantee) && guarantee < bytes / 2) {
+        guarantee = static_cast<ULONG>(bytes / 2);
+        SetThreadStackGuarantee(&guarantee);
+    }
+    return nullptr;  // nothing mapped, nothing to free
+}
+
+void remove_fault_stack(void*, std::size_t) noexcept {}
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/os_win32.ipp ----
+#else
 // ---- begin src/impl/os_posix.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
@@ -1724,7 +2010,11 @@ namespace fsched {
 namespace detail {
 namespace os {
 
+[[noreturn]] void abort_after_report() noexcept { std::abort(); }
+
 std::size_t page_size() noexcept { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+std::size_t guard_size() noexcept { return page_size(); }
 
 std::size_t guarded_stack_budget() noexcept {
     // A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two
@@ -1860,11 +2150,366 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/os_posix.ipp ----
+#endif
 // The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
-// there is a routine for the ABI and the compiler takes GNU inline assembly, else ucontext
-// on POSIX systems (or where FIBER_SCHED_USE_UCONTEXT asks for it).
-#if !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && !defined(_WIN32) && \
+// there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
+// MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
+// where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
+// FIBER_SCHED_USE_UCONTEXT asks for it).
+#if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
+#error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
+#elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
     (defined(__GNUC__) || defined(__clang__))
+// ---- begin src/impl/context_x86_64_win64.ipp ----
+// ---------------------------------------------------------------------------
+// Context switch for x86-64, Microsoft x64 ABI (Windows; MinGW-w64 g++, clang for
+// x86_64-w64-mingw32 or x86_64-pc-windows-msvc, clang-cl: compilers with GNU inline
+// assembly; MSVC's cl.exe has none and gets the winfiber backend).
+//
+// Callee-saved state: rbx, rbp, rdi, rsi, r12-r15, xmm6-xmm15, the MXCSR control bits and
+// the x87 control word; and three fields of the Thread Information Block (the TEB, at gs:0)
+// that describe the running stack:
+//   gs:0x08    StackBase           the top of the stack
+//   gs:0x10    StackLimit          its lowest usable byte
+//   gs:0x1478  DeallocationStack   the lowest byte of its allocation
+//   gs:0x00    ExceptionList       unused by Windows on x64; wine keeps its own handler
+//                                  frames there, and walks them by address with the stack
+// Windows' unwinder (RtlUnwindEx, behind SEH and the C++ exceptions of MinGW and MSVC alike)
+// rejects any frame outside [StackLimit, StackBase], so these follow the fiber (under wine,
+// a thread's ExceptionList frames would otherwise be taken for frames of the fiber); the
+// fiber-local storage and fiber data fields (gs:0x20, gs:0x17c8) are not switched: these
+// fibers are not OS fibers, so the thread's stay the thread's (see the README's caveats).
+//
+// fsched_switch_context(void** save_sp, void* load_sp), with save_sp in rcx and load_sp in
+// rdx, pushes that state onto the running stack, stores rsp to *save_sp, loads load_sp and
+// pops the other side's state. A switched-out stack, from its saved sp upwards:
+//
+//   sp + 0     MXCSR (4 bytes) | x87 control word (2 bytes) | padding
+//   sp + 8     DeallocationStack
+//   sp + 16    StackLimit
+//   sp + 24    StackBase
+//   sp + 32    xmm6   (16 bytes each, 16-byte aligned: sp % 16 == 0)
+//   ...
+//   sp + 176   xmm15
+//   sp + 192   ExceptionList (here: the slot keeps the xmm ones aligned, as the call left
+//              rsp % 16 == 8)
+//   sp + 200   r15
+//   sp + 208   r14
+//   sp + 216   r13
+//   sp + 224   r12
+//   sp + 232   rsi
+//   sp + 240   rdi
+//   sp + 248   rbx
+//   sp + 256   rbp
+//   sp + 264   return address
+//
+// A fresh context holds the same frame with the trampoline as its return address, the entry
+// function in r12 and its argument in r13, the stack's bounds in the TIB slots, and above
+// it a null return address for the trampoline, whose unwind data ends every walk there.
+// ---------------------------------------------------------------------------
+
+extern "C" void fsched_trampoline_x86_64_win64() noexcept;
+
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
+// reads it.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
+#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
+#else
+#define FIBER_SCHED_SAVE_FP ""
+#define FIBER_SCHED_LOAD_FP ""
+#endif
+
+__asm__(
+    ".text\n"
+    ".globl fsched_switch_context\n"
+    ".def fsched_switch_context; .scl 2; .type 32; .endef\n"
+    ".p2align 4\n"
+    "fsched_switch_context:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %rdi\n"
+    "    pushq %rsi\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    subq $200, %rsp\n"
+    "    movaps %xmm6, 32(%rsp)\n"
+    "    movaps %xmm7, 48(%rsp)\n"
+    "    movaps %xmm8, 64(%rsp)\n"
+    "    movaps %xmm9, 80(%rsp)\n"
+    "    movaps %xmm10, 96(%rsp)\n"
+    "    movaps %xmm11, 112(%rsp)\n"
+    "    movaps %xmm12, 128(%rsp)\n"
+    "    movaps %xmm13, 144(%rsp)\n"
+    "    movaps %xmm14, 160(%rsp)\n"
+    "    movaps %xmm15, 176(%rsp)\n"
+    FIBER_SCHED_SAVE_FP
+    "    movq %gs:0x1478, %rax\n"
+    "    movq %rax, 8(%rsp)\n"
+    "    movq %gs:0x10, %rax\n"
+    "    movq %rax, 16(%rsp)\n"
+    "    movq %gs:0x08, %rax\n"
+    "    movq %rax, 24(%rsp)\n"
+    "    movq %gs:0x00, %rax\n"
+    "    movq %rax, 192(%rsp)\n"
+    "    movq %rsp, (%rcx)\n"
+    "    movq %rdx, %rsp\n"
+    "    movq 24(%rsp), %rax\n"
+    "    movq %rax, %gs:0x08\n"
+    "    movq 16(%rsp), %rax\n"
+    "    movq %rax, %gs:0x10\n"
+    "    movq 8(%rsp), %rax\n"
+    "    movq %rax, %gs:0x1478\n"
+    "    movq 192(%rsp), %rax\n"
+    "    movq %rax, %gs:0x00\n"
+    FIBER_SCHED_LOAD_FP
+    "    movaps 32(%rsp), %xmm6\n"
+    "    movaps 48(%rsp), %xmm7\n"
+    "    movaps 64(%rsp), %xmm8\n"
+    "    movaps 80(%rsp), %xmm9\n"
+    "    movaps 96(%rsp), %xmm10\n"
+    "    movaps 112(%rsp), %xmm11\n"
+    "    movaps 128(%rsp), %xmm12\n"
+    "    movaps 144(%rsp), %xmm13\n"
+    "    movaps 160(%rsp), %xmm14\n"
+    "    movaps 176(%rsp), %xmm15\n"
+    "    addq $200, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rsi\n"
+    "    popq %rdi\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    // pop + jmp instead of ret: the return-stack predictor would guess the caller of this
+    // call, which is never where a switch returns, and mispredict every switch.
+    "    popq %r10\n"
+    "    jmpq *%r10\n"
+    "\n"
+    ".globl fsched_trampoline_x86_64_win64\n"
+    ".def fsched_trampoline_x86_64_win64; .scl 2; .type 32; .endef\n"
+    ".p2align 4\n"
+    // Entered by the switch's jmp with rsp on the null return address and 16-byte aligned
+    // (where a switch's caller resumes). Its unwind data says: 32 bytes of frame, then the
+    // return address, so an unwinder leaving the entry function lands on that null and stops.
+    ".seh_proc fsched_trampoline_x86_64_win64\n"
+    "fsched_trampoline_x86_64_win64:\n"
+    "    subq $32, %rsp\n"  // the callee's 32-byte home area; rsp % 16 == 0 at the call
+    "    .seh_stackalloc 32\n"
+    "    .seh_endprologue\n"
+    "    movq %r13, %rcx\n"
+    "    callq *%r12\n"
+    // The entry function never returns; trap if it ever does.
+    "    ud2\n"
+    "    nop\n"  // the return address of the call must lie inside the function's range
+    ".seh_endproc\n");
+
+#undef FIBER_SCHED_SAVE_FP
+#undef FIBER_SCHED_LOAD_FP
+
+namespace fsched {
+namespace detail {
+
+const char* const backend_name = "asm-x86_64-win64";
+// Nothing of the switch stays on a fiber's stack beyond its frames.
+constexpr std::size_t context_stack_reserve = 0;
+
+struct alignas(16) Win64SwitchFrame {
+    std::uint32_t mxcsr;
+    std::uint16_t x87_control;
+    std::uint16_t padding0;
+    void* deallocation_stack;
+    void* stack_limit;
+    void* stack_base;
+    unsigned char xmm[10][16];
+    void* exception_list;
+    void* r15;
+    void* r14;
+    void* r13;
+    void* r12;
+    void* rsi;
+    void* rdi;
+    void* rbx;
+    void* rbp;
+    void* return_address;
+};
+static_assert(offsetof(Win64SwitchFrame, deallocation_stack) == 8, "layout drawn above the switch routine");
+static_assert(offsetof(Win64SwitchFrame, stack_limit) == 16, "TIB StackLimit slot");
+static_assert(offsetof(Win64SwitchFrame, stack_base) == 24, "TIB StackBase slot");
+static_assert(offsetof(Win64SwitchFrame, xmm) == 32, "xmm6 slot, 16-byte aligned");
+static_assert(offsetof(Win64SwitchFrame, exception_list) == 192, "TIB ExceptionList slot");
+static_assert(offsetof(Win64SwitchFrame, r15) == 200, "first pushed register (the last pushed)");
+static_assert(offsetof(Win64SwitchFrame, r13) == 216, "entry argument slot");
+static_assert(offsetof(Win64SwitchFrame, r12) == 224, "entry function slot");
+static_assert(offsetof(Win64SwitchFrame, rbp) == 256, "first push");
+static_assert(offsetof(Win64SwitchFrame, return_address) == 264, "return address slot");
+static_assert(sizeof(Win64SwitchFrame) == 272, "the switch routine pops 264 bytes and the return address");
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
+    const auto top = (lo + size) & ~std::uintptr_t{15};
+    // The trampoline's null return address sits at top - 16 (and a null above it); the
+    // frame directly below, 16-byte aligned for the xmm slots. After the switch pops the
+    // frame, rsp = top - 16, aligned as where a caller of the switch resumes, and the
+    // trampoline's 32-byte home area keeps it aligned at its call.
+    reinterpret_cast<void**>(top - 16)[0] = nullptr;
+    reinterpret_cast<void**>(top - 16)[1] = nullptr;
+    auto* frame = reinterpret_cast<Win64SwitchFrame*>(top - 16 - sizeof(Win64SwitchFrame));
+    std::memset(static_cast<void*>(frame), 0, sizeof(Win64SwitchFrame));
+    std::uint32_t mxcsr = 0;
+    std::uint16_t x87_control = 0;
+    // A new fiber starts with the creating thread's floating-point modes.
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control));
+    frame->mxcsr = mxcsr;
+    frame->x87_control = x87_control;
+    // The usable stack is [stack_lo, top); the guard page below it is not the stack's (a
+    // touch there is a guard-page fault, which os_win32.ipp reports), and no page of it is
+    // left for the kernel to commit: DeallocationStack is the stack's lowest byte too.
+    frame->deallocation_stack = stack_lo;
+    frame->stack_limit = stack_lo;
+    frame->stack_base = reinterpret_cast<void*>(lo + size);
+    // An empty handler list, as wine's CreateFiber sets it (and Windows never reads it).
+    frame->exception_list = reinterpret_cast<void*>(~std::uintptr_t{0});
+    frame->r13 = arg;
+    frame->r12 = reinterpret_cast<void*>(entry);
+    frame->return_address = reinterpret_cast<void*>(&fsched_trampoline_x86_64_win64);
+    ctx.sp = frame;
+}
+
+void release_context(Context&) noexcept {}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/context_x86_64_win64.ipp ----
+#elif defined(_WIN32)
+// ---- begin src/impl/context_winfiber.ipp ----
+// ---------------------------------------------------------------------------
+// Context switch on the Win32 fiber API: the default for MSVC's cl.exe (no inline
+// assembly), and FIBER_SCHED_USE_WINFIBER anywhere on Windows.
+//
+// A context's handle is an OS fiber (the address CreateFiberEx returns). Switching saves
+// GetCurrentFiber() into *save_sp and calls SwitchToFiber(load_sp); the OS switches the
+// callee-saved registers, the stack fields of the TIB and the fiber-local storage, so the C
+// runtime's per-fiber state (MSVC keeps its exception state in FLS) follows each fiber. The
+// floating-point control state (MXCSR, the x87 control word) is kept here, around the
+// switch, in the frame of the side switching out: FIBER_FLAG_FLOAT_SWITCH asks Windows for
+// it, but wine ignores the flag; a new fiber starts with its creator's modes.
+//
+// Only a fiber can switch to a fiber: a thread that is not one is converted the first time
+// it resumes a fiber (ConvertThreadToFiberEx) and converted back when it exits. A thread
+// that already is a fiber (a host engine converted it, or runs its own fibers) is used as
+// it is: its current fiber is the resumer, and is never converted back by us.
+//
+// The OS makes each fiber's stack itself, `size` bytes reserved, with its own guard that
+// raises EXCEPTION_STACK_OVERFLOW (os_win32.ipp reports it). The stack the pool hands the
+// Fiber holds only the record below at its top: its other pages are never touched, so they
+// cost address space and commit charge, no memory. A reset() or a destroyed fiber deletes
+// its OS fiber (release_context): the one the pool would have kept is the pool's stack.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+const char* const backend_name = "winfiber";
+// The record below, at the top of each pooled stack.
+constexpr std::size_t context_stack_reserve = 64;  // >= sizeof(WinFiberStart) + 16
+
+// The floating-point control state a fiber must find again when it resumes.
+struct FloatControl {
+#if defined(_M_X64) || defined(__x86_64__)
+    unsigned int mxcsr;
+#if defined(__GNUC__) || defined(__clang__)
+    unsigned short x87_control;  // MSVC's x64 code never uses the x87 unit
+#endif
+#endif
+};
+
+inline FloatControl save_float_control() noexcept {
+    FloatControl fc{};
+#if FIBER_SCHED_SWITCH_FP_CONTROL && (defined(_M_X64) || defined(__x86_64__))
+    fc.mxcsr = _mm_getcsr();
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__ volatile("fnstcw %0" : "=m"(fc.x87_control));
+#endif
+#endif
+    return fc;
+}
+
+inline void restore_float_control(const FloatControl& fc) noexcept {
+#if FIBER_SCHED_SWITCH_FP_CONTROL && (defined(_M_X64) || defined(__x86_64__))
+    _mm_setcsr(fc.mxcsr);
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
+#endif
+#else
+    (void)fc;
+#endif
+}
+
+struct WinFiberStart {
+    ContextEntry entry;
+    void* arg;
+    FloatControl float_control;  // the creator's, for the fiber's start
+};
+
+// The thread-exit clean-up of a thread we converted (ThreadState::context_exit). Not a
+// thread_local with a destructor: MinGW's emutls frees those before their destructors run.
+inline void convert_back_to_thread() { ConvertFiberToThread(); }
+
+inline void WINAPI winfiber_start(void* param) {
+    auto* start = static_cast<WinFiberStart*>(param);
+    restore_float_control(start->float_control);
+    start->entry(start->arg);  // never returns: the last switch-out is final
+}
+
+// GetCurrentFiber(), which is the TIB's fiber data field. With gcc 12 the header's inline
+// gs: read trips -Warray-bounds (a constant address looks like an offset from null), so
+// GNU compilers on x86-64 read the field themselves.
+inline void* current_os_fiber() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    void* fiber;
+    __asm__("movq %%gs:0x20, %0" : "=r"(fiber));
+    return fiber;
+#else
+    return GetCurrentFiber();
+#endif
+}
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
+    auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
+    // Commit one page now; the OS commits the rest as the fiber's stack grows, up to `size`.
+    void* fiber = CreateFiberEx(0, size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
+    if (!fiber) throw std::bad_alloc();
+    ctx.sp = fiber;
+}
+
+void release_context(Context& ctx) noexcept {
+    if (ctx.sp) DeleteFiber(ctx.sp);
+    ctx.sp = nullptr;
+}
+
+}  // namespace detail
+}  // namespace fsched
+
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
+    if (!IsThreadAFiber()) {
+        const bool converted = ConvertThreadToFiberEx(nullptr, FIBER_FLAG_FLOAT_SWITCH) != nullptr;
+        FIBER_SCHED_ASSERT(converted && "resume(): the thread cannot become a fiber (ConvertThreadToFiberEx failed)");
+        fsched::detail::ThreadState* ts = fsched::detail::thread_state();
+        ts->context_exit = &fsched::detail::convert_back_to_thread;
+        fsched::detail::register_thread(ts);  // so that the clean-up runs at thread exit
+    }
+    const fsched::detail::FloatControl float_control = fsched::detail::save_float_control();
+    *save_sp = fsched::detail::current_os_fiber();
+    SwitchToFiber(load_sp);
+    fsched::detail::restore_float_control(float_control);
+}
+// ---- end src/impl/context_winfiber.ipp ----
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_x86_64_sysv.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
@@ -1983,7 +2628,7 @@ static_assert(offsetof(X86_64SwitchFrame, r12) == 32, "entry function slot");
 static_assert(offsetof(X86_64SwitchFrame, return_address) == 56, "return address slot");
 static_assert(sizeof(X86_64SwitchFrame) == 64, "the switch routine pops 64 bytes");
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
     // 16 bytes above the frame hold a null "return address" for the trampoline's frame.
     // After `ret` pops the frame, rsp = top - 16, 16-byte aligned, so the `call` in the
@@ -2005,11 +2650,12 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
+void release_context(Context&) noexcept {}
+
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_x86_64_sysv.ipp ----
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && !defined(_WIN32) && \
-    (defined(__GNUC__) || defined(__clang__))
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_aarch64_aapcs.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch for aarch64, AAPCS64 (Linux, BSDs).
@@ -2117,7 +2763,7 @@ static_assert(offsetof(Aarch64SwitchFrame, d8_d15) == 96, "d8 slot");
 static_assert(offsetof(Aarch64SwitchFrame, fpcr) == 160, "FPCR slot");
 static_assert(sizeof(Aarch64SwitchFrame) == 176, "the switch routine reserves 176 bytes");
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
     // sp stays 16-byte aligned, as AAPCS64 requires at every access through it.
     auto* frame = reinterpret_cast<Aarch64SwitchFrame*>(top - 16 - sizeof(Aarch64SwitchFrame));
@@ -2131,6 +2777,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     frame->x30 = reinterpret_cast<void*>(&fsched_trampoline_aarch64_aapcs);
     ctx.sp = frame;
 }
+
+void release_context(Context&) noexcept {}
 
 }  // namespace detail
 }  // namespace fsched
@@ -2172,7 +2820,7 @@ extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) 
     fresh->entry(fresh->arg);
 }
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto record = (lo + size - sizeof(FreshContext)) & ~std::uintptr_t{63};
     auto* fresh = new (reinterpret_cast<void*>(record)) FreshContext;
@@ -2187,6 +2835,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
                 static_cast<unsigned int>(record >> 16 >> 16), static_cast<unsigned int>(record & 0xffffffffu));
     ctx.sp = &fresh->uc;
 }
+
+void release_context(Context&) noexcept {}
 
 }  // namespace detail
 }  // namespace fsched
@@ -2211,7 +2861,8 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.
 //
-// A guarded stack is one mapping of size + one page, the lowest page no-access. A guard
+// A guarded stack is one mapping of size + os::guard_size() (one page on POSIX), the guard
+// below the stack faulting when touched. A guard
 // costs the OS something it has only so much of (on Linux two kernel mappings, of
 // vm.max_map_count), so only os::guarded_stack_budget() stacks get one. Past that budget
 // stacks are carved without a guard from slabs of 64; neighbouring slabs with equal
@@ -2239,6 +2890,7 @@ class StackPool {
 public:
     StackPool()
         : page_(os::page_size()),
+          guard_(os::guard_size()),
           reserve_((context_stack_reserve + page_ - 1) / page_ * page_),
           guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
@@ -2461,16 +3113,16 @@ private:
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
         if (FIBER_SCHED_FAULT(stack_map)) return false;
-        void* mem = os::map_stack_memory(size + page_);
+        void* mem = os::map_stack_memory(size + guard_);
         if (!mem) return false;
-        if (!os::guard_pages(mem, page_)) {
+        if (!os::guard_pages(mem, guard_)) {
             // The budget is an estimate: the OS may still refuse the guard.
-            os::unmap_memory(mem, size + page_);
+            os::unmap_memory(mem, size + guard_);
             return false;
         }
-        out.base = static_cast<char*>(mem) + page_;
+        out.base = static_cast<char*>(mem) + guard_;
         out.size = size;
-        out.guard = page_;
+        out.guard = guard_;
         return true;
     }
 
@@ -2496,6 +3148,7 @@ private:
     }
 
     std::size_t page_;
+    std::size_t guard_;  // bytes below a guarded stack: os::guard_size()
     std::size_t reserve_;
     std::size_t guarded_limit_;
     std::mutex mutex_;
@@ -2603,7 +3256,10 @@ StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
 // thread, and Fiber::resume() sets one on any other thread the first time it runs a fiber
 // there. The OS layer (os_posix.ipp) catches the fault and asks report_if_stack_overflow(),
 // which only reads the faulting thread's current fiber and writes with os::write_stderr(),
-// both async-signal-safe.
+// both async-signal-safe. On Windows (os_win32.ipp) a vectored exception handler asks the
+// same, on the faulting stack itself: the guard page there is a PAGE_GUARD page that
+// becomes the handler's room once touched, and the winfiber backend's OS-made stacks
+// report EXCEPTION_STACK_OVERFLOW, which names the current fiber directly.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -2638,25 +3294,33 @@ inline char* append_number(char* out, char* end, std::uint64_t value) noexcept {
     return out;
 }
 
+[[noreturn]] void report_overflow(const Fiber& fiber) noexcept {
+    char message[256];
+    char* end = message + sizeof(message);
+    char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
+    out = append_number(out, end, fiber.id());
+    out = append_text(out, end, ": it ran past its ");
+    out = append_number(out, end, fiber.stack_size());
+    out = append_text(out, end, "-byte stack into the guard page; "
+                                "give it a larger stack_size. Aborting.\n");
+    os::write_stderr(message, static_cast<std::size_t>(out - message));
+    os::abort_after_report();
+}
+
 void report_if_stack_overflow(const void* fault_address) noexcept {
     Fiber* fiber = thread_state()->current;
     if (fiber) {
         const Stack& stack = FiberAccess::stack(*fiber);
         const char* addr = static_cast<const char*>(fault_address);
-        if (stack.guard && addr >= stack.base - stack.guard && addr < stack.base) {
-            char message[256];
-            char* end = message + sizeof(message);
-            char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
-            out = append_number(out, end, fiber->id());
-            out = append_text(out, end, ": it ran past its ");
-            out = append_number(out, end, fiber->stack_size());
-            out = append_text(out, end, "-byte stack into the guard page; "
-                                        "give it a larger stack_size. Aborting.\n");
-            os::write_stderr(message, static_cast<std::size_t>(out - message));
-            std::abort();
-        }
+        if (stack.guard && addr >= stack.base - stack.guard && addr < stack.base) report_overflow(*fiber);
     }
 }
+
+#if defined(_WIN32)
+void report_overflow_of_current_fiber() noexcept {
+    if (Fiber* fiber = thread_state()->current) report_overflow(*fiber);
+}
+#endif
 
 namespace {
 
@@ -2671,6 +3335,10 @@ struct ThreadExit {
         if (ts->owned_altstack) {
             os::remove_fault_stack(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
+        }
+        if (ts->context_exit) {
+            ts->context_exit();
+            ts->context_exit = nullptr;
         }
         // Stays registered: a thread_local destroyed after this one may still create or
         // destroy fibers, and those are counted in the pool's total (acquire_stack).
@@ -2721,7 +3389,12 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
-    prepare_context();
+    try {
+        prepare_context();
+    } catch (...) {
+        detail::release_stack(stack_);
+        throw;
+    }
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
@@ -2732,11 +3405,13 @@ Fiber::~Fiber() {
 #if defined(FIBER_SCHED_TSAN)
     __tsan_destroy_fiber(shadow_.tsan_fiber);
 #endif
+    detail::release_context(context_);
     detail::release_stack(stack_);
 }
 
-void Fiber::prepare_context() noexcept {
+void Fiber::prepare_context() {
     returned_ = false;
+    detail::release_context(context_);
     detail::make_context(context_, stack_.base, stack_.size, &Fiber::entry, this);
 }
 
@@ -3869,7 +4544,9 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
-        std::this_thread::sleep_until(deadline);
+        // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
+        // sleep rounds down to whole milliseconds, so it can return before the deadline.
+        while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
         return;
     }
     reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks

@@ -9,6 +9,9 @@
 //      Baselines: ucontext on a malloc'd stack; Boost.Context fiber with fixedsize_stack
 //      (malloc, no guard), protected_fixedsize_stack (mmap + guard page, like ours) and
 //      pooled_fixedsize_stack (a reused pool, like ours), when available.
+// On Windows the baselines are the Win32 fiber API itself (SwitchToFiber both ways;
+// CreateFiberEx + SwitchToFiber + DeleteFiber), and bench/bench_fiber_windows.sh builds this
+// file for both Windows backends (MinGW-w64, run under wine) and prints the ratio.
 //
 // Usage: bench_fiber [--quick] [--reps N] [--iters N] [--rep-ms MS] [--filter TEXT]
 // Results and how to reproduce them: BENCHMARKS.md.
@@ -21,7 +24,11 @@
 
 #include "bench_util.hpp"
 
+#if defined(_WIN32)
+#include <windows.h>
+#else
 #include <ucontext.h>
+#endif
 
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +74,7 @@ Result round_trip_fsched(const Options& opt) {
     return r;
 }
 
+#if !defined(_WIN32)
 // makecontext() passes only ints to the entry function, so the state travels in a global.
 struct UcontextLoop {
     ucontext_t caller;
@@ -103,6 +111,45 @@ Result round_trip_ucontext(const Options& opt) {
     g_uc_loop = nullptr;
     return r;
 }
+#else
+// The Win32 fiber API by hand: the thread is converted once, the fiber switches back.
+struct Win32Loop {
+    void* caller = nullptr;
+    void* fiber = nullptr;
+    bool stop = false;
+    std::uint64_t count = 0;
+};
+
+void WINAPI win32_loop_entry(void* arg) {
+    auto& s = *static_cast<Win32Loop*>(arg);
+    while (!s.stop) {
+        ++s.count;
+        SwitchToFiber(s.caller);
+    }
+    SwitchToFiber(s.caller);  // a fiber's function must not return
+}
+
+// The calling thread as a fiber, for the Win32 rows (converted once, left so).
+void* thread_as_fiber() {
+    static thread_local void* self = IsThreadAFiber() ? GetCurrentFiber() : ConvertThreadToFiber(nullptr);
+    return self;
+}
+
+Result round_trip_win32(const Options& opt) {
+    Win32Loop s;
+    s.caller = thread_as_fiber();
+    s.fiber = CreateFiberEx(0, stack_size_64k, FIBER_FLAG_FLOAT_SWITCH, &win32_loop_entry, &s);
+    if (!s.fiber) std::abort();
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) SwitchToFiber(s.fiber);
+    });
+    s.stop = true;
+    SwitchToFiber(s.fiber);
+    DeleteFiber(s.fiber);
+    sink = s.count;
+    return r;
+}
+#endif
 
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 namespace ctx = boost::context;
@@ -165,6 +212,7 @@ Result create_fsched(const Options& opt) {
     return r;
 }
 
+#if !defined(_WIN32)
 std::uint64_t* g_uc_count = nullptr;
 void ucontext_count_entry() { ++*g_uc_count; }
 
@@ -190,6 +238,32 @@ Result create_ucontext(const Options& opt) {
     g_uc_count = nullptr;
     return r;
 }
+#else
+struct Win32Create {
+    void* caller;
+    std::uint64_t count;
+};
+
+void WINAPI win32_count_entry(void* arg) {
+    auto& s = *static_cast<Win32Create*>(arg);
+    ++s.count;
+    SwitchToFiber(s.caller);
+}
+
+Result create_win32(const Options& opt) {
+    Win32Create s{thread_as_fiber(), 0};
+    Result r = measure(opt, [&](std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) {
+            void* fiber = CreateFiberEx(0, stack_size_64k, FIBER_FLAG_FLOAT_SWITCH, &win32_count_entry, &s);
+            if (!fiber) std::abort();
+            SwitchToFiber(fiber);
+            DeleteFiber(fiber);
+        }
+    });
+    sink = s.count;
+    return r;
+}
+#endif
 
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 template <class StackAllocator>
@@ -232,7 +306,11 @@ int main(int argc, char** argv) {
 
     table.begin_group("round trip (resume + yield), ns per round trip");
     run("round trip", "fsched::Fiber", true, round_trip_fsched);
+#if defined(_WIN32)
+    run("round trip", "Win32 SwitchToFiber", false, round_trip_win32);
+#else
     run("round trip", "ucontext swapcontext", false, round_trip_ucontext);
+#endif
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
     run("round trip", "boost::context::fiber", false, round_trip_boost_inline);
     run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
@@ -240,7 +318,11 @@ int main(int argc, char** argv) {
 
     table.begin_group("create + run + destroy, 64 KiB stack, ns per fiber");
     run("create", "fsched::Fiber", true, create_fsched);
+#if defined(_WIN32)
+    run("create", "Win32 CreateFiberEx", false, create_win32);
+#else
     run("create", "ucontext + malloc", false, create_ucontext);
+#endif
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
     run("create", "boost fixedsize_stack", false,
         [](const Options& o) { return create_boost(o, ctx::fixedsize_stack(stack_size_64k)); });

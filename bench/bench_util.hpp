@@ -21,10 +21,12 @@
 
 #include "fiber_sched.hpp"
 
+#if !defined(_WIN32)
 #include <fcntl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -334,8 +336,9 @@ inline std::string boost_note([[maybe_unused]] bool compiled_in, [[maybe_unused]
 }
 
 // ---------------------------------------------------------------------------------------
-// Child processes
+// Child processes (POSIX only: on Windows only bench_fiber is built, without them)
 // ---------------------------------------------------------------------------------------
+#if !defined(_WIN32)
 
 // Calls transfer(fd, p, left) (a read() or a write()) until all `n` bytes from `p` on have
 // moved; false on an error or on 0 bytes moved (end of file) first. Restarts after a signal.
@@ -577,6 +580,7 @@ inline std::string go_note() {
     if (!go_twins_path()) return "; no Go rows (no Go twins in this build: CMake found no `go`, or FIBER_SCHED_BENCH_GO=OFF)";
     return std::string("; no Go rows (the Go twins at ") + go_twins_path() + " do not run)";
 }
+#endif  // !_WIN32
 
 }  // namespace fsched_bench
 

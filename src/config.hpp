@@ -81,9 +81,29 @@
 #endif
 #endif
 
+// Function attributes, spelled for the compiler at hand (MSVC has no __attribute__).
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+#define FIBER_SCHED_ALWAYS_INLINE __forceinline
+#define FIBER_SCHED_NOINLINE __declspec(noinline)
+// MSVC may drop an unreferenced static: there the link check below is best effort.
+#define FIBER_SCHED_USED
+#else
+#define FIBER_SCHED_ALWAYS_INLINE __attribute__((always_inline))
+#define FIBER_SCHED_NOINLINE __attribute__((noinline))
+#define FIBER_SCHED_USED __attribute__((used))
+#endif
+// Symbol visibility exists on ELF and Mach-O; PE/COFF exports nothing unless asked to.
+#if defined(_WIN32)
+#define FIBER_SCHED_HIDDEN
+#else
+#define FIBER_SCHED_HIDDEN __attribute__((visibility("hidden")))
+#endif
+
 namespace fsched {
 
-// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext".
+// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext",
+// "asm-x86_64-win64", "winfiber".
 const char* backend() noexcept;
 
 namespace detail {
@@ -91,9 +111,13 @@ namespace detail {
 // Prints the rule quoted in `expr` (if any), the expression and where, then aborts.
 [[noreturn]] void assert_failed(const char* expr, const char* file, int line);
 
-// A pause for spin-wait loops.
+// A pause for spin-wait loops. MSVC has no GNU builtins or inline assembly: its intrinsics.
 inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(_MSC_VER) && !defined(__clang__) && (defined(_M_X64) || defined(_M_IX86))
+    _mm_pause();
+#elif defined(_MSC_VER) && !defined(__clang__) && defined(_M_ARM64)
+    __yield();
+#elif defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ volatile("yield");
@@ -134,7 +158,7 @@ void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
 // Defined only by the translation unit that defines FIBER_SCHED_IMPLEMENTATION. Every other
 // unit references it, so forgetting the macro fails at link time with this name.
 int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
-[[maybe_unused]] __attribute__((used)) static int (*const implementation_link_check)() noexcept =
+[[maybe_unused]] FIBER_SCHED_USED static int (*const implementation_link_check)() noexcept =
     &define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file;
 
 }  // namespace detail

@@ -9,6 +9,9 @@
 //                      save the running context, store its handle in from.sp, continue the
 //                      context whose handle is to.sp (assembly, or a function),
 //   backend_name       what fsched::backend() returns,
+//   release_context(ctx)
+//                      free what make_context() acquired besides the stack (only the
+//                      winfiber backend has anything: its OS fiber),
 // and context_stack_reserve, the bytes of each fiber stack the backend uses itself (the
 // stack pool adds them to the size asked for).
 // A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
@@ -30,7 +33,7 @@ struct Context {
 }  // namespace fsched
 
 // Hidden: each shared object that embeds the implementation has its own.
-extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept FIBER_SCHED_HIDDEN;
 
 namespace fsched {
 namespace detail {
@@ -40,7 +43,11 @@ namespace detail {
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }
 
 // Prepares `ctx` to run entry(arg) on [stack_lo, stack_lo + size). In the backend's file.
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept;
+// Throws std::bad_alloc where the backend needs memory of its own (winfiber: an OS fiber).
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg);
+// Frees what make_context() acquired besides the stack; `ctx` must not be running. Called
+// before a context is made again on the same stack and when its fiber is destroyed.
+void release_context(Context& ctx) noexcept;
 
 }  // namespace detail
 }  // namespace fsched

@@ -37,6 +37,7 @@ struct ThreadState {
     std::size_t owned_altstack_size = 0;
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
+    void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -119,7 +120,7 @@ private:
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
-    void prepare_context() noexcept;
+    void prepare_context();
     // Runs a fiber already moved to Running; rethrows what its function threw. `scheduled`:
     // run by a Scheduler, so a concurrent schedule() may mark it RunningResumePending.
     detail::SwitchOutcome run_claimed(bool scheduled);

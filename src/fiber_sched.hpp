@@ -14,6 +14,8 @@ USING IT
         #include "fiber_sched.hpp"
     Everywhere else just #include "fiber_sched.hpp". Link with -pthread. Forgetting the
     macro fails at link time naming define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file().
+    On Windows, a translation unit that includes <windows.h> before this header should
+    define NOMINMAX first.
 
 EXAMPLE
     #define FIBER_SCHED_IMPLEMENTATION
@@ -36,6 +38,8 @@ EXAMPLE
 CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_IMPLEMENTATION       emit the implementation in this translation unit
     FIBER_SCHED_USE_UCONTEXT         use the portable ucontext backend (default: assembly)
+    FIBER_SCHED_USE_WINFIBER         on Windows, use the Win32 fiber API (default: assembly,
+                                     or the fiber API with MSVC's cl.exe)
     FIBER_SCHED_DEFAULT_STACK_SIZE   bytes of stack for a size of 0 (default 262144)
     FIBER_SCHED_STACK_POOL_MAX       freed stacks kept per size for reuse (default 4096);
                                      a burst may leave up to twice as many until a
@@ -54,7 +58,8 @@ PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
     aarch64 Linux/BSD                   asm-aarch64
     any other POSIX target              ucontext
-    Windows                             not yet
+    x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
+    Windows, MSVC cl.exe (or forced)    winfiber (no fsched::io)
     fsched::backend() names the backend compiled in.
 
 CAVEATS
@@ -65,6 +70,9 @@ CAVEATS
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
+    - Windows: no fsched::io. With asm-x86_64-win64 a fiber is not an OS fiber: inside it
+      GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
+      fiber per run of a Fiber (slower to create; see README.md).
 
 VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 */
@@ -132,29 +140,51 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <unordered_map>
 #include <vector>
 
+#if defined(_WIN32)
+// NOMINMAX: the implementation calls std::min, std::max and numeric max() functions.
+#if !defined(NOMINMAX)
+#define NOMINMAX
+#endif
+#if !defined(WIN32_LEAN_AND_MEAN)
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
+#else
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
+#endif
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #endif
 
 #include "impl/common.ipp"
-// The OS layer: the interface (os.ipp) and its one implementation so far; the Windows port
-// chooses impl/os_win32.ipp here.
+// The OS layer: the interface (os.ipp) and its implementation for this system.
 #include "impl/os.ipp"
+#if defined(_WIN32)
+#include "impl/os_win32.ipp"
+#else
 #include "impl/os_posix.ipp"
+#endif
 // The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
-// there is a routine for the ABI and the compiler takes GNU inline assembly, else ucontext
-// on POSIX systems (or where FIBER_SCHED_USE_UCONTEXT asks for it).
-#if !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && !defined(_WIN32) && \
+// there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
+// MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
+// where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
+// FIBER_SCHED_USE_UCONTEXT asks for it).
+#if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
+#error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
+#elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
     (defined(__GNUC__) || defined(__clang__))
+#include "impl/context_x86_64_win64.ipp"
+#elif defined(_WIN32)
+#include "impl/context_winfiber.ipp"
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_x86_64_sysv.ipp"
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && !defined(_WIN32) && \
-    (defined(__GNUC__) || defined(__clang__))
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_aarch64_aapcs.ipp"
 #elif defined(FIBER_SCHED_USE_UCONTEXT) || defined(__unix__) || defined(__APPLE__)
 #include "impl/context_ucontext.ipp"

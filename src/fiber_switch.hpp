@@ -29,12 +29,12 @@ void resume_deferred(Fiber& fiber);
 
 }  // namespace detail
 
-__attribute__((always_inline)) inline void Fiber::resume() {
+FIBER_SCHED_ALWAYS_INLINE inline void Fiber::resume() {
     state_.claim_for_resume();
     run_claimed(false);
 }
 
-__attribute__((always_inline)) inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
+FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
         detail::install_altstack(ts);

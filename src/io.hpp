@@ -58,11 +58,18 @@ template <class... T>
 constexpr bool linux_only = sizeof...(T) > 1000000;
 }
 // Without epoll these exist only to say so when used: each is a template whose
-// static_assert fires only when a call instantiates it.
+// static_assert fires only when a call instantiates it (an #error would refuse the whole
+// header, which every program includes).
+#if defined(_WIN32)
+#define FIBER_SCHED_IO_REFUSAL \
+    "fsched::io is Linux-only: it needs epoll; Windows has no fsched::io yet (IOCP is a later step)"
+#else
+#define FIBER_SCHED_IO_REFUSAL "fsched::io is Linux-only: it needs epoll"
+#endif
 #define FIBER_SCHED_IO_LINUX_ONLY(result, name, value)                                \
     template <class... Args>                                                           \
     result name(Args&&...) {                                                           \
-        static_assert(detail::linux_only<Args...>, "fsched::io is Linux-only: it needs epoll"); \
+        static_assert(detail::linux_only<Args...>, FIBER_SCHED_IO_REFUSAL);           \
         return value;                                                                  \
     }
 FIBER_SCHED_IO_LINUX_ONLY(bool, wait, false)
@@ -73,6 +80,7 @@ FIBER_SCHED_IO_LINUX_ONLY(int, connect, -1)
 FIBER_SCHED_IO_LINUX_ONLY(int, last_error, 0)
 FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #undef FIBER_SCHED_IO_LINUX_ONLY
+#undef FIBER_SCHED_IO_REFUSAL
 
 #endif
 

@@ -23,8 +23,9 @@ TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
     using std::chrono::steady_clock;
     const auto now = steady_clock::now();
     if (d <= d.zero()) return now;
-    const std::chrono::duration<double> room = TimePoint::max() - now;
-    return std::chrono::duration<double>(d) >= room ? TimePoint::max()
+    // (TimePoint::max)(): <windows.h> without NOMINMAX defines a max() macro.
+    const std::chrono::duration<double> room = (TimePoint::max)() - now;
+    return std::chrono::duration<double>(d) >= room ? (TimePoint::max)()
                                                     : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
 

@@ -1,4 +1,5 @@
-// Test helpers: run a piece of code in a forked child and collect how it ended.
+// Test helpers: run a piece of code in a child process (forked on POSIX, the test program
+// started again on Windows) and collect how it ended.
 #pragma once
 
 #include "fiber_sched.hpp"
@@ -12,11 +13,35 @@
 #include <ostream>  // doctest prints std types through it
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#if defined(_WIN32)
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#if !defined(NOMINMAX)
+#define NOMINMAX
+#endif
+#if !defined(WIN32_LEAN_AND_MEAN)
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#else
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#endif
+
+// Wine builds each Win32 fiber's stack from a few Linux mappings (and at least 1 MiB), so
+// under wine the winfiber backend is held to a few thousand fibers at once by Linux's
+// vm.max_map_count (Windows itself has no such limit): the tests of very many live fibers
+// use fewer there. (The macro names the wine-and-winfiber build; test_stack.cpp uses it
+// for wine's handling of an OS fiber's overflow too.)
+#if defined(_WIN32) && defined(FIBER_SCHED_USE_WINFIBER) && defined(FIBER_SCHED_TEST_EMULATED)
+#define FSCHED_TEST_FEW_MAPPINGS 1
+#endif
 
 namespace test {
 
@@ -27,6 +52,30 @@ struct ChildResult {
     int signal = 0;
     std::string err;  // everything the child wrote to stderr
 };
+
+// The OS's id of the calling thread. Not std::this_thread::get_id(): pthread_self() is
+// declared const, and the compiler may reuse its first answer after a fiber moved to another
+// thread (the very bug fibers must avoid).
+inline long os_thread_id() {
+#if defined(_WIN32)
+    return static_cast<long>(GetCurrentThreadId());
+#else
+    return syscall(SYS_gettid);
+#endif
+}
+
+// The size of a memory page.
+inline std::size_t page_size() {
+#if defined(_WIN32)
+    SYSTEM_INFO info;
+    GetSystemInfo(&info);
+    return info.dwPageSize;
+#else
+    return static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+#endif
+}
+
+#if !defined(_WIN32)
 
 // Forks, runs `body` in the child with stderr captured, and reports how the child ended.
 // A child still running after `seconds` is killed by SIGALRM.
@@ -60,6 +109,38 @@ ChildResult run_in_child(Body&& body, unsigned seconds = 30) {
     result.signal = result.signaled ? WTERMSIG(status) : 0;
     return result;
 }
+
+#else
+
+// Windows has no fork(). run_in_child() starts this test program again (CreateProcess),
+// filtered to the running test case (-tc=) and with FSCHED_TEST_CHILD=<n>:<test case> in
+// its environment. The child runs the test case from its start; its calls of run_in_child()
+// count as the parent's did (doctest runs subcases in the same order each time) and, at
+// the nth, run `body` instead of starting a child, and exit. Earlier calls there return an
+// empty result without running anything (what the child's checks say is not looked at).
+// How a child ended reads as on POSIX: abort() (exit code 3) is SIGABRT, an access
+// violation, guard-page fault or stack overflow is SIGSEGV.
+namespace child {
+// Set by the doctest listener in main.cpp at the start of each test case.
+inline std::string test_case;
+inline int calls = 0;  // run_in_child() calls so far in test_case
+void run_body_here(int call, void (*run)(void*), void* body);  // main.cpp; does not return
+ChildResult start(int call, unsigned seconds);                  // main.cpp
+// True in a child for the call that is to run there.
+bool is_target(int call);                                       // main.cpp
+}  // namespace child
+
+template <class Body>
+ChildResult run_in_child(Body&& body, unsigned seconds = 30) {
+    const int call = ++child::calls;
+    if (child::is_target(call)) {
+        child::run_body_here(call, [](void* b) { (*static_cast<std::remove_reference_t<Body>*>(b))(); },
+                             static_cast<void*>(&body));
+    }
+    return child::start(call, seconds);
+}
+
+#endif
 
 // True when the child aborted and its stderr names `rule`.
 inline bool aborted_with(const ChildResult& r, const std::string& rule) {

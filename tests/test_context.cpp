@@ -93,6 +93,114 @@ static void scribble_registers() {
         :
         : "rbx", "r12", "r13", "r14", "r15");
 }
+#elif defined(__x86_64__) && defined(_WIN32)  // the Microsoft x64 ABI (MinGW-w64, clang)
+#define TEST_HAVE_REGISTER_CHECK 1
+// rbx, rbp, rdi, rsi, r12-r15 and xmm6-xmm15 (their low halves) get markers (marker i =
+// i * 0x0101010101010101 + 0x10); fn is called with the 32-byte home area the ABI wants.
+__asm__(
+    ".text\n"
+    ".globl call_with_marked_registers\n"
+    ".def call_with_marked_registers; .scl 2; .type 32; .endef\n"
+    "call_with_marked_registers:\n"
+    "    pushq %rbx\n"
+    "    pushq %rbp\n"
+    "    pushq %rdi\n"
+    "    pushq %rsi\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    subq $200, %rsp\n"
+    "    movups %xmm6, 32(%rsp)\n"
+    "    movups %xmm7, 48(%rsp)\n"
+    "    movups %xmm8, 64(%rsp)\n"
+    "    movups %xmm9, 80(%rsp)\n"
+    "    movups %xmm10, 96(%rsp)\n"
+    "    movups %xmm11, 112(%rsp)\n"
+    "    movups %xmm12, 128(%rsp)\n"
+    "    movups %xmm13, 144(%rsp)\n"
+    "    movups %xmm14, 160(%rsp)\n"
+    "    movups %xmm15, 176(%rsp)\n"
+    "    movq %rcx, %rax\n"
+    "    movq %rdx, %rcx\n"
+    "    movabsq $0x0101010101010101, %r10\n"
+    "    movl $0x10, %r11d\n"
+    "    movq %r11, %rbx\n    addq %r10, %r11\n"
+    "    movq %r11, %rbp\n    addq %r10, %r11\n"
+    "    movq %r11, %rdi\n    addq %r10, %r11\n"
+    "    movq %r11, %rsi\n    addq %r10, %r11\n"
+    "    movq %r11, %r12\n    addq %r10, %r11\n"
+    "    movq %r11, %r13\n    addq %r10, %r11\n"
+    "    movq %r11, %r14\n    addq %r10, %r11\n"
+    "    movq %r11, %r15\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm6\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm7\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm8\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm9\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm10\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm11\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm12\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm13\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm14\n    addq %r10, %r11\n"
+    "    movq %r11, %xmm15\n    addq %r10, %r11\n"
+    "    callq *%rax\n"
+    // Recompute the markers in order and count mismatches in eax.
+    "    movabsq $0x0101010101010101, %r10\n"
+    "    movl $0x10, %r11d\n"
+    "    xorl %eax, %eax\n"
+    "    cmpq %r11, %rbx\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %rbp\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %rdi\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %rsi\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %r12\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %r13\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %r14\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    cmpq %r11, %r15\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm6, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm7, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm8, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm9, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm10, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm11, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm12, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm13, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm14, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movq %xmm15, %r9\n    cmpq %r11, %r9\n    setne %cl\n    movzbl %cl, %ecx\n    addl %ecx, %eax\n    addq %r10, %r11\n"
+    "    movups 32(%rsp), %xmm6\n"
+    "    movups 48(%rsp), %xmm7\n"
+    "    movups 64(%rsp), %xmm8\n"
+    "    movups 80(%rsp), %xmm9\n"
+    "    movups 96(%rsp), %xmm10\n"
+    "    movups 112(%rsp), %xmm11\n"
+    "    movups 128(%rsp), %xmm12\n"
+    "    movups 144(%rsp), %xmm13\n"
+    "    movups 160(%rsp), %xmm14\n"
+    "    movups 176(%rsp), %xmm15\n"
+    "    addq $200, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rsi\n"
+    "    popq %rdi\n"
+    "    popq %rbp\n"
+    "    popq %rbx\n"
+    "    ret\n");
+
+// Overwrites every callee-saved register but rbp (the frame pointer) with garbage.
+static void scribble_registers() {
+    __asm__ volatile(
+        "movq $-1, %%rbx\n\tmovq $-1, %%rdi\n\tmovq $-1, %%rsi\n\t"
+        "movq $-1, %%r12\n\tmovq $-1, %%r13\n\tmovq $-1, %%r14\n\tmovq $-1, %%r15\n\t"
+        "pcmpeqd %%xmm6, %%xmm6\n\tpcmpeqd %%xmm7, %%xmm7\n\tpcmpeqd %%xmm8, %%xmm8\n\t"
+        "pcmpeqd %%xmm9, %%xmm9\n\tpcmpeqd %%xmm10, %%xmm10\n\tpcmpeqd %%xmm11, %%xmm11\n\t"
+        "pcmpeqd %%xmm12, %%xmm12\n\tpcmpeqd %%xmm13, %%xmm13\n\tpcmpeqd %%xmm14, %%xmm14\n\t"
+        "pcmpeqd %%xmm15, %%xmm15\n\t"
+        :
+        :
+        : "rbx", "rdi", "rsi", "r12", "r13", "r14", "r15", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
 #elif defined(__aarch64__)
 #define TEST_HAVE_REGISTER_CHECK 1
 // x19-x29 and d8-d15 get markers (marker i = i * 0x0101010101010101 + 0x10).
@@ -336,7 +444,11 @@ TEST_CASE("FIBER_SCHED_SWITCH_FP_CONTROL 0: the rounding mode stays the thread's
 
 TEST_CASE("backend() names the backend compiled in") {
     const char* name = fsched::backend();
-#if defined(FIBER_SCHED_USE_UCONTEXT)
+#if defined(_WIN32) && defined(FIBER_SCHED_USE_WINFIBER)
+    CHECK(std::strcmp(name, "winfiber") == 0);
+#elif defined(_WIN32) && defined(__x86_64__)
+    CHECK(std::strcmp(name, "asm-x86_64-win64") == 0);
+#elif defined(FIBER_SCHED_USE_UCONTEXT)
     CHECK(std::strcmp(name, "ucontext") == 0);
 #elif defined(__x86_64__)
     CHECK(std::strcmp(name, "asm-x86_64-sysv") == 0);

@@ -10,7 +10,6 @@
 #include <thread>
 #include <vector>
 
-#include <sys/syscall.h>
 
 using fsched::Fiber;
 using State = Fiber::State;
@@ -156,7 +155,7 @@ TEST_CASE("reset() reuses the stack with a new function") {
 }
 
 TEST_CASE("stack sizes are rounded up to pages and 0 means the default") {
-    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t page = test::page_size();
     Fiber by_default([] {});
     CHECK(by_default.stack_size() == FIBER_SCHED_DEFAULT_STACK_SIZE);
     Fiber odd([] {}, 20 * page + 1);
@@ -186,16 +185,15 @@ TEST_CASE("what the function captured is released when it returns") {
 TEST_CASE("a fiber resumed on another thread sees the right current() and thread") {
     Fiber* before = nullptr;
     Fiber* after = nullptr;
-    // gettid, not std::this_thread::get_id(): pthread_self() is declared const, and the
-    // compiler reuses its first answer after the yield (the very bug fibers must avoid).
+    // The OS's thread id, not std::this_thread::get_id() (see test::os_thread_id()).
     long thread_before = 0;
     long thread_after = 0;
     auto fiber = std::make_shared<Fiber>([&] {
         before = Fiber::current();
-        thread_before = syscall(SYS_gettid);
+        thread_before = test::os_thread_id();
         Fiber::yield();
         after = Fiber::current();
-        thread_after = syscall(SYS_gettid);
+        thread_after = test::os_thread_id();
     });
     // The first thread stays alive until the second is done, so their ids differ.
     std::atomic<bool> second_done{false};

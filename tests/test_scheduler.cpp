@@ -15,8 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
 
 using fsched::Fiber;
 using fsched::ScheduleTask;
@@ -25,7 +23,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-long thread_id() { return syscall(SYS_gettid); }
+long thread_id() { return test::os_thread_id(); }
 
 double process_cpu_seconds() {
     timespec ts{};

@@ -592,7 +592,7 @@ TEST_CASE("Channel: plain threads and fibers on the same channel") {
 // ---- Many parked fibers ------------------------------------------------------------------
 
 TEST_CASE("100,000 fibers parked at once on one WaitGroup") {
-#if defined(FIBER_SCHED_TSAN)
+#if defined(FIBER_SCHED_TSAN) || defined(FSCHED_TEST_FEW_MAPPINGS)
     constexpr int fibers = 3000;
 #else
     constexpr int fibers = 100000;

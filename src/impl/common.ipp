@@ -51,14 +51,62 @@ void assert_failed(const char* expr, const char* file, int line) {
     std::abort();
 }
 
-__attribute__((noinline)) ThreadState* thread_state() noexcept {
+#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+// MinGW-w64 g++ keeps thread_local variables in emutls, which frees a thread's variables
+// before the thread_local destructors run (both are thread-exit callbacks of winpthreads,
+// emutls's registered first): the clean-up in stack_overflow.ipp would find a new, empty
+// ThreadState. So the ThreadState lives on the heap, found through a Win32 TLS slot that
+// outlives emutls. It is not freed at thread exit (a few hundred bytes per thread that used
+// fibers): a thread_local destroyed after the clean-up may still need it.
+// Reading the slot is also what makes the switch fast here: an emutls access is a call
+// (__emutls_get_address); the slot is one load from the TIB (TlsSlots, gs:0x1480), for the
+// first 64 slots, where TlsAlloc() hands out a program's first ones.
+inline DWORD thread_state_slot() noexcept {
+    static const DWORD slot = TlsAlloc();
+    FIBER_SCHED_ASSERT(slot != TLS_OUT_OF_INDEXES && "fiber_sched: no Win32 TLS slot left for the thread state");
+    return slot;
+}
+
+FIBER_SCHED_NOINLINE ThreadState* thread_state_from_tls_slot() noexcept {
+    const DWORD slot = thread_state_slot();
+    const DWORD error = GetLastError();  // TlsGetValue() clears it; the caller's stays
+    auto* state = static_cast<ThreadState*>(TlsGetValue(slot));
+    if (!state) {
+        state = new (std::nothrow) ThreadState();
+        FIBER_SCHED_ASSERT(state && "fiber_sched: out of memory for a thread's state");
+        TlsSetValue(slot, state);
+    }
+    SetLastError(error);
+    return state;
+}
+
+FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
+    const DWORD slot = thread_state_slot();
+    ThreadState* p = nullptr;
+    if (slot < 64) {
+        // Volatile: the TIB is the running thread's, read anew on every call.
+        __asm__ volatile("movq %%gs:0x1480(,%1,8), %0" : "=r"(p) : "r"(static_cast<std::uintptr_t>(slot)));
+    }
+    if (!p) p = thread_state_from_tls_slot();
+    // As below: the compiler must not reuse one thread's answer after a switch.
+    __asm__ volatile("" : "+r"(p) : : "memory");
+    return p;
+}
+#else
+FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
     static thread_local ThreadState state;
+#if defined(_MSC_VER) && !defined(__clang__)
+    // No inline assembly: a volatile round trip hides where p came from instead.
+    ThreadState* volatile p = &state;
+#else
     ThreadState* p = &state;
     // The empty asm hides where p came from, so the compiler cannot treat this function
     // as const and reuse one thread's answer after the calling fiber moved to another.
     __asm__ volatile("" : "+r"(p) : : "memory");
+#endif
     return p;
 }
+#endif
 
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
@@ -77,7 +125,7 @@ struct FiberAccess {
 
     static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
 
-    __attribute__((always_inline)) static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
+    FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, std::function<void()>&& fn) {

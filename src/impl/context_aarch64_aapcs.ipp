@@ -104,7 +104,7 @@ static_assert(offsetof(Aarch64SwitchFrame, d8_d15) == 96, "d8 slot");
 static_assert(offsetof(Aarch64SwitchFrame, fpcr) == 160, "FPCR slot");
 static_assert(sizeof(Aarch64SwitchFrame) == 176, "the switch routine reserves 176 bytes");
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
     // sp stays 16-byte aligned, as AAPCS64 requires at every access through it.
     auto* frame = reinterpret_cast<Aarch64SwitchFrame*>(top - 16 - sizeof(Aarch64SwitchFrame));
@@ -118,6 +118,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     frame->x30 = reinterpret_cast<void*>(&fsched_trampoline_aarch64_aapcs);
     ctx.sp = frame;
 }
+
+void release_context(Context&) noexcept {}
 
 }  // namespace detail
 }  // namespace fsched

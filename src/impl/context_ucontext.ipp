@@ -33,7 +33,7 @@ extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) 
     fresh->entry(fresh->arg);
 }
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto record = (lo + size - sizeof(FreshContext)) & ~std::uintptr_t{63};
     auto* fresh = new (reinterpret_cast<void*>(record)) FreshContext;
@@ -48,6 +48,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
                 static_cast<unsigned int>(record >> 16 >> 16), static_cast<unsigned int>(record & 0xffffffffu));
     ctx.sp = &fresh->uc;
 }
+
+void release_context(Context&) noexcept {}
 
 }  // namespace detail
 }  // namespace fsched

@@ -115,7 +115,7 @@ static_assert(offsetof(X86_64SwitchFrame, r12) == 32, "entry function slot");
 static_assert(offsetof(X86_64SwitchFrame, return_address) == 56, "return address slot");
 static_assert(sizeof(X86_64SwitchFrame) == 64, "the switch routine pops 64 bytes");
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) noexcept {
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
     // 16 bytes above the frame hold a null "return address" for the trampoline's frame.
     // After `ret` pops the frame, rsp = top - 16, 16-byte aligned, so the `call` in the
@@ -136,6 +136,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     frame->return_address = reinterpret_cast<void*>(&fsched_trampoline_x86_64_sysv);
     ctx.sp = frame;
 }
+
+void release_context(Context&) noexcept {}
 
 }  // namespace detail
 }  // namespace fsched

@@ -11,7 +11,12 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
-    prepare_context();
+    try {
+        prepare_context();
+    } catch (...) {
+        detail::release_stack(stack_);
+        throw;
+    }
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
@@ -22,11 +27,13 @@ Fiber::~Fiber() {
 #if defined(FIBER_SCHED_TSAN)
     __tsan_destroy_fiber(shadow_.tsan_fiber);
 #endif
+    detail::release_context(context_);
     detail::release_stack(stack_);
 }
 
-void Fiber::prepare_context() noexcept {
+void Fiber::prepare_context() {
     returned_ = false;
+    detail::release_context(context_);
     detail::make_context(context_, stack_.base, stack_.size, &Fiber::entry, this);
 }
 

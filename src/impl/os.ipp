@@ -32,11 +32,16 @@ std::size_t page_size() noexcept;
 // mappings); the stack pool carves the rest without one. Called once.
 std::size_t guarded_stack_budget() noexcept;
 
+// Bytes of guard below each guarded stack, whole pages: one page on POSIX, where the fault
+// handler runs on an alternate stack; more on Windows, where it runs on the faulting one.
+std::size_t guard_size() noexcept;
+
 // Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
 // first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
 void* map_stack_memory(std::size_t bytes) noexcept;
-// Makes [lo, lo + bytes), whole pages inside one mapping, no-access, so that a touch faults;
-// false when the OS refuses, the range then as it was.
+// Makes [lo, lo + bytes), guard_size() bytes at the bottom of one mapping, the guard: a touch
+// of its top faults (POSIX: all of it no-access); false when the OS refuses, the range
+// then as it was.
 bool guard_pages(void* lo, std::size_t bytes) noexcept;
 // Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
 // releases only whole reservations).
@@ -53,6 +58,10 @@ void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 // length (Linux: 15 characters) base is cut to make room for the index (whole below 1000
 // workers).
 void name_thread(const std::string& base, int index) noexcept;
+
+// Ends the process as abort() does, after the overflow report (on Windows from within the
+// little stack an overflow leaves; on POSIX abort() itself).
+[[noreturn]] void abort_after_report() noexcept;
 
 // Writes `text` to standard error, unbuffered, retrying short writes; async-signal-safe,
 // errors ignored.

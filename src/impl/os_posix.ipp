@@ -14,7 +14,11 @@ namespace fsched {
 namespace detail {
 namespace os {
 
+[[noreturn]] void abort_after_report() noexcept { std::abort(); }
+
 std::size_t page_size() noexcept { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+std::size_t guard_size() noexcept { return page_size(); }
 
 std::size_t guarded_stack_budget() noexcept {
     // A guarded stack is one mmap of size + one page with the lowest page PROT_NONE: two

@@ -824,7 +824,9 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
-        std::this_thread::sleep_until(deadline);
+        // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
+        // sleep rounds down to whole milliseconds, so it can return before the deadline.
+        while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
         return;
     }
     reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks

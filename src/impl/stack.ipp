@@ -1,7 +1,8 @@
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.
 //
-// A guarded stack is one mapping of size + one page, the lowest page no-access. A guard
+// A guarded stack is one mapping of size + os::guard_size() (one page on POSIX), the guard
+// below the stack faulting when touched. A guard
 // costs the OS something it has only so much of (on Linux two kernel mappings, of
 // vm.max_map_count), so only os::guarded_stack_budget() stacks get one. Past that budget
 // stacks are carved without a guard from slabs of 64; neighbouring slabs with equal
@@ -29,6 +30,7 @@ class StackPool {
 public:
     StackPool()
         : page_(os::page_size()),
+          guard_(os::guard_size()),
           reserve_((context_stack_reserve + page_ - 1) / page_ * page_),
           guarded_limit_(compute_guarded_limit()) {
         // fork(): the child gets one thread, the one that forked. These handlers hold the
@@ -251,16 +253,16 @@ private:
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
         if (FIBER_SCHED_FAULT(stack_map)) return false;
-        void* mem = os::map_stack_memory(size + page_);
+        void* mem = os::map_stack_memory(size + guard_);
         if (!mem) return false;
-        if (!os::guard_pages(mem, page_)) {
+        if (!os::guard_pages(mem, guard_)) {
             // The budget is an estimate: the OS may still refuse the guard.
-            os::unmap_memory(mem, size + page_);
+            os::unmap_memory(mem, size + guard_);
             return false;
         }
-        out.base = static_cast<char*>(mem) + page_;
+        out.base = static_cast<char*>(mem) + guard_;
         out.size = size;
-        out.guard = page_;
+        out.guard = guard_;
         return true;
     }
 
@@ -286,6 +288,7 @@ private:
     }
 
     std::size_t page_;
+    std::size_t guard_;  // bytes below a guarded stack: os::guard_size()
     std::size_t reserve_;
     std::size_t guarded_limit_;
     std::mutex mutex_;

@@ -7,7 +7,10 @@
 // thread, and Fiber::resume() sets one on any other thread the first time it runs a fiber
 // there. The OS layer (os_posix.ipp) catches the fault and asks report_if_stack_overflow(),
 // which only reads the faulting thread's current fiber and writes with os::write_stderr(),
-// both async-signal-safe.
+// both async-signal-safe. On Windows (os_win32.ipp) a vectored exception handler asks the
+// same, on the faulting stack itself: the guard page there is a PAGE_GUARD page that
+// becomes the handler's room once touched, and the winfiber backend's OS-made stacks
+// report EXCEPTION_STACK_OVERFLOW, which names the current fiber directly.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -42,25 +45,33 @@ inline char* append_number(char* out, char* end, std::uint64_t value) noexcept {
     return out;
 }
 
+[[noreturn]] void report_overflow(const Fiber& fiber) noexcept {
+    char message[256];
+    char* end = message + sizeof(message);
+    char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
+    out = append_number(out, end, fiber.id());
+    out = append_text(out, end, ": it ran past its ");
+    out = append_number(out, end, fiber.stack_size());
+    out = append_text(out, end, "-byte stack into the guard page; "
+                                "give it a larger stack_size. Aborting.\n");
+    os::write_stderr(message, static_cast<std::size_t>(out - message));
+    os::abort_after_report();
+}
+
 void report_if_stack_overflow(const void* fault_address) noexcept {
     Fiber* fiber = thread_state()->current;
     if (fiber) {
         const Stack& stack = FiberAccess::stack(*fiber);
         const char* addr = static_cast<const char*>(fault_address);
-        if (stack.guard && addr >= stack.base - stack.guard && addr < stack.base) {
-            char message[256];
-            char* end = message + sizeof(message);
-            char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
-            out = append_number(out, end, fiber->id());
-            out = append_text(out, end, ": it ran past its ");
-            out = append_number(out, end, fiber->stack_size());
-            out = append_text(out, end, "-byte stack into the guard page; "
-                                        "give it a larger stack_size. Aborting.\n");
-            os::write_stderr(message, static_cast<std::size_t>(out - message));
-            std::abort();
-        }
+        if (stack.guard && addr >= stack.base - stack.guard && addr < stack.base) report_overflow(*fiber);
     }
 }
+
+#if defined(_WIN32)
+void report_overflow_of_current_fiber() noexcept {
+    if (Fiber* fiber = thread_state()->current) report_overflow(*fiber);
+}
+#endif
 
 namespace {
 
@@ -75,6 +86,10 @@ struct ThreadExit {
         if (ts->owned_altstack) {
             os::remove_fault_stack(ts->owned_altstack, ts->owned_altstack_size);
             ts->owned_altstack = nullptr;
+        }
+        if (ts->context_exit) {
+            ts->context_exit();
+            ts->context_exit = nullptr;
         }
         // Stays registered: a thread_local destroyed after this one may still create or
         // destroy fibers, and those are counted in the pool's total (acquire_stack).

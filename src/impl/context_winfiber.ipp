@@ -1,0 +1,122 @@
+// ---------------------------------------------------------------------------
+// Context switch on the Win32 fiber API: the default for MSVC's cl.exe (no inline
+// assembly), and FIBER_SCHED_USE_WINFIBER anywhere on Windows.
+//
+// A context's handle is an OS fiber (the address CreateFiberEx returns). Switching saves
+// GetCurrentFiber() into *save_sp and calls SwitchToFiber(load_sp); the OS switches the
+// callee-saved registers, the stack fields of the TIB and the fiber-local storage, so the C
+// runtime's per-fiber state (MSVC keeps its exception state in FLS) follows each fiber. The
+// floating-point control state (MXCSR, the x87 control word) is kept here, around the
+// switch, in the frame of the side switching out: FIBER_FLAG_FLOAT_SWITCH asks Windows for
+// it, but wine ignores the flag; a new fiber starts with its creator's modes.
+//
+// Only a fiber can switch to a fiber: a thread that is not one is converted the first time
+// it resumes a fiber (ConvertThreadToFiberEx) and converted back when it exits. A thread
+// that already is a fiber (a host engine converted it, or runs its own fibers) is used as
+// it is: its current fiber is the resumer, and is never converted back by us.
+//
+// The OS makes each fiber's stack itself, `size` bytes reserved, with its own guard that
+// raises EXCEPTION_STACK_OVERFLOW (os_win32.ipp reports it). The stack the pool hands the
+// Fiber holds only the record below at its top: its other pages are never touched, so they
+// cost address space and commit charge, no memory. A reset() or a destroyed fiber deletes
+// its OS fiber (release_context): the one the pool would have kept is the pool's stack.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+const char* const backend_name = "winfiber";
+// The record below, at the top of each pooled stack.
+constexpr std::size_t context_stack_reserve = 64;  // >= sizeof(WinFiberStart) + 16
+
+// The floating-point control state a fiber must find again when it resumes.
+struct FloatControl {
+#if defined(_M_X64) || defined(__x86_64__)
+    unsigned int mxcsr;
+#if defined(__GNUC__) || defined(__clang__)
+    unsigned short x87_control;  // MSVC's x64 code never uses the x87 unit
+#endif
+#endif
+};
+
+inline FloatControl save_float_control() noexcept {
+    FloatControl fc{};
+#if FIBER_SCHED_SWITCH_FP_CONTROL && (defined(_M_X64) || defined(__x86_64__))
+    fc.mxcsr = _mm_getcsr();
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__ volatile("fnstcw %0" : "=m"(fc.x87_control));
+#endif
+#endif
+    return fc;
+}
+
+inline void restore_float_control(const FloatControl& fc) noexcept {
+#if FIBER_SCHED_SWITCH_FP_CONTROL && (defined(_M_X64) || defined(__x86_64__))
+    _mm_setcsr(fc.mxcsr);
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
+#endif
+#else
+    (void)fc;
+#endif
+}
+
+struct WinFiberStart {
+    ContextEntry entry;
+    void* arg;
+    FloatControl float_control;  // the creator's, for the fiber's start
+};
+
+// The thread-exit clean-up of a thread we converted (ThreadState::context_exit). Not a
+// thread_local with a destructor: MinGW's emutls frees those before their destructors run.
+inline void convert_back_to_thread() { ConvertFiberToThread(); }
+
+inline void WINAPI winfiber_start(void* param) {
+    auto* start = static_cast<WinFiberStart*>(param);
+    restore_float_control(start->float_control);
+    start->entry(start->arg);  // never returns: the last switch-out is final
+}
+
+// GetCurrentFiber(), which is the TIB's fiber data field. With gcc 12 the header's inline
+// gs: read trips -Warray-bounds (a constant address looks like an offset from null), so
+// GNU compilers on x86-64 read the field themselves.
+inline void* current_os_fiber() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    void* fiber;
+    __asm__("movq %%gs:0x20, %0" : "=r"(fiber));
+    return fiber;
+#else
+    return GetCurrentFiber();
+#endif
+}
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
+    auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
+    // Commit one page now; the OS commits the rest as the fiber's stack grows, up to `size`.
+    void* fiber = CreateFiberEx(0, size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
+    if (!fiber) throw std::bad_alloc();
+    ctx.sp = fiber;
+}
+
+void release_context(Context& ctx) noexcept {
+    if (ctx.sp) DeleteFiber(ctx.sp);
+    ctx.sp = nullptr;
+}
+
+}  // namespace detail
+}  // namespace fsched
+
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
+    if (!IsThreadAFiber()) {
+        const bool converted = ConvertThreadToFiberEx(nullptr, FIBER_FLAG_FLOAT_SWITCH) != nullptr;
+        FIBER_SCHED_ASSERT(converted && "resume(): the thread cannot become a fiber (ConvertThreadToFiberEx failed)");
+        fsched::detail::ThreadState* ts = fsched::detail::thread_state();
+        ts->context_exit = &fsched::detail::convert_back_to_thread;
+        fsched::detail::register_thread(ts);  // so that the clean-up runs at thread exit
+    }
+    const fsched::detail::FloatControl float_control = fsched::detail::save_float_control();
+    *save_sp = fsched::detail::current_os_fiber();
+    SwitchToFiber(load_sp);
+    fsched::detail::restore_float_control(float_control);
+}
