@@ -2,8 +2,9 @@
 // Implementation: the scheduler.
 //
 // Each worker owns a run queue (a deque under the worker's queue_lock) and a deque of tasks
-// pinned to it. A worker takes from its own queues first, then steals from the back of the
-// other workers' run queues; pinned deques are never stolen from. Tasks scheduled inside a
+// pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
+// own queues first, highest level first, then steals from the back of the other workers'
+// run queues, the highest level its victim has; pinned deques are never stolen from. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
 // Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
 //
@@ -68,13 +69,26 @@ enum class TaskKind : std::uint8_t {
 struct QueuedTask {
     QueuedTask() = default;
     explicit QueuedTask(ScheduleTask&& task) noexcept
-        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread) {}
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
 
     Fiber::ptr fiber;
     std::function<void()> cb;
     int worker = -1;  // the worker it is pinned to; -1: any
+    Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::fresh;
     std::uint64_t sequence = 0;
+};
+
+// What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
+// paired with Worker::sleeping, see sleep_until_work), or `deadline` passed. Either may be
+// null.
+struct CallerWait {
+    const std::atomic<bool>* done;
+    const TimePoint* deadline;
+    bool satisfied() const noexcept {
+        return (done && done->load(std::memory_order_seq_cst)) ||
+               (deadline && std::chrono::steady_clock::now() >= *deadline);
+    }
 };
 
 struct alignas(64) Worker {
@@ -88,12 +102,24 @@ struct alignas(64) Worker {
     std::thread thread;
 
     SpinLock queue_lock;
-    std::deque<QueuedTask> tasks;    // stealable, under queue_lock
-    std::deque<QueuedTask> pinned;   // this worker only, under queue_lock
-    std::uint64_t next_sequence = 0;  // under queue_lock
-    // tasks.size() + pinned.size() and tasks.size(), updated under queue_lock and read
-    // without it as hints: a stale read only costs a needless lock or a later look. The
-    // last look before sleeping ignores them and takes every lock (see run_loop).
+    // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
+    struct Level {
+        std::deque<QueuedTask> tasks;
+        std::deque<QueuedTask> pinned;
+        bool empty() const noexcept { return tasks.empty() && pinned.empty(); }
+    };
+    static constexpr int level_count = 3;
+    Level levels[level_count];           // indexed by Priority; under queue_lock
+    std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
+    std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
+    std::uint64_t next_sequence = 0;     // under queue_lock
+    // Set while the use_caller thread runs this worker (0) outside stop(): it takes pinned
+    // tasks before unpinned ones of the same level. Only the thread running the worker
+    // reads or writes it.
+    bool caller_helping = false;
+    // The two counts above, published under queue_lock and read without it as hints: a
+    // stale read only costs a needless lock or a later look. The last look before
+    // sleeping ignores them and takes every lock (see run_loop).
     std::atomic<std::size_t> queued{0};
     std::atomic<std::size_t> stealable{0};
 
@@ -137,15 +163,38 @@ struct alignas(64) Worker {
 
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
-        stealable.store(tasks.size(), std::memory_order_relaxed);
-        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        stealable.store(stealable_count, std::memory_order_relaxed);
+        queued.store(stealable_count + pinned_count, std::memory_order_relaxed);
     }
 
-    // Appends under queue_lock (held). Strong guarantee: on std::bad_alloc nothing changed.
+    // Appends at the task's level under queue_lock (held). Strong guarantee: on
+    // std::bad_alloc nothing changed.
     void push_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = next_sequence;
-        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        Level& level = levels[static_cast<int>(task.priority)];
+        (own_pinned ? level.pinned : level.tasks).push_back(std::move(task));
         ++next_sequence;
+        ++(own_pinned ? pinned_count : stealable_count);
+    }
+
+    // The deques' sizes, and taking them back to such sizes (undoing push_locked calls),
+    // under queue_lock (held).
+    using Sizes = std::size_t[level_count][2];
+    void sizes_locked(Sizes& out) const noexcept {
+        for (int i = 0; i < level_count; ++i) {
+            out[i][0] = levels[i].tasks.size();
+            out[i][1] = levels[i].pinned.size();
+        }
+    }
+    void truncate_locked(const Sizes& sizes) noexcept {
+        for (int i = 0; i < level_count; ++i) {
+            std::deque<QueuedTask>& t = levels[i].tasks;
+            std::deque<QueuedTask>& p = levels[i].pinned;
+            stealable_count -= t.size() - sizes[i][0];
+            pinned_count -= p.size() - sizes[i][1];
+            t.erase(t.begin() + static_cast<std::ptrdiff_t>(sizes[i][0]), t.end());
+            p.erase(p.begin() + static_cast<std::ptrdiff_t>(sizes[i][1]), p.end());
+        }
     }
 
     void push(QueuedTask&& task, bool own_pinned) {
@@ -154,20 +203,31 @@ struct alignas(64) Worker {
         update_hints();
     }
 
-    // Takes the oldest of the two queue fronts under queue_lock (held): pinned and unpinned
-    // tasks are served in the order they arrived, so neither kind can starve the other.
+    // Takes a task of the highest level that has one, under queue_lock (held): the oldest
+    // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
+    // order they arrived and neither kind can starve the other; while the use_caller thread
+    // helps, its pinned tasks first (they have no one else to run them).
     bool pop_locked(QueuedTask& out) {
-        std::deque<QueuedTask>* from;
-        if (pinned.empty()) {
-            from = &tasks;
-        } else if (tasks.empty()) {
-            from = &pinned;
-        } else {
-            from = pinned.front().sequence < tasks.front().sequence ? &pinned : &tasks;
+        // All Normal, the common case, costs one look at the empty High level.
+        Level* level = &levels[static_cast<int>(Priority::Normal)];
+        if (!levels[static_cast<int>(Priority::High)].empty()) {
+            level = &levels[static_cast<int>(Priority::High)];
+        } else if (level->empty()) {
+            level = &levels[static_cast<int>(Priority::Low)];
+            if (level->empty()) return false;
         }
-        if (from->empty()) return false;
-        out = std::move(from->front());
-        from->pop_front();
+        bool from_pinned;
+        if (level->pinned.empty()) {
+            from_pinned = false;
+        } else if (level->tasks.empty() || caller_helping) {
+            from_pinned = true;
+        } else {
+            from_pinned = level->pinned.front().sequence < level->tasks.front().sequence;
+        }
+        std::deque<QueuedTask>& from = from_pinned ? level->pinned : level->tasks;
+        out = std::move(from.front());
+        from.pop_front();
+        --(from_pinned ? pinned_count : stealable_count);
         update_hints();
         return true;
     }
@@ -178,18 +238,23 @@ struct alignas(64) Worker {
         return pop_locked(out);
     }
 
-    // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
+    // Moves up to half (at most 32) of this worker's stealable tasks of the highest level
+    // it has into `thief`, where they keep their level.
     bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
         if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
         std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
         {
             std::lock_guard<SpinLock> lock(queue_lock);
+            if (stealable_count == 0) return false;
+            int level = 0;
+            while (levels[level].tasks.empty()) ++level;  // one is not empty
+            std::deque<QueuedTask>& tasks = levels[level].tasks;
             const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
-            if (n == 0) return false;
             for (std::size_t i = 0; i < n; ++i) {
                 taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
+            stealable_count -= n;
             update_hints();
         }
         // The back of `taken` is the oldest: run it first, queue the rest oldest first.
@@ -222,12 +287,19 @@ struct alignas(64) Worker {
     // Ends this worker's idle wait (or makes its next one return at once).
     void notify();
 
-    // The run loop and its steps, in the order run_loop() takes them.
-    void run_loop();
+    // The run loop and its steps, in the order run_loop() takes them. With `wait`, the
+    // use_caller thread helps as worker 0 outside stop() and leaves once `wait` is satisfied.
+    void run_loop(const CallerWait* wait = nullptr);
     bool next_task(QueuedTask& task);        // yielded fiber, then own queues, timers, steal
     void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
-    bool sleep_until_work(QueuedTask& task, bool& finished);
+    bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
+    // The use_caller thread outside stop(), as worker 0: runs up to `max_tasks` ready tasks
+    // while `until` has not passed, never sleeping; returns how many ran.
+    std::size_t run_ready(std::size_t max_tasks, TimePoint until);
+    // The use_caller thread stops helping: a fiber it left yielded, and stolen tasks it
+    // queued here, go where others can run them.
+    void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
@@ -246,8 +318,31 @@ struct SchedulerCore {
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
         open_idle();  // releases what it opened before it throws
+        if (use_caller && !caller_fiber) {
+            // Constructed on a thread's own stack: that thread helps while it blocks.
+            ThreadState* ts = thread_state();
+            previous_caller_core = ts->caller_core;
+            ts->caller_core = this;
+            caller_linked = true;
+        }
     }
-    ~SchedulerCore() { close_idle(); }
+    // Takes this scheduler out of its caller thread's ThreadState::caller_core chain (on
+    // that thread; stop() asserts it is). Harmless when not linked.
+    void unlink_caller() noexcept {
+        if (!caller_linked) return;
+        SchedulerCore** at = &thread_state()->caller_core;
+        while (*at && *at != this) at = &(*at)->previous_caller_core;
+        if (*at) *at = previous_caller_core;
+        caller_linked = false;
+    }
+    // The caller thread's chain of helped schedulers (ThreadState::caller_core), and
+    // whether this one is in it; only that thread touches them.
+    SchedulerCore* previous_caller_core = nullptr;
+    bool caller_linked = false;
+    ~SchedulerCore() {
+        unlink_caller();
+        close_idle();
+    }
     SchedulerCore(const SchedulerCore&) = delete;
     SchedulerCore& operator=(const SchedulerCore&) = delete;
 
@@ -457,7 +552,7 @@ struct SchedulerCore {
 // however the tasks arrive; then the worker's own queues and due timers (its own, then
 // any other worker's), then stealing; then a short spin; then the sleep, whose last look
 // at the queues is what the lost-wake-up argument (at sleep_until_work) is about.
-inline void Worker::run_loop() {
+inline void Worker::run_loop(const CallerWait* wait) {
     ThreadState* ts = thread_state();
     // Saved and restored: a use_caller scheduler may run inside a task of another one.
     Scheduler* const outer_scheduler = ts->scheduler;
@@ -466,12 +561,15 @@ inline void Worker::run_loop() {
     std::shared_ptr<Fiber>* const outer_ref = ts->task_ref;
     ts->scheduler = &core.owner;
     ts->worker = this;
+    caller_helping = wait != nullptr;
     QueuedTask task;
     bool finished = false;
     while (!finished) {
+        if (wait && wait->satisfied()) break;
         poll_io_now_and_then();
-        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished)) run_task(task);
+        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished, wait)) run_task(task);
     }
+    if (wait) stop_helping();
     ts->scheduler = outer_scheduler;
     ts->worker = outer_worker;
     ts->task_fiber = outer_task;
@@ -526,13 +624,17 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // and on x86 its check is two plain loads. A spinner that stops spinning goes to sleep by
 // the same path. `outstanding` reaching zero during stop() pairs through seq_cst operations
 // on `outstanding`, `stopping` and `sleeping`; a timer added meanwhile through
-// `timer_earliest` and `sleep_deadline` (Worker::add_timer).
-inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
+// `timer_earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
+// in a wait (help_until) is worker 0 sleeping by the same path, and its wait's end pairs
+// the same way: the notifier stores `done` (seq_cst) and then claims `sleeping`
+// (wake_caller); the sleeper stores `sleeping` and then loads `done` (CallerWait); one of
+// the two sees the other. Its own deadline is folded into the idle wait's deadline.
+inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait) {
     idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
     sleeping.store(true, std::memory_order_seq_cst);
     core.sleepers.fetch_add(1, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
-    if (find_task(task, true) || core.finished()) {
+    if (find_task(task, true) || core.finished() || (wait && wait->satisfied())) {
         idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
         // wait return early.
@@ -542,7 +644,8 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
     }
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
-    const std::int64_t deadline_ticks = earliest_deadline();
+    std::int64_t deadline_ticks = earliest_deadline();
+    if (wait && wait->deadline) deadline_ticks = std::min(deadline_ticks, to_ticks(*wait->deadline));
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
     // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
     // memory back once the scheduler has been idle a while, not while it is busy.
@@ -568,12 +671,14 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     QueuedTask back;
-    back.worker = FiberAccess::lifecycle(*yielded).resume_target().worker;
+    const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
+    back.worker = target.worker;
+    back.priority = target.priority;  // a yielding fiber keeps its task's priority
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
-    if (pinned.empty() && tasks.empty()) {
+    if (stealable_count + pinned_count == 0) {
         next = std::move(back);  // nothing else to run: straight back to it
         return;
     }
@@ -585,6 +690,61 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     }
     pop_locked(next);
 }
+
+inline std::size_t Worker::run_ready(std::size_t max_tasks, TimePoint until) {
+    ThreadState* ts = thread_state();
+    Scheduler* const outer_scheduler = ts->scheduler;
+    ts->scheduler = &core.owner;
+    ts->worker = this;
+    caller_helping = true;
+    std::size_t ran = 0;
+    QueuedTask task;
+    while (ran < max_tasks) {
+        if (until != TimePoint::max() && std::chrono::steady_clock::now() >= until) break;
+        poll_io_now_and_then();
+        if (!next_task(task)) break;
+        run_task(task);
+        ++ran;
+    }
+    stop_helping();
+    ts->scheduler = outer_scheduler;
+    ts->worker = nullptr;  // called outside every loop (caller_may_help, run_pending)
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    return ran;
+}
+
+inline void Worker::stop_helping() noexcept {
+    caller_helping = false;
+    if (yielded) {
+        // Back in line at its level; enqueue() wakes a sleeper for it unless it is pinned here.
+        QueuedTask back;
+        const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
+        back.worker = target.worker;
+        back.priority = target.priority;
+        back.kind = TaskKind::claimed;
+        back.fiber = std::move(yielded);
+        core.enqueue_fiber(std::move(back));
+    }
+    // Stolen tasks were queued here without waking anyone (the thief was to run them).
+    const std::size_t left = stealable.load(std::memory_order_relaxed);
+    if (left > 0) core.after_push(*this, false, left);
+    // Tasks in `overflow` (a steal that found no memory) wait for the next help or stop().
+}
+
+SchedulerCore* caller_may_help() noexcept {
+    ThreadState* ts = thread_state();
+    SchedulerCore* core = ts->caller_core;
+    if (!core || ts->current || ts->worker || core->closed()) return nullptr;
+    return core;
+}
+
+void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePoint* deadline) {
+    const CallerWait wait{done, deadline};
+    core.workers[0]->run_loop(&wait);
+}
+
+void wake_caller(SchedulerCore& core) noexcept { core.wake_worker(*core.workers[0]); }
 
 inline void Worker::notify() { idle.notify(core.idle); }
 
@@ -728,6 +888,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
     const int worker = task.worker;
+    const Priority priority = task.priority;
     const TaskKind kind = task.kind;
     Fiber::ptr fiber;
     if (pooled) {
@@ -747,7 +908,7 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker})) return;  // runs when it has left
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
         break;
     case TaskKind::woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
@@ -784,6 +945,7 @@ void resume_deferred(Fiber& fiber) {
     task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
     task.worker = target.worker;
+    task.priority = target.priority;
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
@@ -802,6 +964,7 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
     QueuedTask task;
     task.kind = TaskKind::woken;
     task.worker = target.worker;
+    task.priority = target.priority;  // a woken fiber keeps its task's priority
     task.fiber = std::move(fiber);
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
@@ -824,7 +987,11 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
-        std::this_thread::sleep_until(deadline);
+        if (SchedulerCore* core = caller_may_help()) {
+            help_until(*core, nullptr, &deadline);
+        } else {
+            std::this_thread::sleep_until(deadline);
+        }
         return;
     }
     reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
@@ -874,6 +1041,7 @@ void Scheduler::stop() {
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     start();
+    core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
     core.stopping.store(true, std::memory_order_seq_cst);
@@ -961,7 +1129,8 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
                 std::lock_guard<detail::SpinLock> lock(w.queue_lock);
                 // All of this worker's share or none of it: a failed push_back changed nothing,
                 // and what this loop pushed before is taken back.
-                const std::size_t pinned_before = w.pinned.size(), tasks_before = w.tasks.size();
+                detail::Worker::Sizes before;
+                w.sizes_locked(before);
                 try {
                     for (const bool own_pinned : {true, false}) {
                         for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
@@ -970,8 +1139,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
                         }
                     }
                 } catch (...) {
-                    w.pinned.erase(w.pinned.begin() + static_cast<std::ptrdiff_t>(pinned_before), w.pinned.end());
-                    w.tasks.erase(w.tasks.begin() + static_cast<std::ptrdiff_t>(tasks_before), w.tasks.end());
+                    w.truncate_locked(before);
                     throw;
                 }
                 w.update_hints();
@@ -985,6 +1153,19 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         core.tasks_finished(total - queued_count);
         throw;
     }
+}
+
+std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
+    detail::SchedulerCore& core = *core_;
+    const detail::ThreadState* ts = detail::thread_state();
+    FIBER_SCHED_ASSERT(core.use_caller && "run_pending(): the scheduler has no use_caller thread (made with use_caller = false)");
+    FIBER_SCHED_ASSERT(!core.closed() && "run_pending(): the scheduler has stopped");
+    FIBER_SCHED_ASSERT(core.caller_linked && std::this_thread::get_id() == core.caller_thread && !ts->current &&
+                       !ts->worker &&
+                       "run_pending(): call it on the scheduler's use_caller thread, outside its tasks and outside stop()");
+    const detail::TimePoint until = budget == std::chrono::microseconds::max() ? detail::TimePoint::max()
+                                                                              : detail::deadline_after(budget);
+    return core.workers[0]->run_ready(SIZE_MAX, until);
 }
 
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
@@ -1004,7 +1185,9 @@ namespace this_fiber {
 
 void yield() {
     if (!detail::in_scheduler_task()) {
-        std::this_thread::yield();
+        detail::SchedulerCore* core = detail::caller_may_help();
+        // The use_caller thread runs one ready task instead, if there is one.
+        if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
         return;
     }
     // The worker puts the fiber back and takes the next task under one lock (run_loop); the
