@@ -77,9 +77,11 @@ public:
     //
     // Priorities are strict, per worker: a worker takes a Normal task only when it has no
     // ready High one, and a Low one only when it has neither; a thief steals from the
-    // highest level its victim has. A High task that yields in a loop therefore starves
-    // the Normal and Low tasks of its worker (not timers, IO polling or other workers);
-    // give High to short work. Within a level, tasks run in the order they were queued.
+    // highest level its victim has, and a worker looking for work takes another worker's
+    // (unpinned) High task before its own Normal ones. A High task that yields in a loop
+    // therefore starves the Normal and Low tasks of its worker (not timers, IO polling or
+    // other workers); give High to short work. Within a level, tasks run in the order they
+    // were queued (stolen ones excepted).
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));

@@ -192,6 +192,28 @@ TEST_CASE("priorities: a thief steals the highest priority its victim has") {
     }
 }
 
+TEST_CASE("priorities: a worker takes another worker's High task before its own Normal ones") {
+    Scheduler s(2, false);
+    s.start();
+    Log log;
+    std::atomic<bool> high_queued{false}, high_ran{false};
+    s.schedule([&] {
+        // Busy on worker 1, with a High task in its own (stealable) queue.
+        s.schedule([&] {
+            log.add("H");
+            high_ran = true;
+        }, -1, Priority::High);
+        high_queued = true;
+        while (!high_ran) std::this_thread::yield();
+    }, 1);
+    s.schedule([&] {
+        while (!high_queued) std::this_thread::yield();
+        for (int i = 0; i < 3; ++i) s.schedule([&log, i] { log.add("N" + std::to_string(i)); });  // worker 0's own
+    }, 0);
+    s.stop();
+    CHECK(log.entries() == std::vector<std::string>{"H", "N0", "N1", "N2"});
+}
+
 TEST_CASE("the use_caller thread runs its tasks during WaitGroup::wait, pinned ones on it only") {
     for (std::size_t threads : {1u, 2u, 4u}) {
         CAPTURE(threads);

@@ -4,7 +4,10 @@
 // Each worker owns a run queue (a deque under the worker's queue_lock) and a deque of tasks
 // pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
 // own queues first, highest level first, then steals from the back of the other workers'
-// run queues, the highest level its victim has; pinned deques are never stolen from. Tasks scheduled inside a
+// run queues, the highest level its victim has; pinned deques are never stolen from. While
+// any worker has a stealable High task (SchedulerCore::stealable_high), one looking for work
+// takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
+// an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
 // Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
 //
@@ -171,11 +174,17 @@ struct alignas(64) Worker {
     // std::bad_alloc nothing changed.
     void push_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = next_sequence;
+        const bool stealable_high = !own_pinned && task.priority == Priority::High;
         Level& level = levels[static_cast<int>(task.priority)];
         (own_pinned ? level.pinned : level.tasks).push_back(std::move(task));
         ++next_sequence;
         ++(own_pinned ? pinned_count : stealable_count);
+        if (stealable_high) high_moved(1);
     }
+
+    // Keeps SchedulerCore::stealable_high (defined below) in step with this worker's
+    // stealable High tasks; under queue_lock. Only High tasks pay for it.
+    void high_moved(long delta) noexcept;
 
     // The deques' sizes, and taking them back to such sizes (undoing push_locked calls),
     // under queue_lock (held).
@@ -192,6 +201,9 @@ struct alignas(64) Worker {
             std::deque<QueuedTask>& p = levels[i].pinned;
             stealable_count -= t.size() - sizes[i][0];
             pinned_count -= p.size() - sizes[i][1];
+            if (i == static_cast<int>(Priority::High) && t.size() != sizes[i][0]) {
+                high_moved(-static_cast<long>(t.size() - sizes[i][0]));
+            }
             t.erase(t.begin() + static_cast<std::ptrdiff_t>(sizes[i][0]), t.end());
             p.erase(p.begin() + static_cast<std::ptrdiff_t>(sizes[i][1]), p.end());
         }
@@ -228,6 +240,7 @@ struct alignas(64) Worker {
         out = std::move(from.front());
         from.pop_front();
         --(from_pinned ? pinned_count : stealable_count);
+        if (!from_pinned && out.priority == Priority::High) high_moved(-1);
         update_hints();
         return true;
     }
@@ -239,8 +252,8 @@ struct alignas(64) Worker {
     }
 
     // Moves up to half (at most 32) of this worker's stealable tasks of the highest level
-    // it has into `thief`, where they keep their level.
-    bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
+    // it has into `thief`, where they keep their level. `high_only`: High tasks or nothing.
+    bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint, bool high_only = false) {
         if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
         std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
         {
@@ -248,6 +261,7 @@ struct alignas(64) Worker {
             if (stealable_count == 0) return false;
             int level = 0;
             while (levels[level].tasks.empty()) ++level;  // one is not empty
+            if (high_only && level != static_cast<int>(Priority::High)) return false;
             std::deque<QueuedTask>& tasks = levels[level].tasks;
             const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             for (std::size_t i = 0; i < n; ++i) {
@@ -255,6 +269,7 @@ struct alignas(64) Worker {
                 tasks.pop_back();
             }
             stealable_count -= n;
+            if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
             update_hints();
         }
         // The back of `taken` is the oldest: run it first, queue the rest oldest first.
@@ -304,6 +319,9 @@ struct alignas(64) Worker {
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
+    // Its own High task, else one stolen from another worker (find_task, while
+    // SchedulerCore::stealable_high says there are some).
+    bool take_high(QueuedTask& out);
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
@@ -401,6 +419,13 @@ struct SchedulerCore {
     std::atomic<int> sleepers{0};
     // Round-robin target for tasks from threads outside the scheduler; relaxed, a hint.
     std::atomic<unsigned> next_worker{0};
+    // Stealable High tasks in all the workers' queues, changed under the queue lock of the
+    // worker they are in and read without it: while it is not zero a worker looking for
+    // work takes a High task from anywhere before a Normal one of its own (find_task), so an
+    // urgent task does not wait behind the bulk of another worker's queue. A hint: a stale
+    // read costs a needless look or leaves that task to the strict per-worker order. On a
+    // line of its own, written only when High tasks move.
+    alignas(64) std::atomic<long> stealable_high{0};
 
     std::mutex handler_mutex;
     // Shared so report() takes it without copying a std::function (which could throw).
@@ -851,8 +876,26 @@ inline std::int64_t Worker::earliest_deadline() const noexcept {
     return earliest;
 }
 
+inline void Worker::high_moved(long delta) noexcept {
+    core.stealable_high.fetch_add(delta, std::memory_order_relaxed);
+}
+
+inline bool Worker::take_high(QueuedTask& out) {
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        if (!levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
+    }
+    const std::size_t n = core.workers.size();
+    for (std::size_t i = 1; i < n; ++i) {
+        if (core.workers[(static_cast<std::size_t>(index) + i) % n]->steal_into(*this, out, true, true)) return true;
+    }
+    return false;
+}
+
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     fire_due_timers();
+    // A High task anywhere goes before this worker's own Normal and Low ones.
+    if (core.stealable_high.load(std::memory_order_relaxed) > 0 && take_high(out)) return true;
     if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
     // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
