@@ -3179,7 +3179,10 @@ struct alignas(64) Worker {
     Level levels[level_count];           // indexed by Priority; under queue_lock
     std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
     std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
-    std::uint64_t next_sequence = 0;     // under queue_lock
+    // Orders a level's two deques (pop_locked): push_locked counts up from here, and
+    // push_front_locked down; under queue_lock.
+    std::uint64_t next_sequence = std::uint64_t{1} << 62;
+    std::uint64_t front_sequence = std::uint64_t{1} << 62;
     // Set while the use_caller thread runs this worker (0) outside stop(): it takes pinned
     // tasks before unpinned ones of the same level. Only the thread running the worker
     // reads or writes it.
@@ -3218,6 +3221,16 @@ struct alignas(64) Worker {
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
     unsigned tasks_since_io_poll = 0;
+    // A scheduler of one worker (no thief can want them): Normal fibers that yielded wait
+    // in this ring, the owner's alone, with no lock and no atomic read-modify-write, while
+    // the shared queues are empty by their hint. A fiber enters it only when the shared
+    // queues are empty, so its fibers are older than anything queued there; once anything
+    // is, the ring moves to the front of the shared queues, behind the lock and in order,
+    // before the worker takes its next task (take_local, requeue_yielded). So the order of
+    // arrival is kept, and a yielding loop starves nothing that others queue. Capacity: 0
+    // or a power of two.
+    std::vector<Fiber::ptr> local_ring;
+    std::size_t local_head = 0, local_size = 0;
 
     // Makes room for one more timer, so that add_timer() in a park hook cannot fail.
     // Called by the fiber about to park on this worker; may throw std::bad_alloc.
@@ -3236,7 +3249,7 @@ struct alignas(64) Worker {
 
     // Appends at the task's level under queue_lock (held). Strong guarantee: on
     // std::bad_alloc nothing changed.
-    void push_locked(QueuedTask&& task, bool own_pinned) {
+    __attribute__((always_inline)) void push_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = next_sequence;
         const bool stealable_high = !own_pinned && task.priority == Priority::High;
         Level& level = levels[static_cast<int>(task.priority)];
@@ -3244,6 +3257,15 @@ struct alignas(64) Worker {
         ++next_sequence;
         ++(own_pinned ? pinned_count : stealable_count);
         if (stealable_high) high_moved(1);
+    }
+
+    // Puts a Normal task at the front of its deque, as if it had come before everything
+    // there (flush_local_locked), under queue_lock (held). Strong guarantee.
+    void push_front_locked(QueuedTask&& task, bool own_pinned) {
+        task.sequence = --front_sequence;
+        Level& level = levels[static_cast<int>(Priority::Normal)];
+        (own_pinned ? level.pinned : level.tasks).push_front(std::move(task));
+        ++(own_pinned ? pinned_count : stealable_count);
     }
 
     // Keeps SchedulerCore::stealable_high (defined below) in step with this worker's
@@ -3283,7 +3305,7 @@ struct alignas(64) Worker {
     // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
     // order they arrived and neither kind can starve the other; while the use_caller thread
     // helps, its pinned tasks first (they have no one else to run them).
-    bool pop_locked(QueuedTask& out) {
+    __attribute__((always_inline)) bool pop_locked(QueuedTask& out) {
         // All Normal, the common case, costs one look at the empty High level.
         Level* level = &levels[static_cast<int>(Priority::Normal)];
         if (!levels[static_cast<int>(Priority::High)].empty()) {
@@ -3380,6 +3402,13 @@ struct alignas(64) Worker {
     // queued here, go where others can run them.
     void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
+    // The local ring (single-worker schedulers): make room, push, pop, and take the next task when the ring holds any: its oldest fiber while the shared queues
+    // are empty, else the ring moved behind the lock and the next task from there.
+    bool local_reserve() noexcept;          // room for one more; false out of memory
+    void local_push(Fiber::ptr& fiber) noexcept;  // after local_reserve()
+    Fiber::ptr local_pop() noexcept;
+    bool take_local(QueuedTask& next);
+    void flush_local_locked() noexcept;  // under queue_lock
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
@@ -3685,6 +3714,7 @@ inline bool Worker::next_task(QueuedTask& task) {
         requeue_yielded(task);
         return true;
     }
+    if (local_size != 0 && take_local(task)) return true;
     if (find_task(task)) return true;
     return core.idle.poll_io(false) && find_task(task);
 }
@@ -3759,14 +3789,52 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
-    QueuedTask back;
     const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
+    if (target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty() && local_reserve()) {
+        // A single worker's Normal fiber goes to the ring (see local_ring). Whatever waits in
+        // the shared queues goes first, the ring behind it; with nothing there (by the hint,
+        // the common case: no lock, no read-modify-write) the ring's oldest runs next, or
+        // the fiber itself straight away.
+        if (queued.load(std::memory_order_relaxed) != 0) {
+            std::lock_guard<SpinLock> lock(queue_lock);
+            if (local_size != 0) flush_local_locked();
+            if (pop_locked(next)) {
+                // The ring only ever holds fibers older than everything in the shared
+                // queues, so that its flush to their front keeps the order of arrival.
+                if (stealable_count + pinned_count != 0) {
+                    QueuedTask back;
+                    back.worker = target.worker;
+                    back.kind = TaskKind::claimed;
+                    back.fiber = std::move(yielded);
+                    try {
+                        push_locked(std::move(back), back.worker >= 0);
+                        return;
+                    } catch (...) {
+                        yielded = std::move(back.fiber);  // out of memory: the ring has room
+                    }
+                }
+                local_push(yielded);  // reserved: cannot fail
+                return;
+            }
+        }
+        if (local_size != 0) {
+            local_push(yielded);
+            yielded = local_pop();
+        }
+        next.fiber = std::move(yielded);
+        next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+        next.priority = Priority::Normal;
+        next.kind = TaskKind::claimed;
+        return;
+    }
+    QueuedTask back;
     back.worker = target.worker;
     back.priority = target.priority;  // a yielding fiber keeps its task's priority
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
+    if (local_size != 0) flush_local_locked();  // the ring's fibers yielded before this one
     if (stealable_count + pinned_count == 0) {
         next = std::move(back);  // nothing else to run: straight back to it
         return;
@@ -3778,6 +3846,72 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         return;
     }
     pop_locked(next);
+}
+
+inline bool Worker::local_reserve() noexcept {
+    if (local_size < local_ring.size()) return true;
+    // Grow to twice the size, oldest first; out of memory, the caller takes the locked path.
+    std::vector<Fiber::ptr> grown;
+    try {
+        grown.resize(std::max<std::size_t>(8, 2 * local_ring.size()));
+    } catch (...) {
+        return false;
+    }
+    for (std::size_t i = 0; i < local_size; ++i) grown[i] = std::move(local_ring[(local_head + i) & (local_ring.size() - 1)]);
+    local_ring.swap(grown);
+    local_head = 0;
+    return true;
+}
+
+inline void Worker::local_push(Fiber::ptr& fiber) noexcept {
+    local_ring[(local_head + local_size) & (local_ring.size() - 1)] = std::move(fiber);
+    ++local_size;
+}
+
+inline Fiber::ptr Worker::local_pop() noexcept {
+    Fiber::ptr fiber = std::move(local_ring[local_head]);
+    local_head = (local_head + 1) & (local_ring.size() - 1);
+    --local_size;
+    return fiber;
+}
+
+inline void Worker::flush_local_locked() noexcept {
+    // Newest first, each to the front: the ring's fibers are older than anything queued.
+    while (local_size != 0) {
+        const std::size_t newest = (local_head + local_size - 1) & (local_ring.size() - 1);
+        QueuedTask task;
+        task.fiber = std::move(local_ring[newest]);
+        task.worker = FiberAccess::lifecycle(*task.fiber).resume_target().worker;
+        task.kind = TaskKind::claimed;
+        try {
+            push_front_locked(std::move(task), task.worker >= 0);
+        } catch (...) {
+            local_ring[newest] = std::move(task.fiber);  // push_front's strong guarantee: intact
+            return;  // out of memory: the older rest stay in the ring and run from there
+        }
+        --local_size;
+    }
+}
+
+inline bool Worker::take_local(QueuedTask& next) {
+    fire_due_timers();
+    if (queued.load(std::memory_order_relaxed) == 0) {
+        next.fiber = local_pop();
+        next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+        next.priority = Priority::Normal;
+        next.kind = TaskKind::claimed;
+        return true;
+    }
+    std::lock_guard<SpinLock> lock(queue_lock);
+    flush_local_locked();
+    if (pop_locked(next)) return true;
+    // Out of memory with the queues empty: run the ring's oldest from there.
+    if (local_size == 0) return false;
+    next.fiber = local_pop();
+    next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+    next.priority = Priority::Normal;
+    next.kind = TaskKind::claimed;
+    return true;
 }
 
 inline std::size_t Worker::run_ready(std::size_t max_tasks, TimePoint until) {
@@ -3814,6 +3948,11 @@ inline void Worker::stop_helping() noexcept {
         back.kind = TaskKind::claimed;
         back.fiber = std::move(yielded);
         core.enqueue_fiber(std::move(back));
+    }
+    if (local_size != 0) {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        flush_local_locked();  // a single worker: no one else to wake for them
+        update_hints();
     }
     // Stolen tasks were queued here without waking anyone (the thief was to run them).
     const std::size_t left = stealable.load(std::memory_order_relaxed);
@@ -4290,11 +4429,18 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
 
 namespace this_fiber {
 
+namespace {
+// yield() outside a scheduler task, out of line so that the task's path stays short.
+__attribute__((noinline, cold)) void yield_outside_task() {
+    detail::SchedulerCore* core = detail::caller_may_help();
+    // The use_caller thread runs one ready task instead, if there is one.
+    if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
+}
+}  // namespace
+
 void yield() {
     if (!detail::in_scheduler_task()) {
-        detail::SchedulerCore* core = detail::caller_may_help();
-        // The use_caller thread runs one ready task instead, if there is one.
-        if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
+        yield_outside_task();
         return;
     }
     // The worker puts the fiber back and takes the next task under one lock (run_loop); the

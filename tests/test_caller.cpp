@@ -459,3 +459,64 @@ TEST_CASE("misuse of run_pending is a FIBER_SCHED_ASSERT naming the rule") {
         }, "run_pending(): the scheduler has stopped");
     }
 }
+
+TEST_CASE("one worker: two fibers yielding to each other starve neither a task queued from outside nor a timer") {
+    for (const bool use_caller : {false, true}) {
+        CAPTURE(use_caller);
+        for (const bool timer : {false, true}) {
+            CAPTURE(timer);
+            Scheduler s(1, use_caller);
+            s.start();
+            std::atomic<bool> done{false};
+            std::atomic<int> yielding{0};
+            std::atomic<long> yields{0};
+            for (int i = 0; i < 2; ++i) {
+                s.schedule([&] {
+                    yielding++;
+                    const auto end = std::chrono::steady_clock::now() + 20s;
+                    while (!done && std::chrono::steady_clock::now() < end) {
+                        yields++;
+                        fsched::this_fiber::yield();
+                    }
+                });
+            }
+            if (timer) {
+                s.schedule([&] {
+                    fsched::this_fiber::sleep_for(1ms);
+                    done = true;
+                });
+            } else if (!use_caller) {
+                while (yielding < 2) std::this_thread::yield();  // the two are alternating now
+                s.schedule([&] { done = true; });                  // from outside the scheduler
+            } else {
+                s.schedule([&] { done = true; });
+            }
+            s.stop();
+            CHECK(done);
+            CHECK(yields > 0);
+        }
+    }
+}
+
+TEST_CASE("one worker: yielding fibers take turns with the tasks queued meanwhile, in order") {
+    Scheduler s(1, false);
+    Log log;
+    s.schedule([&] {
+        for (int i = 1; i <= 3; ++i) {
+            log.add("a" + std::to_string(i));
+            if (i == 2) fsched::Scheduler::current()->schedule([&] { log.add("c"); });
+            fsched::this_fiber::yield();
+        }
+    });
+    s.schedule([&] {
+        for (int i = 1; i <= 3; ++i) {
+            log.add("b" + std::to_string(i));
+            fsched::this_fiber::yield();
+        }
+    });
+    s.start();
+    s.stop();
+    // c is queued by a2 before a2 yields: after b2 (which yielded earlier), before a3.
+    const std::vector<std::string> expected{"a1", "b1", "a2", "b2", "c", "a3", "b3"};
+    CHECK(log.entries() == expected);
+}
