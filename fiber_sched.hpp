@@ -3790,33 +3790,11 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
     const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
-    if (target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty() && local_reserve()) {
-        // A single worker's Normal fiber goes to the ring (see local_ring). Whatever waits in
-        // the shared queues goes first, the ring behind it; with nothing there (by the hint,
-        // the common case: no lock, no read-modify-write) the ring's oldest runs next, or
-        // the fiber itself straight away.
-        if (queued.load(std::memory_order_relaxed) != 0) {
-            std::lock_guard<SpinLock> lock(queue_lock);
-            if (local_size != 0) flush_local_locked();
-            if (pop_locked(next)) {
-                // The ring only ever holds fibers older than everything in the shared
-                // queues, so that its flush to their front keeps the order of arrival.
-                if (stealable_count + pinned_count != 0) {
-                    QueuedTask back;
-                    back.worker = target.worker;
-                    back.kind = TaskKind::claimed;
-                    back.fiber = std::move(yielded);
-                    try {
-                        push_locked(std::move(back), back.worker >= 0);
-                        return;
-                    } catch (...) {
-                        yielded = std::move(back.fiber);  // out of memory: the ring has room
-                    }
-                }
-                local_push(yielded);  // reserved: cannot fail
-                return;
-            }
-        }
+    // A single worker's Normal fiber may go to the ring (see local_ring).
+    const bool ring = target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty();
+    if (ring && queued.load(std::memory_order_relaxed) == 0 && local_reserve()) {
+        // Nothing in the shared queues (by the hint; the common case): no lock, no
+        // read-modify-write. The ring's oldest runs next, or this fiber straight away.
         if (local_size != 0) {
             local_push(yielded);
             yielded = local_pop();
@@ -3834,9 +3812,18 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
-    if (local_size != 0) flush_local_locked();  // the ring's fibers yielded before this one
-    if (stealable_count + pinned_count == 0) {
+    if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
+    const std::size_t waiting = stealable_count + pinned_count;
+    if (waiting == 0) {
         next = std::move(back);  // nothing else to run: straight back to it
+        return;
+    }
+    if (ring && waiting == 1 && local_reserve()) {
+        // The last one: the shared queues empty out, so this fiber may wait in the ring
+        // (which only ever holds fibers older than everything queued there). Growing the
+        // ring here, under the lock, happens only until it fits the yielding fibers.
+        pop_locked(next);
+        local_push(back.fiber);  // reserved: cannot fail
         return;
     }
     try {
