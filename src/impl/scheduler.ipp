@@ -683,7 +683,13 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // in a wait (help_until) is worker 0 sleeping by the same path, and its wait's end pairs
 // the same way: the notifier stores `done` (seq_cst) and then claims `sleeping`
 // (wake_caller); the sleeper stores `sleeping` and then loads `done` (CallerWait); one of
-// the two sees the other. Its own deadline is folded into the idle wait's deadline.
+// the two sees the other. Its own deadline is folded into the idle wait's deadline. The
+// fibers in a single worker's local ring (requeue_yielded) are invisible to everyone else
+// and need no wake-up: next_task() takes from the ring before the worker may spin or sleep,
+// so a worker with fibers there never sleeps; and a task pushed meanwhile is seen through
+// the `queued` hint at the next yield, or by the thorough look if the ring ran dry first.
+// Stealable High tasks (stealable_high) are a hint on top, never needed for a wake-up:
+// their push wakes workers as any push does.
 inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait) {
     idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
     sleeping.store(true, std::memory_order_seq_cst);
