@@ -439,6 +439,10 @@ namespace fsched {
 
 class Scheduler;
 
+// A scheduled task's priority (documented at Scheduler::schedule, scheduler.hpp). Declared
+// here because a fiber keeps its task's priority in its life cycle (ResumeTarget).
+enum class Priority : unsigned char { High, Normal, Low };
+
 namespace detail {
 
 // Ready and Suspended come first: resume() claims a fiber with one compare (state <= Suspended).
@@ -452,10 +456,12 @@ enum class FiberState : std::uint8_t {
     ParkedResumePending
 };
 
-// Where a scheduled fiber runs: its scheduler, and the worker it is pinned to (-1: any).
+// Where a scheduled fiber runs: its scheduler, the worker it is pinned to (-1: any), and
+// at which priority it is queued whenever it is woken or yields.
 struct ResumeTarget {
     Scheduler* scheduler = nullptr;
     int worker = -1;
+    Priority priority = Priority::Normal;
 };
 
 class FiberLifecycle {
@@ -493,6 +499,7 @@ public:
                 // its own CAS observes the mark (finish_yielded).
                 deferred_scheduler_ = target.scheduler;
                 deferred_worker_ = target.worker;
+                deferred_priority_ = target.priority;
                 const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
                                                                        : FiberState::ParkedResumePending;
                 if (state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel, std::memory_order_acquire)) {
@@ -565,12 +572,14 @@ public:
 
     // The deferred schedule() takes effect: the fiber belongs to that scheduler now.
     ResumeTarget take_deferred() noexcept {
-        set_resume(ResumeTarget{deferred_scheduler_, deferred_worker_});
+        set_resume(ResumeTarget{deferred_scheduler_, deferred_worker_, deferred_priority_});
         return resume_target();
     }
 
     // Where the fiber runs while it belongs to a scheduler (set when it was claimed).
-    ResumeTarget resume_target() const noexcept { return ResumeTarget{resume_scheduler_, resume_worker_}; }
+    ResumeTarget resume_target() const noexcept {
+        return ResumeTarget{resume_scheduler_, resume_worker_, resume_priority_};
+    }
 
 private:
     // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
@@ -586,6 +595,7 @@ private:
     void set_resume(ResumeTarget target) noexcept {
         resume_scheduler_ = target.scheduler;
         resume_worker_ = target.worker;
+        resume_priority_ = target.priority;
     }
 
     // Written before the state change that publishes them (see claim_or_defer). Two
@@ -595,6 +605,8 @@ private:
     int resume_worker_ = -1;
     int deferred_worker_ = -1;
     std::atomic<FiberState> state_{FiberState::Ready};
+    Priority resume_priority_ = Priority::Normal;    // beside state_, in what was padding
+    Priority deferred_priority_ = Priority::Normal;
 };
 
 }  // namespace detail
@@ -613,6 +625,7 @@ class Scheduler;
 namespace detail {
 
 struct Worker;
+struct SchedulerCore;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -633,6 +646,9 @@ struct ThreadState {
     Worker* worker = nullptr;          // and which of its workers it is
     Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
     std::shared_ptr<Fiber>* task_ref = nullptr;  // the worker's reference to task_fiber
+    // The use_caller scheduler made last on this thread's own stack and not yet stopped,
+    // which the thread helps while it blocks (caller_may_help); each links the one before.
+    SchedulerCore* caller_core = nullptr;
     std::uint64_t identity = 0;        // unique among threads and fiber ids; 0 until needed
     bool registered = false;           // known to the stack statistics, cleaned up at exit
     bool has_altstack = false;         // an alternate signal stack is set for this thread
@@ -896,6 +912,9 @@ struct ScheduleTask {
     Fiber::ptr fiber;
     std::function<void()> cb;
     int thread = -1;  // worker index to run on; -1: any worker
+    // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
+    // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).
+    Priority priority = Priority::Normal;
 };
 
 namespace detail {
@@ -931,6 +950,13 @@ class Scheduler {
 public:
     // A scheduler of `threads` workers (at least 1). With use_caller the constructing
     // thread is worker 0 and runs tasks inside stop(); threads - 1 threads are started.
+    // Made on a thread's own stack (not in a fiber), the use_caller thread also helps
+    // outside stop(): whenever it blocks in an fsched wait (the sync primitives,
+    // this_fiber::sleep_*, io::wait) it runs this scheduler's ready tasks, as worker 0,
+    // until the wait is satisfied, and sleeps in the idle wait like a worker when none is
+    // ready; see also run_pending(). A task it runs that blocks parks as usual, and any
+    // worker may resume it (unless it is pinned). With several such schedulers on one
+    // thread, the one made last (and not yet stopped) is helped.
     explicit Scheduler(std::size_t threads = 1, bool use_caller = true, std::string name = "Scheduler");
     // Calls stop() if it has not been called (from the constructing thread with use_caller).
     ~Scheduler();
@@ -952,9 +978,24 @@ public:
     // A fiber that is still running or parked (someone got its pointer early) is resumed
     // once it has left the scheduler with Fiber::yield(). Throws std::bad_alloc, with
     // nothing scheduled, when the task cannot be queued.
+    //
+    // Priorities are strict, per worker: a worker takes a Normal task only when it has no
+    // ready High one, and a Low one only when it has neither; a thief steals from the
+    // highest level its victim has, and a worker looking for work takes another worker's
+    // (unpinned) High task before its own Normal ones. A High task that yields in a loop
+    // therefore starves the Normal and Low tasks of its worker (not timers, IO polling or
+    // other workers); give High to short work. Within a level, tasks run in the order they
+    // were queued (stolen ones excepted).
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));
+    }
+    // The same at `priority` (it replaces a ScheduleTask's own).
+    template <class FiberOrCb>
+    void schedule(FiberOrCb fc, int thread, Priority priority) {
+        ScheduleTask task = make_task(std::move(fc), thread);
+        task.priority = priority;
+        submit(std::move(task));
     }
     // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
     template <class InputIt>
@@ -973,6 +1014,14 @@ public:
     static Scheduler* current() noexcept;
     // This thread's worker index in current(), else -1.
     static int worker_index() noexcept;
+
+    // On the use_caller thread, outside its tasks and outside stop(): runs ready tasks, as
+    // worker 0 (tasks pinned to worker 0 first, then its own queue, then stolen ones), until
+    // none is ready or `budget` has passed (checked before each task), and returns how many
+    // ran. A task that parks counts as run; one that yields is ready again at once, so a
+    // task yielding in a loop keeps run_pending() busy until the budget is spent.
+    // Precondition (FIBER_SCHED_ASSERT): called on the use_caller thread, outside tasks.
+    std::size_t run_pending(std::chrono::microseconds budget = std::chrono::microseconds::max());
 
     // Receives every exception that escapes a task, and std::bad_alloc for a task whose
     // fiber could not be made. Default: print it and std::terminate(). A handler that
@@ -1018,6 +1067,16 @@ void park(void (*on_parked)(Fiber*, void*), void* arg);
 Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
 void wake_fiber(Fiber::ptr fiber) noexcept;
+// The use_caller scheduler of this thread when the thread may help it while it blocks: it
+// is that scheduler's caller thread, on its own stack (not in a fiber, not in one of the
+// scheduler's loops), and the scheduler has not stopped. Else nullptr.
+SchedulerCore* caller_may_help() noexcept;
+// On that thread: runs the scheduler's ready tasks as worker 0, sleeping in its idle wait
+// when none is ready, until `*done` (seq_cst; may be null) is true or `deadline` (may be
+// null) has passed. Whoever sets `*done` calls wake_caller() afterwards.
+void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePoint* deadline);
+// Ends a help_until() sleep: call after setting its `done`. Any thread.
+void wake_caller(SchedulerCore& core) noexcept;
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
 bool in_scheduler_task() noexcept;
 // In a scheduler task, before a park whose hook adds a timer: makes room for it on this
@@ -1030,11 +1089,13 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept;
 
 namespace this_fiber {
 
-// In a scheduler task: go to the back of the queue and run again soon.
-// Elsewhere: std::this_thread::yield().
+// In a scheduler task: go to the back of the queue (of its priority) and run again soon.
+// On a use_caller thread outside its tasks and stop(): run at most one ready task of that
+// scheduler. Elsewhere: std::this_thread::yield().
 void yield();
 
-// In a scheduler task: park for `d`, freeing the worker. Elsewhere: sleep the thread.
+// In a scheduler task: park for `d`, freeing the worker. On a use_caller thread outside
+// its tasks and stop(): run ready tasks meanwhile. Elsewhere: sleep the thread.
 template <class Rep, class Period>
 void sleep_for(const std::chrono::duration<Rep, Period>& d) {
     detail::sleep_until_steady(detail::deadline_after(d));
@@ -1057,7 +1118,8 @@ std::uint64_t id();
 // Fiber-aware synchronisation: Mutex, ConditionVariable, WaitGroup, Channel<T>.
 //
 // Blocking parks a scheduler task fiber and frees its worker; anywhere else (a plain
-// thread, a hand-resumed fiber, the use_caller thread outside stop()) it blocks the thread.
+// thread, a hand-resumed fiber) it blocks the thread; a use_caller thread outside its
+// scheduler's tasks runs that scheduler's ready tasks meanwhile (Scheduler(), help_until).
 // Each object keeps its waiters in a FIFO list under a small spin lock. A fiber adds itself
 // to the list and parks; the spin lock is released by the park's after-switch hook, on the
 // worker, so a notifier (who must take that lock) can only wake a fiber that has fully
@@ -1105,6 +1167,12 @@ struct ThreadSignal {
     std::mutex mutex;
     std::condition_variable cv;
     bool set = false;
+    // A use_caller thread that runs tasks while it waits (help_until) waits for `done`
+    // instead, which the notifier sets and then wakes `helper`'s worker 0, both under
+    // `mutex`: the waiter takes `mutex` before it returns, so it cannot destroy the signal
+    // (or leave and stop the scheduler) while the notifier still uses them.
+    SchedulerCore* helper = nullptr;
+    std::atomic<bool> done{false};
 };
 
 // A node in a wait list, on the waiter's stack.
@@ -1475,7 +1543,8 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 // timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
 // on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
 // the same scheduler already waits for the same fd and direction, ENOMEM when no memory
-// could be had to record the wait. A plain thread blocks in poll().
+// could be had to record the wait. A plain thread blocks in poll(); a use_caller thread
+// outside its scheduler's tasks waits through that scheduler, running its tasks meanwhile.
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 // read, write, accept and connect take non-blocking fds only, sockets or not: a blocking fd
@@ -3722,8 +3791,12 @@ struct WorkerIdle {
 // Implementation: the scheduler.
 //
 // Each worker owns a run queue (a deque under the worker's queue_lock) and a deque of tasks
-// pinned to it. A worker takes from its own queues first, then steals from the back of the
-// other workers' run queues; pinned deques are never stolen from. Tasks scheduled inside a
+// pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
+// own queues first, highest level first, then steals from the back of the other workers'
+// run queues, the highest level its victim has; pinned deques are never stolen from. While
+// any worker has a stealable High task (SchedulerCore::stealable_high), one looking for work
+// takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
+// an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
 // Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
 //
@@ -3788,13 +3861,26 @@ enum class TaskKind : std::uint8_t {
 struct QueuedTask {
     QueuedTask() = default;
     explicit QueuedTask(ScheduleTask&& task) noexcept
-        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread) {}
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
 
     Fiber::ptr fiber;
     std::function<void()> cb;
     int worker = -1;  // the worker it is pinned to; -1: any
+    Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::fresh;
     std::uint64_t sequence = 0;
+};
+
+// What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
+// paired with Worker::sleeping, see sleep_until_work), or `deadline` passed. Either may be
+// null.
+struct CallerWait {
+    const std::atomic<bool>* done;
+    const TimePoint* deadline;
+    bool satisfied() const noexcept {
+        return (done && done->load(std::memory_order_seq_cst)) ||
+               (deadline && std::chrono::steady_clock::now() >= *deadline);
+    }
 };
 
 struct alignas(64) Worker {
@@ -3808,12 +3894,27 @@ struct alignas(64) Worker {
     std::thread thread;
 
     SpinLock queue_lock;
-    std::deque<QueuedTask> tasks;    // stealable, under queue_lock
-    std::deque<QueuedTask> pinned;   // this worker only, under queue_lock
-    std::uint64_t next_sequence = 0;  // under queue_lock
-    // tasks.size() + pinned.size() and tasks.size(), updated under queue_lock and read
-    // without it as hints: a stale read only costs a needless lock or a later look. The
-    // last look before sleeping ignores them and takes every lock (see run_loop).
+    // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
+    struct Level {
+        std::deque<QueuedTask> tasks;
+        std::deque<QueuedTask> pinned;
+        bool empty() const noexcept { return tasks.empty() && pinned.empty(); }
+    };
+    static constexpr int level_count = 3;
+    Level levels[level_count];           // indexed by Priority; under queue_lock
+    std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
+    std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
+    // Orders a level's two deques (pop_locked): push_locked counts up from here, and
+    // push_front_locked down; under queue_lock.
+    std::uint64_t next_sequence = std::uint64_t{1} << 62;
+    std::uint64_t front_sequence = std::uint64_t{1} << 62;
+    // Set while the use_caller thread runs this worker (0) outside stop(): it takes pinned
+    // tasks before unpinned ones of the same level. Only the thread running the worker
+    // reads or writes it.
+    bool caller_helping = false;
+    // The two counts above, published under queue_lock and read without it as hints: a
+    // stale read only costs a needless lock or a later look. The last look before
+    // sleeping ignores them and takes every lock (see run_loop).
     std::atomic<std::size_t> queued{0};
     std::atomic<std::size_t> stealable{0};
 
@@ -3845,6 +3946,16 @@ struct alignas(64) Worker {
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
     unsigned tasks_since_io_poll = 0;
+    // A scheduler of one worker (no thief can want them): Normal fibers that yielded wait
+    // in this ring, the owner's alone, with no lock and no atomic read-modify-write, while
+    // the shared queues are empty by their hint. A fiber enters it only when the shared
+    // queues are empty, so its fibers are older than anything queued there; once anything
+    // is, the ring moves to the front of the shared queues, behind the lock and in order,
+    // before the worker takes its next task (take_local, requeue_yielded). So the order of
+    // arrival is kept, and a yielding loop starves nothing that others queue. Capacity: 0
+    // or a power of two.
+    std::vector<Fiber::ptr> local_ring;
+    std::size_t local_head = 0, local_size = 0;
 
     // Makes room for one more timer, so that add_timer() in a park hook cannot fail.
     // Called by the fiber about to park on this worker; may throw std::bad_alloc.
@@ -3857,15 +3968,56 @@ struct alignas(64) Worker {
 
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
-        stealable.store(tasks.size(), std::memory_order_relaxed);
-        queued.store(tasks.size() + pinned.size(), std::memory_order_relaxed);
+        stealable.store(stealable_count, std::memory_order_relaxed);
+        queued.store(stealable_count + pinned_count, std::memory_order_relaxed);
     }
 
-    // Appends under queue_lock (held). Strong guarantee: on std::bad_alloc nothing changed.
-    void push_locked(QueuedTask&& task, bool own_pinned) {
+    // Appends at the task's level under queue_lock (held). Strong guarantee: on
+    // std::bad_alloc nothing changed.
+    __attribute__((always_inline)) void push_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = next_sequence;
-        (own_pinned ? pinned : tasks).push_back(std::move(task));
+        const bool stealable_high = !own_pinned && task.priority == Priority::High;
+        Level& level = levels[static_cast<int>(task.priority)];
+        (own_pinned ? level.pinned : level.tasks).push_back(std::move(task));
         ++next_sequence;
+        ++(own_pinned ? pinned_count : stealable_count);
+        if (stealable_high) high_moved(1);
+    }
+
+    // Puts a Normal task at the front of its deque, as if it had come before everything
+    // there (flush_local_locked), under queue_lock (held). Strong guarantee.
+    void push_front_locked(QueuedTask&& task, bool own_pinned) {
+        task.sequence = --front_sequence;
+        Level& level = levels[static_cast<int>(Priority::Normal)];
+        (own_pinned ? level.pinned : level.tasks).push_front(std::move(task));
+        ++(own_pinned ? pinned_count : stealable_count);
+    }
+
+    // Keeps SchedulerCore::stealable_high (defined below) in step with this worker's
+    // stealable High tasks; under queue_lock. Only High tasks pay for it.
+    void high_moved(long delta) noexcept;
+
+    // The deques' sizes, and taking them back to such sizes (undoing push_locked calls),
+    // under queue_lock (held).
+    using Sizes = std::size_t[level_count][2];
+    void sizes_locked(Sizes& out) const noexcept {
+        for (int i = 0; i < level_count; ++i) {
+            out[i][0] = levels[i].tasks.size();
+            out[i][1] = levels[i].pinned.size();
+        }
+    }
+    void truncate_locked(const Sizes& sizes) noexcept {
+        for (int i = 0; i < level_count; ++i) {
+            std::deque<QueuedTask>& t = levels[i].tasks;
+            std::deque<QueuedTask>& p = levels[i].pinned;
+            stealable_count -= t.size() - sizes[i][0];
+            pinned_count -= p.size() - sizes[i][1];
+            if (i == static_cast<int>(Priority::High) && t.size() != sizes[i][0]) {
+                high_moved(-static_cast<long>(t.size() - sizes[i][0]));
+            }
+            t.erase(t.begin() + static_cast<std::ptrdiff_t>(sizes[i][0]), t.end());
+            p.erase(p.begin() + static_cast<std::ptrdiff_t>(sizes[i][1]), p.end());
+        }
     }
 
     void push(QueuedTask&& task, bool own_pinned) {
@@ -3874,20 +4026,32 @@ struct alignas(64) Worker {
         update_hints();
     }
 
-    // Takes the oldest of the two queue fronts under queue_lock (held): pinned and unpinned
-    // tasks are served in the order they arrived, so neither kind can starve the other.
-    bool pop_locked(QueuedTask& out) {
-        std::deque<QueuedTask>* from;
-        if (pinned.empty()) {
-            from = &tasks;
-        } else if (tasks.empty()) {
-            from = &pinned;
-        } else {
-            from = pinned.front().sequence < tasks.front().sequence ? &pinned : &tasks;
+    // Takes a task of the highest level that has one, under queue_lock (held): the oldest
+    // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
+    // order they arrived and neither kind can starve the other; while the use_caller thread
+    // helps, its pinned tasks first (they have no one else to run them).
+    __attribute__((always_inline)) bool pop_locked(QueuedTask& out) {
+        // All Normal, the common case, costs one look at the empty High level.
+        Level* level = &levels[static_cast<int>(Priority::Normal)];
+        if (!levels[static_cast<int>(Priority::High)].empty()) {
+            level = &levels[static_cast<int>(Priority::High)];
+        } else if (level->empty()) {
+            level = &levels[static_cast<int>(Priority::Low)];
+            if (level->empty()) return false;
         }
-        if (from->empty()) return false;
-        out = std::move(from->front());
-        from->pop_front();
+        bool from_pinned;
+        if (level->pinned.empty()) {
+            from_pinned = false;
+        } else if (level->tasks.empty() || caller_helping) {
+            from_pinned = true;
+        } else {
+            from_pinned = level->pinned.front().sequence < level->tasks.front().sequence;
+        }
+        std::deque<QueuedTask>& from = from_pinned ? level->pinned : level->tasks;
+        out = std::move(from.front());
+        from.pop_front();
+        --(from_pinned ? pinned_count : stealable_count);
+        if (!from_pinned && out.priority == Priority::High) high_moved(-1);
         update_hints();
         return true;
     }
@@ -3898,18 +4062,25 @@ struct alignas(64) Worker {
         return pop_locked(out);
     }
 
-    // Moves up to half of this worker's stealable tasks (at most 32) into `thief`.
-    bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint) {
+    // Moves up to half (at most 32) of this worker's stealable tasks of the highest level
+    // it has into `thief`, where they keep their level. `high_only`: High tasks or nothing.
+    bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint, bool high_only = false) {
         if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
         std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
         {
             std::lock_guard<SpinLock> lock(queue_lock);
+            if (stealable_count == 0) return false;
+            int level = 0;
+            while (levels[level].tasks.empty()) ++level;  // one is not empty
+            if (high_only && level != static_cast<int>(Priority::High)) return false;
+            std::deque<QueuedTask>& tasks = levels[level].tasks;
             const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
-            if (n == 0) return false;
             for (std::size_t i = 0; i < n; ++i) {
                 taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
+            stealable_count -= n;
+            if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
             update_hints();
         }
         // The back of `taken` is the oldest: run it first, queue the rest oldest first.
@@ -3942,16 +4113,33 @@ struct alignas(64) Worker {
     // Ends this worker's idle wait (or makes its next one return at once).
     void notify();
 
-    // The run loop and its steps, in the order run_loop() takes them.
-    void run_loop();
+    // The run loop and its steps, in the order run_loop() takes them. With `wait`, the
+    // use_caller thread helps as worker 0 outside stop() and leaves once `wait` is satisfied.
+    void run_loop(const CallerWait* wait = nullptr);
     bool next_task(QueuedTask& task);        // yielded fiber, then own queues, timers, steal
     void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
-    bool sleep_until_work(QueuedTask& task, bool& finished);
+    bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
+    // The use_caller thread outside stop(), as worker 0: runs up to `max_tasks` ready tasks
+    // while `until` has not passed, never sleeping; returns how many ran.
+    std::size_t run_ready(std::size_t max_tasks, TimePoint until);
+    // The use_caller thread stops helping: a fiber it left yielded, and stolen tasks it
+    // queued here, go where others can run them.
+    void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
+    // The local ring (single-worker schedulers): make room, push, pop, and take the next task when the ring holds any: its oldest fiber while the shared queues
+    // are empty, else the ring moved behind the lock and the next task from there.
+    bool local_reserve() noexcept;          // room for one more; false out of memory
+    void local_push(Fiber::ptr& fiber) noexcept;  // after local_reserve()
+    Fiber::ptr local_pop() noexcept;
+    bool take_local(QueuedTask& next);
+    void flush_local_locked() noexcept;  // under queue_lock
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
+    // Its own High task, else one stolen from another worker (find_task, while
+    // SchedulerCore::stealable_high says there are some).
+    bool take_high(QueuedTask& out);
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
@@ -3966,8 +4154,31 @@ struct SchedulerCore {
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
         open_idle();  // releases what it opened before it throws
+        if (use_caller && !caller_fiber) {
+            // Constructed on a thread's own stack: that thread helps while it blocks.
+            ThreadState* ts = thread_state();
+            previous_caller_core = ts->caller_core;
+            ts->caller_core = this;
+            caller_linked = true;
+        }
     }
-    ~SchedulerCore() { close_idle(); }
+    // Takes this scheduler out of its caller thread's ThreadState::caller_core chain (on
+    // that thread; stop() asserts it is). Harmless when not linked.
+    void unlink_caller() noexcept {
+        if (!caller_linked) return;
+        SchedulerCore** at = &thread_state()->caller_core;
+        while (*at && *at != this) at = &(*at)->previous_caller_core;
+        if (*at) *at = previous_caller_core;
+        caller_linked = false;
+    }
+    // The caller thread's chain of helped schedulers (ThreadState::caller_core), and
+    // whether this one is in it; only that thread touches them.
+    SchedulerCore* previous_caller_core = nullptr;
+    bool caller_linked = false;
+    ~SchedulerCore() {
+        unlink_caller();
+        close_idle();
+    }
     SchedulerCore(const SchedulerCore&) = delete;
     SchedulerCore& operator=(const SchedulerCore&) = delete;
 
@@ -4026,6 +4237,13 @@ struct SchedulerCore {
     std::atomic<int> sleepers{0};
     // Round-robin target for tasks from threads outside the scheduler; relaxed, a hint.
     std::atomic<unsigned> next_worker{0};
+    // Stealable High tasks in all the workers' queues, changed under the queue lock of the
+    // worker they are in and read without it: while it is not zero a worker looking for
+    // work takes a High task from anywhere before a Normal one of its own (find_task), so an
+    // urgent task does not wait behind the bulk of another worker's queue. A hint: a stale
+    // read costs a needless look or leaves that task to the strict per-worker order. On a
+    // line of its own, written only when High tasks move.
+    alignas(64) std::atomic<long> stealable_high{0};
 
     std::mutex handler_mutex;
     // Shared so report() takes it without copying a std::function (which could throw).
@@ -4177,7 +4395,7 @@ struct SchedulerCore {
 // however the tasks arrive; then the worker's own queues and due timers (its own, then
 // any other worker's), then stealing; then a short spin; then the sleep, whose last look
 // at the queues is what the lost-wake-up argument (at sleep_until_work) is about.
-inline void Worker::run_loop() {
+inline void Worker::run_loop(const CallerWait* wait) {
     ThreadState* ts = thread_state();
     // Saved and restored: a use_caller scheduler may run inside a task of another one.
     Scheduler* const outer_scheduler = ts->scheduler;
@@ -4186,12 +4404,15 @@ inline void Worker::run_loop() {
     std::shared_ptr<Fiber>* const outer_ref = ts->task_ref;
     ts->scheduler = &core.owner;
     ts->worker = this;
+    caller_helping = wait != nullptr;
     QueuedTask task;
     bool finished = false;
     while (!finished) {
+        if (wait && wait->satisfied()) break;
         poll_io_now_and_then();
-        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished)) run_task(task);
+        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished, wait)) run_task(task);
     }
+    if (wait) stop_helping();
     ts->scheduler = outer_scheduler;
     ts->worker = outer_worker;
     ts->task_fiber = outer_task;
@@ -4218,6 +4439,7 @@ inline bool Worker::next_task(QueuedTask& task) {
         requeue_yielded(task);
         return true;
     }
+    if (local_size != 0 && take_local(task)) return true;
     if (find_task(task)) return true;
     return core.idle.poll_io(false) && find_task(task);
 }
@@ -4246,13 +4468,23 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // and on x86 its check is two plain loads. A spinner that stops spinning goes to sleep by
 // the same path. `outstanding` reaching zero during stop() pairs through seq_cst operations
 // on `outstanding`, `stopping` and `sleeping`; a timer added meanwhile through
-// `timer_earliest` and `sleep_deadline` (Worker::add_timer).
-inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
+// `timer_earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
+// in a wait (help_until) is worker 0 sleeping by the same path, and its wait's end pairs
+// the same way: the notifier stores `done` (seq_cst) and then claims `sleeping`
+// (wake_caller); the sleeper stores `sleeping` and then loads `done` (CallerWait); one of
+// the two sees the other. Its own deadline is folded into the idle wait's deadline. The
+// fibers in a single worker's local ring (requeue_yielded) are invisible to everyone else
+// and need no wake-up: next_task() takes from the ring before the worker may spin or sleep,
+// so a worker with fibers there never sleeps; and a task pushed meanwhile is seen through
+// the `queued` hint at the next yield, or by the thorough look if the ring ran dry first.
+// Stealable High tasks (stealable_high) are a hint on top, never needed for a wake-up:
+// their push wakes workers as any push does.
+inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait) {
     idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
     sleeping.store(true, std::memory_order_seq_cst);
     core.sleepers.fetch_add(1, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
-    if (find_task(task, true) || core.finished()) {
+    if (find_task(task, true) || core.finished() || (wait && wait->satisfied())) {
         idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
         // wait return early.
@@ -4262,7 +4494,8 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
     }
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
-    const std::int64_t deadline_ticks = earliest_deadline();
+    std::int64_t deadline_ticks = earliest_deadline();
+    if (wait && wait->deadline) deadline_ticks = std::min(deadline_ticks, to_ticks(*wait->deadline));
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
     // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
     // memory back once the scheduler has been idle a while, not while it is busy.
@@ -4287,14 +4520,41 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished) {
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
     fire_due_timers();
+    const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
+    // A single worker's Normal fiber may go to the ring (see local_ring).
+    const bool ring = target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty();
+    if (ring && queued.load(std::memory_order_relaxed) == 0 && local_reserve()) {
+        // Nothing in the shared queues (by the hint; the common case): no lock, no
+        // read-modify-write. The ring's oldest runs next, or this fiber straight away.
+        if (local_size != 0) {
+            local_push(yielded);
+            yielded = local_pop();
+        }
+        next.fiber = std::move(yielded);
+        next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+        next.priority = Priority::Normal;
+        next.kind = TaskKind::claimed;
+        return;
+    }
     QueuedTask back;
-    back.worker = FiberAccess::lifecycle(*yielded).resume_target().worker;
+    back.worker = target.worker;
+    back.priority = target.priority;  // a yielding fiber keeps its task's priority
     back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
-    if (pinned.empty() && tasks.empty()) {
+    if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
+    const std::size_t waiting = stealable_count + pinned_count;
+    if (waiting == 0) {
         next = std::move(back);  // nothing else to run: straight back to it
+        return;
+    }
+    if (ring && waiting == 1 && local_reserve()) {
+        // The last one: the shared queues empty out, so this fiber may wait in the ring
+        // (which only ever holds fibers older than everything queued there). Growing the
+        // ring here, under the lock, happens only until it fits the yielding fibers.
+        pop_locked(next);
+        local_push(back.fiber);  // reserved: cannot fail
         return;
     }
     try {
@@ -4305,6 +4565,132 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     }
     pop_locked(next);
 }
+
+inline bool Worker::local_reserve() noexcept {
+    if (local_size < local_ring.size()) return true;
+    // Grow to twice the size, oldest first; out of memory, the caller takes the locked path.
+    std::vector<Fiber::ptr> grown;
+    try {
+        grown.resize(std::max<std::size_t>(8, 2 * local_ring.size()));
+    } catch (...) {
+        return false;
+    }
+    for (std::size_t i = 0; i < local_size; ++i) grown[i] = std::move(local_ring[(local_head + i) & (local_ring.size() - 1)]);
+    local_ring.swap(grown);
+    local_head = 0;
+    return true;
+}
+
+inline void Worker::local_push(Fiber::ptr& fiber) noexcept {
+    local_ring[(local_head + local_size) & (local_ring.size() - 1)] = std::move(fiber);
+    ++local_size;
+}
+
+inline Fiber::ptr Worker::local_pop() noexcept {
+    Fiber::ptr fiber = std::move(local_ring[local_head]);
+    local_head = (local_head + 1) & (local_ring.size() - 1);
+    --local_size;
+    return fiber;
+}
+
+inline void Worker::flush_local_locked() noexcept {
+    // Newest first, each to the front: the ring's fibers are older than anything queued.
+    while (local_size != 0) {
+        const std::size_t newest = (local_head + local_size - 1) & (local_ring.size() - 1);
+        QueuedTask task;
+        task.fiber = std::move(local_ring[newest]);
+        task.worker = FiberAccess::lifecycle(*task.fiber).resume_target().worker;
+        task.kind = TaskKind::claimed;
+        try {
+            push_front_locked(std::move(task), task.worker >= 0);
+        } catch (...) {
+            local_ring[newest] = std::move(task.fiber);  // push_front's strong guarantee: intact
+            return;  // out of memory: the older rest stay in the ring and run from there
+        }
+        --local_size;
+    }
+}
+
+inline bool Worker::take_local(QueuedTask& next) {
+    fire_due_timers();
+    if (queued.load(std::memory_order_relaxed) == 0) {
+        next.fiber = local_pop();
+        next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+        next.priority = Priority::Normal;
+        next.kind = TaskKind::claimed;
+        return true;
+    }
+    std::lock_guard<SpinLock> lock(queue_lock);
+    flush_local_locked();
+    if (pop_locked(next)) return true;
+    // Out of memory with the queues empty: run the ring's oldest from there.
+    if (local_size == 0) return false;
+    next.fiber = local_pop();
+    next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+    next.priority = Priority::Normal;
+    next.kind = TaskKind::claimed;
+    return true;
+}
+
+inline std::size_t Worker::run_ready(std::size_t max_tasks, TimePoint until) {
+    ThreadState* ts = thread_state();
+    Scheduler* const outer_scheduler = ts->scheduler;
+    ts->scheduler = &core.owner;
+    ts->worker = this;
+    caller_helping = true;
+    std::size_t ran = 0;
+    QueuedTask task;
+    while (ran < max_tasks) {
+        if (until != TimePoint::max() && std::chrono::steady_clock::now() >= until) break;
+        poll_io_now_and_then();
+        if (!next_task(task)) break;
+        run_task(task);
+        ++ran;
+    }
+    stop_helping();
+    ts->scheduler = outer_scheduler;
+    ts->worker = nullptr;  // called outside every loop (caller_may_help, run_pending)
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    return ran;
+}
+
+inline void Worker::stop_helping() noexcept {
+    caller_helping = false;
+    if (yielded) {
+        // Back in line at its level; enqueue() wakes a sleeper for it unless it is pinned here.
+        QueuedTask back;
+        const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
+        back.worker = target.worker;
+        back.priority = target.priority;
+        back.kind = TaskKind::claimed;
+        back.fiber = std::move(yielded);
+        core.enqueue_fiber(std::move(back));
+    }
+    if (local_size != 0) {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        flush_local_locked();  // a single worker: no one else to wake for them
+        update_hints();
+    }
+    // Stolen tasks were queued here without waking anyone (the thief was to run them).
+    const std::size_t left = stealable.load(std::memory_order_relaxed);
+    if (left > 0) core.after_push(*this, false, left);
+    // Tasks in `overflow` (a steal that found no memory) wait for the next help or stop().
+}
+
+SchedulerCore* caller_may_help() noexcept {
+    ThreadState* ts = thread_state();
+    SchedulerCore* core = ts->caller_core;
+    if (!core || ts->current || ts->worker || core->closed()) return nullptr;
+    return core;
+}
+
+void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePoint* deadline) {
+    const CallerWait wait{done, deadline};
+    core.workers[0]->run_loop(&wait);
+}
+
+void wake_caller(SchedulerCore& core) noexcept { core.wake_worker(*core.workers[0]); }
 
 inline void Worker::notify() { idle.notify(core.idle); }
 
@@ -4411,8 +4797,26 @@ inline std::int64_t Worker::earliest_deadline() const noexcept {
     return earliest;
 }
 
+inline void Worker::high_moved(long delta) noexcept {
+    core.stealable_high.fetch_add(delta, std::memory_order_relaxed);
+}
+
+inline bool Worker::take_high(QueuedTask& out) {
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        if (!levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
+    }
+    const std::size_t n = core.workers.size();
+    for (std::size_t i = 1; i < n; ++i) {
+        if (core.workers[(static_cast<std::size_t>(index) + i) % n]->steal_into(*this, out, true, true)) return true;
+    }
+    return false;
+}
+
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     fire_due_timers();
+    // A High task anywhere goes before this worker's own Normal and Low ones.
+    if (core.stealable_high.load(std::memory_order_relaxed) > 0 && take_high(out)) return true;
     if (pop(out, !thorough)) return true;
     const std::size_t n = core.workers.size();
     // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
@@ -4448,6 +4852,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 inline void Worker::run_task(QueuedTask& task) {
     const bool pooled = !task.fiber;
     const int worker = task.worker;
+    const Priority priority = task.priority;
     const TaskKind kind = task.kind;
     Fiber::ptr fiber;
     if (pooled) {
@@ -4467,7 +4872,7 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker})) return;  // runs when it has left
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
         break;
     case TaskKind::woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
@@ -4504,6 +4909,7 @@ void resume_deferred(Fiber& fiber) {
     task.kind = TaskKind::claimed;
     task.fiber = fiber.shared_from_this();
     task.worker = target.worker;
+    task.priority = target.priority;
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
 
@@ -4522,6 +4928,7 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
     QueuedTask task;
     task.kind = TaskKind::woken;
     task.worker = target.worker;
+    task.priority = target.priority;  // a woken fiber keeps its task's priority
     task.fiber = std::move(fiber);
     SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
 }
@@ -4544,9 +4951,13 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
-        // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
-        // sleep rounds down to whole milliseconds, so it can return before the deadline.
-        while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
+        if (SchedulerCore* core = caller_may_help()) {
+            help_until(*core, nullptr, &deadline);
+        } else {
+            // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
+            // sleep rounds down to whole milliseconds, so it can return before the deadline.
+            while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
+        }
         return;
     }
     reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
@@ -4596,6 +5007,7 @@ void Scheduler::stop() {
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     start();
+    core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
     core.stopping.store(true, std::memory_order_seq_cst);
@@ -4683,7 +5095,8 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
                 std::lock_guard<detail::SpinLock> lock(w.queue_lock);
                 // All of this worker's share or none of it: a failed push_back changed nothing,
                 // and what this loop pushed before is taken back.
-                const std::size_t pinned_before = w.pinned.size(), tasks_before = w.tasks.size();
+                detail::Worker::Sizes before;
+                w.sizes_locked(before);
                 try {
                     for (const bool own_pinned : {true, false}) {
                         for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
@@ -4692,8 +5105,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
                         }
                     }
                 } catch (...) {
-                    w.pinned.erase(w.pinned.begin() + static_cast<std::ptrdiff_t>(pinned_before), w.pinned.end());
-                    w.tasks.erase(w.tasks.begin() + static_cast<std::ptrdiff_t>(tasks_before), w.tasks.end());
+                    w.truncate_locked(before);
                     throw;
                 }
                 w.update_hints();
@@ -4707,6 +5119,19 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         core.tasks_finished(total - queued_count);
         throw;
     }
+}
+
+std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
+    detail::SchedulerCore& core = *core_;
+    const detail::ThreadState* ts = detail::thread_state();
+    FIBER_SCHED_ASSERT(core.use_caller && "run_pending(): the scheduler has no use_caller thread (made with use_caller = false)");
+    FIBER_SCHED_ASSERT(!core.closed() && "run_pending(): the scheduler has stopped");
+    FIBER_SCHED_ASSERT(core.caller_linked && std::this_thread::get_id() == core.caller_thread && !ts->current &&
+                       !ts->worker &&
+                       "run_pending(): call it on the scheduler's use_caller thread, outside its tasks and outside stop()");
+    const detail::TimePoint until = budget == std::chrono::microseconds::max() ? detail::TimePoint::max()
+                                                                              : detail::deadline_after(budget);
+    return core.workers[0]->run_ready(SIZE_MAX, until);
 }
 
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
@@ -4724,9 +5149,18 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
 
 namespace this_fiber {
 
+namespace {
+// yield() outside a scheduler task, out of line so that the task's path stays short.
+__attribute__((noinline, cold)) void yield_outside_task() {
+    detail::SchedulerCore* core = detail::caller_may_help();
+    // The use_caller thread runs one ready task instead, if there is one.
+    if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
+}
+}  // namespace
+
 void yield() {
     if (!detail::in_scheduler_task()) {
-        std::this_thread::yield();
+        yield_outside_task();
         return;
     }
     // The worker puts the fiber back and takes the next task under one lock (run_loop); the
@@ -4804,6 +5238,25 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     }
     ThreadSignal signal;
     w.state->thread = &signal;
+    if (SchedulerCore* core = caller_may_help()) {
+        // The use_caller thread runs its scheduler's tasks until a notifier sets `done`.
+        signal.helper = core;
+        lock.unlock();
+        help_until(*core, &signal.done, deadline);
+        if (!signal.done.load(std::memory_order_seq_cst)) {
+            WaitStatus expected = WaitStatus::waiting;
+            if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
+                std::lock_guard<SpinLock> guard(lock);
+                unlink(context, w);
+                return false;
+            }
+            // A notifier claimed us just as the deadline passed: help on until it signals.
+            help_until(*core, &signal.done, nullptr);
+        }
+        // The notifier sets `done` and wakes us under the mutex: wait until it is out.
+        std::lock_guard<std::mutex> guard(signal.mutex);
+        return true;
+    }
     lock.unlock();
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
@@ -4829,6 +5282,11 @@ void wake_waiter(Waiter& w) noexcept {
     ThreadSignal& signal = *state.thread;
     // Notify under the lock: the waiter may return, destroying `signal`, once it sees `set`.
     std::lock_guard<std::mutex> guard(signal.mutex);
+    if (signal.helper) {
+        signal.done.store(true, std::memory_order_seq_cst);
+        wake_caller(*signal.helper);  // then claims its `sleeping` (the lost-wake-up argument)
+        return;
+    }
     signal.set = true;
     signal.cv.notify_one();
 }
@@ -5309,6 +5767,9 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
     if (in_scheduler_task()) {
         return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline);
     }
+    // The use_caller thread waits through its scheduler's epoll like a fiber, and runs the
+    // scheduler's tasks meanwhile (block() helps, see help_until).
+    if (SchedulerCore* core = caller_may_help()) return fiber_wait(core->idle, fd, what, deadline);
     return thread_wait(fd, what, deadline);
 }
 

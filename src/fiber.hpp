@@ -10,6 +10,7 @@ class Scheduler;
 namespace detail {
 
 struct Worker;
+struct SchedulerCore;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -30,6 +31,9 @@ struct ThreadState {
     Worker* worker = nullptr;          // and which of its workers it is
     Fiber* task_fiber = nullptr;       // the fiber this worker resumed for the current task
     std::shared_ptr<Fiber>* task_ref = nullptr;  // the worker's reference to task_fiber
+    // The use_caller scheduler made last on this thread's own stack and not yet stopped,
+    // which the thread helps while it blocks (caller_may_help); each links the one before.
+    SchedulerCore* caller_core = nullptr;
     std::uint64_t identity = 0;        // unique among threads and fiber ids; 0 until needed
     bool registered = false;           // known to the stack statistics, cleaned up at exit
     bool has_altstack = false;         // an alternate signal stack is set for this thread

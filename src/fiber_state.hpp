@@ -47,6 +47,10 @@ namespace fsched {
 
 class Scheduler;
 
+// A scheduled task's priority (documented at Scheduler::schedule, scheduler.hpp). Declared
+// here because a fiber keeps its task's priority in its life cycle (ResumeTarget).
+enum class Priority : unsigned char { High, Normal, Low };
+
 namespace detail {
 
 // Ready and Suspended come first: resume() claims a fiber with one compare (state <= Suspended).
@@ -60,10 +64,12 @@ enum class FiberState : std::uint8_t {
     ParkedResumePending
 };
 
-// Where a scheduled fiber runs: its scheduler, and the worker it is pinned to (-1: any).
+// Where a scheduled fiber runs: its scheduler, the worker it is pinned to (-1: any), and
+// at which priority it is queued whenever it is woken or yields.
 struct ResumeTarget {
     Scheduler* scheduler = nullptr;
     int worker = -1;
+    Priority priority = Priority::Normal;
 };
 
 class FiberLifecycle {
@@ -101,6 +107,7 @@ public:
                 // its own CAS observes the mark (finish_yielded).
                 deferred_scheduler_ = target.scheduler;
                 deferred_worker_ = target.worker;
+                deferred_priority_ = target.priority;
                 const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
                                                                        : FiberState::ParkedResumePending;
                 if (state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel, std::memory_order_acquire)) {
@@ -173,12 +180,14 @@ public:
 
     // The deferred schedule() takes effect: the fiber belongs to that scheduler now.
     ResumeTarget take_deferred() noexcept {
-        set_resume(ResumeTarget{deferred_scheduler_, deferred_worker_});
+        set_resume(ResumeTarget{deferred_scheduler_, deferred_worker_, deferred_priority_});
         return resume_target();
     }
 
     // Where the fiber runs while it belongs to a scheduler (set when it was claimed).
-    ResumeTarget resume_target() const noexcept { return ResumeTarget{resume_scheduler_, resume_worker_}; }
+    ResumeTarget resume_target() const noexcept {
+        return ResumeTarget{resume_scheduler_, resume_worker_, resume_priority_};
+    }
 
 private:
     // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
@@ -194,6 +203,7 @@ private:
     void set_resume(ResumeTarget target) noexcept {
         resume_scheduler_ = target.scheduler;
         resume_worker_ = target.worker;
+        resume_priority_ = target.priority;
     }
 
     // Written before the state change that publishes them (see claim_or_defer). Two
@@ -203,6 +213,8 @@ private:
     int resume_worker_ = -1;
     int deferred_worker_ = -1;
     std::atomic<FiberState> state_{FiberState::Ready};
+    Priority resume_priority_ = Priority::Normal;    // beside state_, in what was padding
+    Priority deferred_priority_ = Priority::Normal;
 };
 
 }  // namespace detail

@@ -24,7 +24,8 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 // timeout is zero or has just passed asks as poll(fd, 0) would); false with errno ETIMEDOUT
 // on timeout, ECANCELED after cancel(fd), EBADF for a bad fd, EBUSY when another fiber of
 // the same scheduler already waits for the same fd and direction, ENOMEM when no memory
-// could be had to record the wait. A plain thread blocks in poll().
+// could be had to record the wait. A plain thread blocks in poll(); a use_caller thread
+// outside its scheduler's tasks waits through that scheduler, running its tasks meanwhile.
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 // read, write, accept and connect take non-blocking fds only, sockets or not: a blocking fd

@@ -9,6 +9,9 @@ struct ScheduleTask {
     Fiber::ptr fiber;
     std::function<void()> cb;
     int thread = -1;  // worker index to run on; -1: any worker
+    // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
+    // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).
+    Priority priority = Priority::Normal;
 };
 
 namespace detail {
@@ -44,6 +47,13 @@ class Scheduler {
 public:
     // A scheduler of `threads` workers (at least 1). With use_caller the constructing
     // thread is worker 0 and runs tasks inside stop(); threads - 1 threads are started.
+    // Made on a thread's own stack (not in a fiber), the use_caller thread also helps
+    // outside stop(): whenever it blocks in an fsched wait (the sync primitives,
+    // this_fiber::sleep_*, io::wait) it runs this scheduler's ready tasks, as worker 0,
+    // until the wait is satisfied, and sleeps in the idle wait like a worker when none is
+    // ready; see also run_pending(). A task it runs that blocks parks as usual, and any
+    // worker may resume it (unless it is pinned). With several such schedulers on one
+    // thread, the one made last (and not yet stopped) is helped.
     explicit Scheduler(std::size_t threads = 1, bool use_caller = true, std::string name = "Scheduler");
     // Calls stop() if it has not been called (from the constructing thread with use_caller).
     ~Scheduler();
@@ -65,9 +75,24 @@ public:
     // A fiber that is still running or parked (someone got its pointer early) is resumed
     // once it has left the scheduler with Fiber::yield(). Throws std::bad_alloc, with
     // nothing scheduled, when the task cannot be queued.
+    //
+    // Priorities are strict, per worker: a worker takes a Normal task only when it has no
+    // ready High one, and a Low one only when it has neither; a thief steals from the
+    // highest level its victim has, and a worker looking for work takes another worker's
+    // (unpinned) High task before its own Normal ones. A High task that yields in a loop
+    // therefore starves the Normal and Low tasks of its worker (not timers, IO polling or
+    // other workers); give High to short work. Within a level, tasks run in the order they
+    // were queued (stolen ones excepted).
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));
+    }
+    // The same at `priority` (it replaces a ScheduleTask's own).
+    template <class FiberOrCb>
+    void schedule(FiberOrCb fc, int thread, Priority priority) {
+        ScheduleTask task = make_task(std::move(fc), thread);
+        task.priority = priority;
+        submit(std::move(task));
     }
     // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
     template <class InputIt>
@@ -86,6 +111,14 @@ public:
     static Scheduler* current() noexcept;
     // This thread's worker index in current(), else -1.
     static int worker_index() noexcept;
+
+    // On the use_caller thread, outside its tasks and outside stop(): runs ready tasks, as
+    // worker 0 (tasks pinned to worker 0 first, then its own queue, then stolen ones), until
+    // none is ready or `budget` has passed (checked before each task), and returns how many
+    // ran. A task that parks counts as run; one that yields is ready again at once, so a
+    // task yielding in a loop keeps run_pending() busy until the budget is spent.
+    // Precondition (FIBER_SCHED_ASSERT): called on the use_caller thread, outside tasks.
+    std::size_t run_pending(std::chrono::microseconds budget = std::chrono::microseconds::max());
 
     // Receives every exception that escapes a task, and std::bad_alloc for a task whose
     // fiber could not be made. Default: print it and std::terminate(). A handler that
@@ -131,6 +164,16 @@ void park(void (*on_parked)(Fiber*, void*), void* arg);
 Fiber::ptr take_task_ref() noexcept;
 // Makes a parked fiber runnable again, on the worker it is pinned to, if any. Any thread.
 void wake_fiber(Fiber::ptr fiber) noexcept;
+// The use_caller scheduler of this thread when the thread may help it while it blocks: it
+// is that scheduler's caller thread, on its own stack (not in a fiber, not in one of the
+// scheduler's loops), and the scheduler has not stopped. Else nullptr.
+SchedulerCore* caller_may_help() noexcept;
+// On that thread: runs the scheduler's ready tasks as worker 0, sleeping in its idle wait
+// when none is ready, until `*done` (seq_cst; may be null) is true or `deadline` (may be
+// null) has passed. Whoever sets `*done` calls wake_caller() afterwards.
+void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePoint* deadline);
+// Ends a help_until() sleep: call after setting its `done`. Any thread.
+void wake_caller(SchedulerCore& core) noexcept;
 // True inside a fiber that a Scheduler resumed as a task (not in fibers it resumed itself).
 bool in_scheduler_task() noexcept;
 // In a scheduler task, before a park whose hook adds a timer: makes room for it on this
@@ -143,11 +186,13 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept;
 
 namespace this_fiber {
 
-// In a scheduler task: go to the back of the queue and run again soon.
-// Elsewhere: std::this_thread::yield().
+// In a scheduler task: go to the back of the queue (of its priority) and run again soon.
+// On a use_caller thread outside its tasks and stop(): run at most one ready task of that
+// scheduler. Elsewhere: std::this_thread::yield().
 void yield();
 
-// In a scheduler task: park for `d`, freeing the worker. Elsewhere: sleep the thread.
+// In a scheduler task: park for `d`, freeing the worker. On a use_caller thread outside
+// its tasks and stop(): run ready tasks meanwhile. Elsewhere: sleep the thread.
 template <class Rep, class Period>
 void sleep_for(const std::chrono::duration<Rep, Period>& d) {
     detail::sleep_until_steady(detail::deadline_after(d));

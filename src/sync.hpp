@@ -2,7 +2,8 @@
 // Fiber-aware synchronisation: Mutex, ConditionVariable, WaitGroup, Channel<T>.
 //
 // Blocking parks a scheduler task fiber and frees its worker; anywhere else (a plain
-// thread, a hand-resumed fiber, the use_caller thread outside stop()) it blocks the thread.
+// thread, a hand-resumed fiber) it blocks the thread; a use_caller thread outside its
+// scheduler's tasks runs that scheduler's ready tasks meanwhile (Scheduler(), help_until).
 // Each object keeps its waiters in a FIFO list under a small spin lock. A fiber adds itself
 // to the list and parks; the spin lock is released by the park's after-switch hook, on the
 // worker, so a notifier (who must take that lock) can only wake a fiber that has fully
@@ -50,6 +51,12 @@ struct ThreadSignal {
     std::mutex mutex;
     std::condition_variable cv;
     bool set = false;
+    // A use_caller thread that runs tasks while it waits (help_until) waits for `done`
+    // instead, which the notifier sets and then wakes `helper`'s worker 0, both under
+    // `mutex`: the waiter takes `mutex` before it returns, so it cannot destroy the signal
+    // (or leave and stop the scheduler) while the notifier still uses them.
+    SchedulerCore* helper = nullptr;
+    std::atomic<bool> done{false};
 };
 
 // A node in a wait list, on the waiter's stack.

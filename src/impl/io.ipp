@@ -293,6 +293,9 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
     if (in_scheduler_task()) {
         return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline);
     }
+    // The use_caller thread waits through its scheduler's epoll like a fiber, and runs the
+    // scheduler's tasks meanwhile (block() helps, see help_until).
+    if (SchedulerCore* core = caller_may_help()) return fiber_wait(core->idle, fd, what, deadline);
     return thread_wait(fd, what, deadline);
 }
 

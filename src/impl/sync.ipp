@@ -58,6 +58,25 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     }
     ThreadSignal signal;
     w.state->thread = &signal;
+    if (SchedulerCore* core = caller_may_help()) {
+        // The use_caller thread runs its scheduler's tasks until a notifier sets `done`.
+        signal.helper = core;
+        lock.unlock();
+        help_until(*core, &signal.done, deadline);
+        if (!signal.done.load(std::memory_order_seq_cst)) {
+            WaitStatus expected = WaitStatus::waiting;
+            if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
+                std::lock_guard<SpinLock> guard(lock);
+                unlink(context, w);
+                return false;
+            }
+            // A notifier claimed us just as the deadline passed: help on until it signals.
+            help_until(*core, &signal.done, nullptr);
+        }
+        // The notifier sets `done` and wakes us under the mutex: wait until it is out.
+        std::lock_guard<std::mutex> guard(signal.mutex);
+        return true;
+    }
     lock.unlock();
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
@@ -83,6 +102,11 @@ void wake_waiter(Waiter& w) noexcept {
     ThreadSignal& signal = *state.thread;
     // Notify under the lock: the waiter may return, destroying `signal`, once it sees `set`.
     std::lock_guard<std::mutex> guard(signal.mutex);
+    if (signal.helper) {
+        signal.done.store(true, std::memory_order_seq_cst);
+        wake_caller(*signal.helper);  // then claims its `sleeping` (the lost-wake-up argument)
+        return;
+    }
     signal.set = true;
     signal.cv.notify_one();
 }
