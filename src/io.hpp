@@ -51,6 +51,22 @@ int last_error() noexcept;
 // can be closed safely (closing one that is waited for is a user error).
 void cancel(int fd);
 
+}  // namespace io
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+namespace detail {
+// Test hooks: epoll_ctl calls fsched::io has made on waited-for fds, and the per-call fcntl
+// checks of read / write / accept / connect (usable_fd), since the process started.
+long io_epoll_ctl_calls() noexcept;
+long io_fd_checks() noexcept;
+// When set, called by a fiber's wait after its read or write failed with EAGAIN, just
+// before it looks at the fd's readiness and parks: a test lands an edge there.
+void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
+}  // namespace detail
+#endif
+
+namespace io {
+
 #else
 
 namespace detail {
