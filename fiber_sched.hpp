@@ -1445,6 +1445,9 @@ long io_fd_checks() noexcept;
 // When set, called by a fiber's wait after its read or write failed with EAGAIN, just
 // before it looks at the fd's readiness and parks: a test lands an edge there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
+// In a scheduler task: takes the ready events out of its scheduler's epoll instance now and
+// hands them out as the workers would; returns how many were for waited-for fds.
+int io_poll_now() noexcept;
 }  // namespace detail
 #endif
 
@@ -4845,6 +4848,17 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
 long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
 long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+int io_poll_now() noexcept {
+    if (!in_scheduler_task()) return 0;
+    SchedulerIdle& idle = SchedulerCore::of(*thread_state()->scheduler).idle;
+    epoll_event events[64];
+    const int n = epoll_wait(idle.io_epoll_fd, events, 64, 0);
+    if (n <= 0) return 0;
+    dispatch_io_events(idle, events, n, false);
+    int fds = 0;
+    for (int i = 0; i < n; ++i) fds += event_fd(events[i]) != idle.poller_wake_fd;
+    return fds;
+}
 #endif
 
 }  // namespace detail
