@@ -263,7 +263,7 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         if (current_errno() == EBADF) return false;
     }
 #if defined(FIBER_SCHED_FAULT_INJECTION)
-    if (auto hook = io_before_park.load(std::memory_order_relaxed)) hook(fd);
+    if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
 #endif
     idle.io_lock.lock();
     IoFd* found;
