@@ -4337,7 +4337,7 @@ void WaitGroup::wait() {
 //
 // The lost edge. An edge comes once: one that lands between a read's EAGAIN and the
 // reader's park would, if dropped, leave the reader asleep for good. So (a) a call clears
-// its direction's bit under io_lock *before* its read or write system call (fast_socket()),
+// its direction's bit under io_lock *before* its read or write system call (prepare_call()),
 // (b) dispatch sets the bit or claims the waiter under io_lock, and (c) the waiter, after
 // EAGAIN, checks the bit under io_lock and parks only if it is clear, publishing itself in
 // the same critical section (block() releases io_lock only once the fiber is parked). An
@@ -4349,12 +4349,14 @@ void WaitGroup::wait() {
 // by data that a later call read without waiting makes one spurious wake-up: the retry
 // loop's next call fails with EAGAIN and waits again. io::wait() itself promises "ready",
 // so it clears the bit, asks poll(fd, 0), and only then looks at the bit and parks.
+// An fd with no waiter costs at most one poller wake-up per edge (none per level, as
+// a level-triggered registration would): the edge is kept in IoFd::ready and nothing else.
 //
 // Closed fds and reused numbers. Nothing sees a ::close() behind our back, so the number is
 // checked against its file before each park: fstat()'s device and inode, recorded in IoFd.
 // EBADF forgets the entry; another file under the same number drops the registration (a new
 // one gets a new generation, so events of the old file, if it is still open elsewhere, are
-// stale) and checks the new file's flags. One fstat per park costs less than the re-arming
+// stale) and its calls check the new file's flags again. One fstat per park costs less than the re-arming
 // epoll_ctl it replaces, and io::read / io::write on a known non-blocking socket skip the
 // per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a number reused by a
 // blocking socket cannot block the worker before the next park finds it out). Inode
