@@ -160,6 +160,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #endif
 
 #include "impl/common.ipp"

@@ -29,7 +29,9 @@ enum class Ready : unsigned { Read = 1, Write = 2 };
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 // read, write, accept and connect take non-blocking fds only, sockets or not: a blocking fd
-// is refused with -1, errno EINVAL, before anything is done with it. Each retries on EAGAIN
+// is refused with -1, errno EINVAL, before anything is done with it. (In a fiber, a socket
+// that was non-blocking when a wait first saw it is not checked again: its reads and writes
+// use MSG_DONTWAIT, which cannot block whatever its flags have become.) Each retries on EAGAIN
 // by waiting, returns what the system call returns with errno set, and -1 with errno
 // ETIMEDOUT once `timeout` (over all retries) passes, or EBUSY when another fiber of the same
 // scheduler already waits for the same fd and direction (one reader and one writer per fd).
@@ -49,8 +51,30 @@ int last_error() noexcept;
 
 // Wakes every fiber and thread waiting for `fd` now: their wait returns false, errno
 // ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
-// can be closed safely (closing one that is waited for is a user error).
+// can be closed safely (closing one that is waited for is a user error). An fd that is not
+// waited for may be closed with plain close() at any time: fsched::io keeps each fd in its
+// scheduler's epoll instance between waits, and finds out before the next wait that the
+// number was closed or names another file. cancel() also forgets that registration.
 void cancel(int fd);
+
+}  // namespace io
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+namespace detail {
+// Test hooks: epoll_ctl calls fsched::io has made on waited-for fds, and the per-call fcntl
+// checks of read / write / accept / connect (usable_fd), since the process started.
+long io_epoll_ctl_calls() noexcept;
+long io_fd_checks() noexcept;
+// When set, called by a fiber's wait after its read or write failed with EAGAIN, just
+// before it looks at the fd's readiness and parks: a test lands an edge there.
+void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
+// In a scheduler task: takes the ready events out of its scheduler's epoll instance now and
+// hands them out as the workers would; returns how many were for waited-for fds.
+int io_poll_now() noexcept;
+}  // namespace detail
+#endif
+
+namespace io {
 
 #else
 

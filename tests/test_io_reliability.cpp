@@ -1,6 +1,8 @@
 // fsched::io under the conditions that used to break it: a cancel racing the end of a plain
 // thread's wait, zero and expiring timeouts in a fiber, a peer that has gone (SIGPIPE),
-// blocking fds, and a scheduler that runs out of file descriptors while it is built.
+// blocking fds, and a scheduler that runs out of file descriptors while it is built. And the
+// persistent, edge-triggered registration: no epoll_ctl or fcntl per call once an fd is
+// known, an edge that lands before the park, numbers closed and reused behind its back.
 #include "fiber_sched.hpp"
 #include "helpers.hpp"
 
@@ -12,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <system_error>
 #include <thread>
 
@@ -372,6 +375,202 @@ TEST_CASE("io reliability: a readiness event of a closed fd does not wake a new 
     }
     s.stop();
     CHECK(spurious == 0);
+}
+
+namespace {
+
+// A fiber's io::read of one byte on `fd` that must wait: on one worker, `then` runs only once
+// the reader has parked (the reader schedules it first, and it is queued behind the reader).
+ssize_t read_after_park(int fd, char* c, std::chrono::milliseconds timeout, std::function<void()> then) {
+    Scheduler::current()->schedule(std::move(then));
+    return fsched::io::read(fd, c, 1, timeout);
+}
+
+int edge_peer = -1;  // the hook below writes here
+
+// set_io_before_park_hook(): the reader's read has just failed with EAGAIN and it is about to
+// park. Write the byte now and take its edge out of epoll while no one waits for it.
+void land_edge_before_park(int) {
+    fsched::detail::set_io_before_park_hook(nullptr);  // once
+    CHECK(::write(edge_peer, "e", 1) == 1);
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    int events = 0;
+    while (events == 0 && std::chrono::steady_clock::now() < until) events = fsched::detail::io_poll_now();
+    CHECK(events == 1);
+}
+
+}  // namespace
+
+TEST_CASE("io reliability: waits on a known socket make no epoll_ctl call, and its reads and writes no fcntl") {
+    // Ping-pong on one worker: each side's read waits for the other's write, so there are
+    // about 2 x 500 waits. Re-arming per wait would make an epoll_ctl call for each.
+    constexpr int rounds = 500;
+    Scheduler s(1, false);
+    Sockets pair;
+    int a_got = 0, b_got = 0;
+    long ctl_calls = 0, checks = 0;
+    s.start();
+    s.schedule([&] {
+        const long ctl0 = fsched::detail::io_epoll_ctl_calls();
+        const long checks0 = fsched::detail::io_fd_checks();
+        Scheduler::current()->schedule([&] {
+            char c = 0;
+            for (int i = 0; i < rounds; ++i) {
+                if (fsched::io::write(pair.b, "b", 1, 5s) != 1 || fsched::io::read(pair.b, &c, 1, 5s) != 1) break;
+                b_got += c == 'a';
+            }
+        });
+        char c = 0;
+        for (int i = 0; i < rounds; ++i) {
+            if (fsched::io::read(pair.a, &c, 1, 5s) != 1) break;
+            a_got += c == 'b';
+            if (fsched::io::write(pair.a, "a", 1, 5s) != 1) break;
+        }
+        while (b_got < rounds && fsched::io::wait(pair.b, Ready::Write, 0ms)) fsched::this_fiber::yield();
+        ctl_calls = fsched::detail::io_epoll_ctl_calls() - ctl0;
+        checks = fsched::detail::io_fd_checks() - checks0;
+    });
+    s.stop();
+    CHECK(a_got == rounds);
+    CHECK(b_got == rounds);
+    CHECK(ctl_calls == 2);  // one EPOLL_CTL_ADD for each end
+    CAPTURE(checks);
+    CHECK(checks <= 4);  // each end's calls before its first wait
+}
+
+TEST_CASE("io reliability: an edge that lands between a read's EAGAIN and its park is not lost") {
+    Scheduler s(1, false);
+    Sockets pair;
+    edge_peer = pair.b;
+    ssize_t first = 0, second = 0;
+    char c1 = 0, c2 = 0;
+    std::chrono::steady_clock::duration second_took{};
+    s.start();
+    s.schedule([&] {
+        // The first read registers the fd (ADD reports the present state, so the edge under
+        // test must come after it) and waits for a byte written once it parked.
+        first = read_after_park(pair.a, &c1, 5s, [&] { CHECK(::write(pair.b, "1", 1) == 1); });
+        fsched::detail::set_io_before_park_hook(&land_edge_before_park);
+        const auto t0 = std::chrono::steady_clock::now();
+        // Its edge comes and goes before it parks. Lost, the read would sleep until its
+        // timeout, and then find the byte (a timed-out wait asks poll()): hence the clock.
+        second = fsched::io::read(pair.a, &c2, 1, 8s);
+        second_took = std::chrono::steady_clock::now() - t0;
+    });
+    s.stop();
+    fsched::detail::set_io_before_park_hook(nullptr);
+    CHECK(first == 1);
+    CHECK(c1 == '1');
+    CHECK(second == 1);
+    CHECK(c2 == 'e');
+    CHECK(second_took < 4s);
+}
+
+TEST_CASE("io reliability: io::wait reports readiness as poll() does, whatever edges came before") {
+    Scheduler s(1, false);
+    Sockets pair;
+    bool twice_a = false, twice_b = false, after_drain = true;
+    int drain_errno = 0;
+    std::chrono::steady_clock::duration twice_took{};
+    s.start();
+    s.schedule([&] {
+        CHECK(::write(pair.b, "r", 1) == 1);
+        // Ready, and still ready: the second wait has no new edge to wake it.
+        const auto t0 = std::chrono::steady_clock::now();
+        twice_a = fsched::io::wait(pair.a, Ready::Read, 10s);
+        twice_b = fsched::io::wait(pair.a, Ready::Read, 10s);
+        twice_took = std::chrono::steady_clock::now() - t0;
+        // An edge kept with no waiter, then the data read without waiting: not ready.
+        CHECK(::write(pair.b, "s", 1) == 1);
+        fsched::detail::io_poll_now();
+        char buf[4];
+        CHECK(::read(pair.a, buf, sizeof buf) == 2);
+        after_drain = fsched::io::wait(pair.a, Ready::Read, 200ms);
+        drain_errno = fsched::io::last_error();
+    });
+    s.stop();
+    CHECK(twice_a);
+    CHECK(twice_b);
+    CHECK(twice_took < 5s);  // not by its timeout
+    CHECK_FALSE(after_drain);
+    CHECK(drain_errno == ETIMEDOUT);
+}
+
+TEST_CASE("io reliability: a number closed behind io's back and reused by a new socket is registered anew") {
+    Scheduler s(1, false);
+    ssize_t first = 0, reused = 0;
+    int bad_errno = 0;
+    bool same_number = false;
+    std::chrono::steady_clock::duration reused_took{};
+    s.start();
+    s.schedule([&] {
+        int p[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, p) == 0);
+        char c = 0;
+        first = read_after_park(p[0], &c, 5s, [&] { CHECK(::write(p[1], "1", 1) == 1); });
+        const int number = p[0];
+        ::close(p[0]);
+        ::close(p[1]);
+        int q[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, q) == 0);
+        same_number = q[0] == number;
+        // Trusting the old registration, the read would sleep until its timeout (and then
+        // find the byte, as a timed-out wait asks poll()): hence the clock.
+        const auto t0 = std::chrono::steady_clock::now();
+        reused = read_after_park(q[0], &c, 8s, [&] { CHECK(::write(q[1], "2", 1) == 1); });
+        reused_took = std::chrono::steady_clock::now() - t0;
+        ::close(q[0]);
+        ::close(q[1]);
+        // Closed again: EBADF (and its entry forgotten).
+        fsched::io::wait(number, Ready::Read, 1s);
+        bad_errno = fsched::io::last_error();
+    });
+    s.stop();
+    CHECK(first == 1);
+    CHECK(same_number);
+    CHECK(reused == 1);
+    CHECK(reused_took < 4s);
+    CHECK(bad_errno == EBADF);
+}
+
+TEST_CASE("io reliability: a reused number's old file, still open through a dup, does not wake its new file's waiter") {
+    Scheduler s(1, false);
+    bool stale_woke = true, same_number = false;
+    int stale_errno = 0;
+    ssize_t fresh = 0;
+    long ctl_calls = 0;
+    s.start();
+    s.schedule([&] {
+        int p[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, p) == 0);
+        char c = 0;
+        CHECK(read_after_park(p[0], &c, 5s, [&] { CHECK(::write(p[1], "1", 1) == 1); }) == 1);
+        const int number = p[0];
+        const int dup_of_old = ::dup(p[0]);  // keeps the old file, and its registration, alive
+        REQUIRE(dup_of_old >= 0);
+        ::close(p[0]);
+        int q[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, q) == 0);
+        same_number = q[0] == number;
+        const long ctl0 = fsched::detail::io_epoll_ctl_calls();
+        // The old file becomes readable while the new one is waited for: its events carry
+        // the old registration's generation.
+        Scheduler::current()->schedule([&] { CHECK(::write(p[1], "x", 1) == 1); });
+        stale_woke = fsched::io::wait(q[0], Ready::Read, 300ms);
+        stale_errno = fsched::io::last_error();
+        ctl_calls = fsched::detail::io_epoll_ctl_calls() - ctl0;
+        fresh = read_after_park(q[0], &c, 3s, [&] { CHECK(::write(q[1], "2", 1) == 1); });
+        ::close(dup_of_old);
+        ::close(p[1]);
+        ::close(q[0]);
+        ::close(q[1]);
+    });
+    s.stop();
+    CHECK(same_number);
+    CHECK_FALSE(stale_woke);
+    CHECK(stale_errno == ETIMEDOUT);
+    CHECK(ctl_calls == 1);  // the new file's EPOLL_CTL_ADD
+    CHECK(fresh == 1);
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL

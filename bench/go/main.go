@@ -8,8 +8,10 @@
 //	go_twins gosched -n YIELDS -reps N -procs P   two goroutines alternating runtime.Gosched()
 //	go_twins chan    -cap C -iters N -reps N -rep-ms MS -procs P   ping-pong over two channels
 //	go_twins echo    -connections C -procs P      echo server on the listening socket at fd 3
+//	go_twins http    -procs P                     HTTP/1.1 keep-alive server on fd 3, raw bufio
+//	go_twins nethttp -procs P                     the same on net/http
 //
-// bench_scheduler, bench_sync and bench_io run it (CMake builds it when it finds `go`) and
+// bench_scheduler, bench_sync, bench_io and bench_http run it (CMake builds it when it finds `go`) and
 // print its figures as rows of their own tables, so each case here is shaped like the C++
 // case it sits beside, with the same repetition rule: warm up, then -reps timed
 // repetitions. A measuring case prints one line the C++ side parses:
@@ -30,7 +32,7 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: go_twins version|spawn|skynet|gosched|chan|echo [flags]  (go_twins CASE -h for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: go_twins version|spawn|skynet|gosched|chan|echo|http|nethttp [flags]  (go_twins CASE -h for the flags)")
 	os.Exit(2)
 }
 
@@ -70,6 +72,15 @@ func main() {
 	case "echo":
 		if err := serveEcho(*connections); err != nil {
 			fmt.Fprintln(os.Stderr, "go_twins echo:", err)
+			os.Exit(1)
+		}
+	case "http", "nethttp":
+		serve := serveHTTPRaw
+		if name == "nethttp" {
+			serve = serveNetHTTP
+		}
+		if err := serve(); err != nil {
+			fmt.Fprintln(os.Stderr, "go_twins "+name+":", err)
 			os.Exit(1)
 		}
 	default:

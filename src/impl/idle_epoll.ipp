@@ -25,16 +25,28 @@ namespace detail {
 struct IoWait;
 struct SchedulerIdle;
 
-// The fibers waiting for one fd, at most one per direction, and whether the fd is in the
-// scheduler's epoll instance. Under SchedulerIdle::io_lock.
+// One fd as fsched::io knows it: the fibers waiting for it (at most one per direction), its
+// edge-triggered registration in the scheduler's epoll instance, the readiness edges that no
+// waiter has taken yet, and which file the number named when it was last checked. The
+// registration outlives each wait: see io.ipp for why that is safe. Under SchedulerIdle::io_lock.
 struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
-    bool registered = false;
-    // Bumped by each arming and carried in the epoll event: an event that a worker took out
-    // of epoll_wait before a later arming (the waiter timed out, the fd was closed and its
-    // number reused) is stale and must not wake the new waiter.
+    bool registered = false;  // in io_epoll_fd, for EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET
+    // Carried in the registration's events and new with each registration: an event of an
+    // earlier one (the fd was closed and its number reused, its file still open elsewhere;
+    // or a worker took the event out of epoll_wait before cancel() removed the entry) is stale.
     std::uint32_t generation = 0;
+    // Edges that arrived with no waiter to take them, io::Ready bits: a waiter checks these
+    // under io_lock before it parks, so an edge between its EAGAIN and its park is not lost.
+    unsigned ready = 0;
+    // The file the number named when it was last checked (fstat), and whether that file is
+    // a non-blocking socket, whose reads and writes then skip the per-call fcntl() check
+    // (io.ipp, usable_fd) and use MSG_DONTWAIT. `checked` false: none of this is known.
+    bool checked = false;
+    bool fast_socket = false;
+    dev_t device = 0;
+    ino_t inode = 0;
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
@@ -98,9 +110,9 @@ struct SchedulerIdle {
     std::atomic<WorkerIdle*> poller{nullptr};
     // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
     std::atomic<int> io_waiters{0};
-    SpinLock io_lock;         // guards io_fds and the epoll interest of each fd
+    SpinLock io_lock;         // guards io_fds and each fd's registration in io_epoll_fd
     std::unordered_map<int, IoFd> io_fds;
-    std::uint32_t io_armings = 0;  // under io_lock: the source of IoFd::generation
+    std::uint32_t io_registrations = 0;  // under io_lock: the source of IoFd::generation
     bool registered = false;  // in the io registry (register_for_cancel)
 
     // Opens the epoll instance and its eventfd. nullptr, or the name of the call that

@@ -2,12 +2,39 @@
 // Implementation: fsched::io (Linux). The epoll instance it registers fds with, and the
 // worker that sleeps on it (the poller), belong to the idle wait: idle_epoll.ipp.
 //
-// Registration is level-triggered and one-shot (EPOLLONESHOT), re-armed by each wait:
-// one-shot, because an fd's readiness must wake its waiter once and then stay quiet until
-// someone waits again (a level-triggered fd with no waiter would wake the poller in a loop);
-// not edge-triggered, because a waiter that arrives after the edge would sleep forever
-// unless every caller drained the fd first. Each fd has one interest entry, for the union
-// of its reader's and writer's directions, and the fd itself as the key (io_fds).
+// Registration is persistent and edge-triggered, as Go's netpoller's: the first wait on an
+// fd adds it once, for EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, and it stays while the
+// number names the same file, so a wait makes no epoll_ctl call. Each readiness change is
+// one event; dispatch_io_events() hands it to the fd's waiter or, when there is none, keeps
+// it in IoFd::ready.
+//
+// The lost edge. An edge comes once: one that lands between a read's EAGAIN and the
+// reader's park would, if dropped, leave the reader asleep for good. So (a) a call clears
+// its direction's bit under io_lock *before* its read or write system call (prepare_call()),
+// (b) dispatch sets the bit or claims the waiter under io_lock, and (c) the waiter, after
+// EAGAIN, checks the bit under io_lock and parks only if it is clear, publishing itself in
+// the same critical section (block() releases io_lock only once the fiber is parked). An
+// edge after (a) is therefore either in the bit when (c) looks, or finds the waiter in its
+// slot. An edge before (a) means the data was there before the system call, which then does
+// not fail with EAGAIN. The kernel keeps an edge queued from the moment it happens until
+// some worker takes it out of epoll_wait; it also queues one at EPOLL_CTL_ADD if the fd is
+// ready then, so readiness from before the registration is not lost either. A bit left set
+// by data that a later call read without waiting makes one spurious wake-up: the retry
+// loop's next call fails with EAGAIN and waits again. io::wait() itself promises "ready",
+// so it clears the bit, asks poll(fd, 0), and only then looks at the bit and parks.
+// An fd with no waiter costs at most one poller wake-up per edge (none per level, as
+// a level-triggered registration would): the edge is kept in IoFd::ready and nothing else.
+//
+// Closed fds and reused numbers. Nothing sees a ::close() behind our back, so the number is
+// checked against its file before each park: fstat()'s device and inode, recorded in IoFd.
+// EBADF forgets the entry; another file under the same number drops the registration (a new
+// one gets a new generation, so events of the old file, if it is still open elsewhere, are
+// stale) and its calls check the new file's flags again. One fstat per park costs less than the re-arming
+// epoll_ctl it replaces, and io::read / io::write on a known non-blocking socket skip the
+// per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a number reused by a
+// blocking socket cannot block the worker before the next park finds it out). Inode
+// numbers of sockets and pipes are unique among live files; a number reused by a file with
+// the same device and inode as a closed one would need 2^32 files opened in between.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -70,66 +97,73 @@ IoRegistry& io_registry() {
     return *registry;
 }
 
-// What to do with an fd's epoll entry once no fiber waits for it.
-enum class WhenIdle {
-    keep,    // it just fired, so one-shot already disarmed it: no system call
-    disarm,  // a waiter gave up (timeout): stop its interest, keep the entry for the next wait
-    remove,  // cancel(): the fd is about to be closed, forget it
-};
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+std::atomic<long> io_epoll_ctl_count{0};
+std::atomic<long> io_fd_check_count{0};
+std::atomic<void (*)(int)> io_before_park{nullptr};
+#endif
 
-// Sets fd's epoll interest to what its waiters want. Under io_lock. Returns 0 or the errno
-// of epoll_ctl. Entries stay registered between waits, so the next wait costs one MOD, not
-// an ADD and a DEL; io_fds is keyed by fd number, so it grows no larger than the highest fd.
-// An entry left by a closed fd is found stale when its number is reused: MOD then fails
-// with ENOENT (closing removed it from epoll) and becomes an ADD.
-int rearm(SchedulerIdle& idle, int fd, IoFd& entry, WhenIdle when_idle) noexcept {
-    const std::uint32_t events = (entry.reader ? EPOLLIN | EPOLLRDHUP : 0u) | (entry.writer ? EPOLLOUT : 0u);
+// epoll_ctl on a waited-for fd; counted for the tests.
+int io_epoll_ctl(int epoll_fd, int op, int fd, epoll_event* ev) noexcept {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_epoll_ctl_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    return epoll_ctl(epoll_fd, op, fd, ev);
+}
+
+constexpr unsigned read_bit = static_cast<unsigned>(io::Ready::Read);
+constexpr unsigned write_bit = static_cast<unsigned>(io::Ready::Write);
+
+// Adds fd to the epoll instance, edge-triggered, under a new generation. Under io_lock.
+// Returns 0 or the errno of epoll_ctl (EPERM: a regular file, which epoll refuses).
+int register_fd(SchedulerIdle& idle, int fd, IoFd& entry) noexcept {
     epoll_event ev{};
-    // Events of earlier armings are stale from now on. Numbered per scheduler, not per
-    // entry: an entry erased by cancel() and made anew must not repeat a number.
-    if (events != 0) entry.generation = ++idle.io_armings;
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    // Numbered per scheduler, not per entry: an entry erased by cancel() and made anew
+    // must not repeat a number that an event still in flight carries.
+    entry.generation = ++idle.io_registrations;
     ev.data.u64 = event_data(fd, entry.generation);
-    if (events == 0) {
-        if (when_idle == WhenIdle::remove) {
-            // The fd may be closed by now; a failed delete changes nothing.
-            if (entry.registered) epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-            idle.io_fds.erase(fd);
-        } else if (when_idle == WhenIdle::disarm && entry.registered) {
-            ev.events = EPOLLONESHOT;  // no events: disarmed until the next MOD
-            if (epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) entry.registered = false;
-        }
-        return 0;
-    }
-    ev.events = events | EPOLLONESHOT;
-    if (entry.registered && epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
-    if (epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        // EEXIST: registered although we lost track (an ADD that raced a close/reuse).
-        if (errno != EEXIST || epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) {
-            entry.registered = false;
-            return errno;
-        }
+    entry.ready = 0;  // the kernel reports the present state at ADD
+    if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        // EEXIST: this file under this number is in the set already, without our knowing
+        // (cancel()'s delete found the fd closed, and it was open again elsewhere): take it
+        // over with this generation.
+        if (errno != EEXIST || io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0) return errno;
     }
     entry.registered = true;
     return 0;
 }
 
-// Takes whichever of fd's waiters `revents` wakes; under io_lock. An event of an earlier
-// arming than the entry's current one is ignored: the current arming reports for itself.
+// Forgets fd's entry; deletes its registration first if the fd may still be open (cancel()
+// before a close: a dup of it elsewhere would otherwise keep reporting). Under io_lock.
+void forget_fd(SchedulerIdle& idle, int fd, bool still_open) noexcept {
+    auto it = idle.io_fds.find(fd);
+    if (it == idle.io_fds.end()) return;
+    if (still_open && it->second.registered) io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+    idle.io_fds.erase(it);
+}
+
+// Takes whichever of fd's waiters `revents` wakes, and keeps the edges no waiter took;
+// under io_lock. An event of an earlier registration than the entry's is ignored.
 void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
                 int& count) noexcept {
     auto it = idle.io_fds.find(fd);
     if (it == idle.io_fds.end()) return;
     IoFd& entry = it->second;
-    if (entry.generation != generation) return;
-    if (entry.reader && (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
-        if (claim(entry.reader->waiter)) woken[count++] = entry.reader;
+    if (entry.generation != generation || !entry.registered) return;
+    if (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) entry.ready |= read_bit;
+    if (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR)) entry.ready |= write_bit;
+    // A waiter that lost the race to its timer leaves the edge for the next one.
+    if (entry.reader && (entry.ready & read_bit) && claim(entry.reader->waiter)) {
+        woken[count++] = entry.reader;
         entry.reader = nullptr;
+        entry.ready &= ~read_bit;
     }
-    if (entry.writer && (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR))) {
-        if (claim(entry.writer->waiter)) woken[count++] = entry.writer;
+    if (entry.writer && (entry.ready & write_bit) && claim(entry.writer->waiter)) {
+        woken[count++] = entry.writer;
         entry.writer = nullptr;
+        entry.ready &= ~write_bit;
     }
-    rearm(idle, fd, entry, WhenIdle::keep);  // one-shot: the rest of the interest needs arming again
 }
 
 struct FiberIoWait {
@@ -146,7 +180,6 @@ void unlink_io_wait(void* context, Waiter& w) {
     IoFd& entry = it->second;
     if (entry.reader == wait) entry.reader = nullptr;
     if (entry.writer == wait) entry.writer = nullptr;
-    rearm(*where->idle, where->fd, entry, WhenIdle::disarm);
 }
 
 // The pollfd that asks whether fd is ready for `what`.
@@ -189,7 +222,28 @@ bool ready_now(int fd, io::Ready what) noexcept {
     return poll_outcome(rc, one, current_errno());
 }
 
-bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline) {
+// How a fiber's wait was reached: after its read or write failed with EAGAIN (an edge left
+// in IoFd::ready by data read since may wake it spuriously: its caller tries again), or from
+// io::wait(), which reports the fd ready only when it is.
+enum class WaitKind { after_eagain, ready_only };
+
+// fstat() of fd for fiber_wait; false with errno EBADF (or fstat's) if fd is not open, whose
+// entry is then forgotten: it was closed behind our back, and the kernel dropped its
+// registration with the file (or will with the last dup of it).
+bool stat_fd(SchedulerIdle& idle, int fd, struct stat& st) noexcept {
+    if (::fstat(fd, &st) == 0) return true;
+    const int error = current_errno();
+    idle.io_lock.lock();
+    forget_fd(idle, fd, false);
+    idle.io_lock.unlock();
+    set_errno(error);
+    return false;
+}
+
+// `nonblocking_known`: the calling io function checked with fcntl, in this call, that fd
+// is non-blocking (usable_fd); the entry may then mark a socket as fast_socket.
+bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline, WaitKind kind,
+                bool nonblocking_known) {
     IoWait wait;
     try {
         if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
@@ -197,6 +251,22 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         set_errno(ENOMEM);
         return false;
     }
+    struct stat st;
+    if (!stat_fd(idle, fd, st)) return false;
+    const unsigned bit = static_cast<unsigned>(what);
+    if (kind == WaitKind::ready_only) {
+        // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
+        // Readiness from after this poll comes as a new edge (see the top of this file).
+        idle.io_lock.lock();
+        auto it = idle.io_fds.find(fd);
+        if (it != idle.io_fds.end()) it->second.ready &= ~bit;
+        idle.io_lock.unlock();
+        if (ready_now(fd, what)) return true;
+        if (current_errno() == EBADF) return false;
+    }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
+#endif
     idle.io_lock.lock();
     IoFd* found;
     try {
@@ -208,21 +278,40 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return false;
     }
     IoFd& entry = *found;
+    const bool socket = S_ISSOCK(st.st_mode);
+    if (!entry.checked || entry.device != st.st_dev || entry.inode != st.st_ino) {
+        // A file this entry has not seen: the registration, if any, was the old file's.
+        entry.registered = false;
+        entry.ready = 0;
+        entry.checked = true;
+        entry.device = st.st_dev;
+        entry.inode = st.st_ino;
+        entry.fast_socket = false;
+    }
+    if (socket && nonblocking_known) entry.fast_socket = true;
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
         idle.io_lock.unlock();
         set_errno(EBUSY);
         return false;
     }
-    slot = &wait;
-    if (const int error = rearm(idle, fd, entry, WhenIdle::keep)) {
-        slot = nullptr;
-        if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
-        idle.io_lock.unlock();
-        if (error == EPERM) return true;  // a regular file: always ready
-        set_errno(error);
-        return false;
+    if (!entry.registered) {
+        if (const int error = register_fd(idle, fd, entry)) {
+            if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
+            idle.io_lock.unlock();
+            if (error == EPERM) return true;  // a regular file: always ready
+            set_errno(error);
+            return false;
+        }
     }
+    if (entry.ready & bit) {
+        // An edge that came while no one waited (see the top of this file): not parking is
+        // what keeps it from being lost.
+        entry.ready &= ~bit;
+        idle.io_lock.unlock();
+        return true;
+    }
+    slot = &wait;
     idle.io_waiters.fetch_add(1, std::memory_order_relaxed);
     FiberIoWait where{&idle, fd};
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
@@ -239,6 +328,30 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return false;
     }
     return true;
+}
+
+// Before a read or write system call in a fiber: clears the call's readiness bit (step (a)
+// at the top of this file) and says whether fd is a known non-blocking socket, whose call
+// may skip usable_fd(). Takes io_lock.
+bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what) noexcept {
+    idle.io_lock.lock();
+    bool fast = false;
+    auto it = idle.io_fds.find(fd);
+    if (it != idle.io_fds.end()) {
+        it->second.ready &= ~static_cast<unsigned>(what);
+        fast = it->second.checked && it->second.fast_socket;
+    }
+    idle.io_lock.unlock();
+    return fast;
+}
+
+// A known socket's call failed with ENOTSOCK: the number names another file now. Its next
+// wait records that file; until then its calls take the checked path.
+void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
+    idle.io_lock.lock();
+    auto it = idle.io_fds.find(fd);
+    if (it != idle.io_fds.end()) it->second.fast_socket = false;
+    idle.io_lock.unlock();
 }
 
 int thread_cancel_fd() {
@@ -280,7 +393,7 @@ bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
     return poll_outcome(rc, fds[0], poll_errno);
 }
 
-bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
+bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known) {
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
     if (fd < 0) {
@@ -291,11 +404,14 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
     // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
     if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
     if (in_scheduler_task()) {
-        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline);
+        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline, kind,
+                          nonblocking_known);
     }
     // The use_caller thread waits through its scheduler's epoll like a fiber, and runs the
     // scheduler's tasks meanwhile (block() helps, see help_until).
-    if (SchedulerCore* core = caller_may_help()) return fiber_wait(core->idle, fd, what, deadline);
+    if (SchedulerCore* core = caller_may_help()) {
+        return fiber_wait(core->idle, fd, what, deadline, kind, nonblocking_known);
+    }
     return thread_wait(fd, what, deadline);
 }
 
@@ -303,6 +419,9 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline) {
 // would block the worker thread (or, for a plain thread, forever), so refuse it up front.
 // One fcntl() per call: cheaper than finding out what kind of fd it is.
 bool usable_fd(int fd) {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_fd_check_count.fetch_add(1, std::memory_order_relaxed);
+#endif
     const int flags = fcntl(fd, F_GETFL);
     if (flags < 0) return false;  // errno EBADF
     if (!(flags & O_NONBLOCK)) {
@@ -321,19 +440,33 @@ struct Deadline {
     TimePoint at;
 };
 
-// Calls `call` until it succeeds or fails with something other than EAGAIN, waiting for
-// `what` in between; a blocking fd is refused first (see usable_fd).
+// Calls `call(fast)` until it succeeds or fails with something other than EAGAIN, waiting
+// for `what` in between. A blocking fd is refused first (usable_fd), except that in a fiber
+// a known non-blocking socket skips that check when `may_skip_check` (its call is then made
+// with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
+// now; see the top of this file).
 template <class Call>
-auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, Call call) -> decltype(call()) {
-    if (!usable_fd(fd)) return -1;
+auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call)
+    -> decltype(call(false)) {
+    SchedulerIdle* idle = in_scheduler_task() ? &SchedulerCore::of(*thread_state()->scheduler).idle : nullptr;
+    bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
     for (;;) {
-        const auto rc = call();
+        const bool fast = idle && prepare_call(*idle, fd, what) && may_skip_check;
+        if (!fast && !checked) {
+            if (!usable_fd(fd)) return -1;
+            checked = true;
+        }
+        const auto rc = call(fast);
         if (rc >= 0) return rc;
         const int error = current_errno();  // not `errno`: its address may be from before a move
         if (error == EINTR) continue;
+        if (fast && error == ENOTSOCK) {
+            not_a_socket(*idle, fd);
+            continue;
+        }
         if (error != EAGAIN && error != EWOULDBLOCK) return rc;
-        if (!wait_until(fd, what, deadline.get())) return -1;
+        if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked)) return -1;
     }
 }
 
@@ -396,6 +529,23 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
                               registry.schedulers.end());
 }
 
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
+long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
+void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+int io_poll_now() noexcept {
+    if (!in_scheduler_task()) return 0;
+    SchedulerIdle& idle = SchedulerCore::of(*thread_state()->scheduler).idle;
+    epoll_event events[64];
+    const int n = epoll_wait(idle.io_epoll_fd, events, 64, 0);
+    if (n <= 0) return 0;
+    dispatch_io_events(idle, events, n, false);
+    int fds = 0;
+    for (int i = 0; i < n; ++i) fds += event_fd(events[i]) != idle.poller_wake_fd;
+    return fds;
+}
+#endif
+
 }  // namespace detail
 
 namespace io {
@@ -404,18 +554,20 @@ int last_error() noexcept { return detail::current_errno(); }
 
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
-    return detail::wait_until(fd, what, deadline.get());
+    return detail::wait_until(fd, what, deadline.get(), detail::WaitKind::ready_only, false);
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
-    return detail::retry(fd, Ready::Read, timeout, [&] { return ::read(fd, buf, n); });
+    return detail::retry(fd, Ready::Read, timeout, true, [&](bool fast) {
+        return fast ? ::recv(fd, buf, n, MSG_DONTWAIT) : ::read(fd, buf, n);
+    });
 }
 
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
     // A socket takes MSG_NOSIGNAL (a peer that has gone is EPIPE, not SIGPIPE); send() says
     // ENOTSOCK once for anything else, which then goes through write_without_sigpipe.
     bool is_socket = true;
-    return detail::retry(fd, Ready::Write, timeout, [&]() -> ssize_t {
+    return detail::retry(fd, Ready::Write, timeout, true, [&](bool) -> ssize_t {
         if (is_socket) {
             const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (rc >= 0 || detail::current_errno() != ENOTSOCK) return rc;
@@ -426,7 +578,9 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
 }
 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
-    return detail::retry(fd, Ready::Read, timeout, [&] { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+    // Never with the check skipped: accept4() has no MSG_DONTWAIT.
+    return detail::retry(fd, Ready::Read, timeout, false,
+                         [&](bool) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
 }
 
 int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
@@ -468,7 +622,8 @@ void cancel(int fd) {
                 }
                 *slot = nullptr;
             }
-            detail::rearm(*idle, fd, entry, detail::WhenIdle::remove);
+            // The fd is about to be closed, or used afresh: its next wait registers it again.
+            detail::forget_fd(*idle, fd, true);
         }
         idle->io_lock.unlock();
         for (int k = 0; k < count; ++k) detail::wake_waiter(woken[k]->waiter);
