@@ -276,11 +276,17 @@ TEST_CASE("ConditionVariable: a ping-pong of many rounds loses no wake-up") {
 }
 
 TEST_CASE("ConditionVariable: timed waits that time out and ones that do not") {
+    // Ordered by flags under the mutex, not by sleeps: on a loaded machine (TSan, CI) a task
+    // may start many milliseconds late. The notifier waits until the first waiter's two
+    // timed waits are over and the second waiter is in its wait (it set `waiting2` under the
+    // mutex, and the wait releases the mutex only once it is queued on the condition).
     FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
         Mutex m;
         ConditionVariable cv;
         bool ready = false;
+        bool first_done = false;
+        bool waiting2 = false;
         std::cv_status timed_out = std::cv_status::no_timeout;
         std::cv_status notified = std::cv_status::timeout;
         bool pred_result = true;
@@ -294,16 +300,23 @@ TEST_CASE("ConditionVariable: timed waits that time out and ones that do not") {
             waited = std::chrono::steady_clock::now() - start;
             CHECK(lock.owns_lock());
             pred_result = cv.wait_until(lock, std::chrono::system_clock::now() + 2ms, [&] { return ready; });
+            first_done = true;
         });
         s.schedule([&] {
             std::unique_lock<Mutex> lock(m);
+            waiting2 = true;
             notified = cv.wait_for(lock, 10s);
             pred_result_notified = cv.wait_for(lock, 10s, [&] { return ready; });
         });
         s.schedule([&] {
-            fsched::this_fiber::sleep_for(20ms);
+            for (;;) {
+                {
+                    std::lock_guard<Mutex> guard(m);
+                    if (first_done && waiting2) break;
+                }
+                fsched::this_fiber::sleep_for(1ms);
+            }
             cv.notify_all();
-            fsched::this_fiber::sleep_for(2ms);
             {
                 std::lock_guard<Mutex> guard(m);
                 ready = true;
