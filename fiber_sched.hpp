@@ -1590,6 +1590,8 @@ void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
 // In a scheduler task: takes the ready events out of its scheduler's epoll instance now and
 // hands them out as the workers would; returns how many were for waited-for fds.
 int io_poll_now() noexcept;
+// The index of the worker of `s` that sleeps in epoll_wait for the fds (the poller), or -1.
+int io_poller_worker(Scheduler& s) noexcept;
 }  // namespace detail
 #endif
 
@@ -3670,14 +3672,31 @@ inline int timeout_ms(const TimePoint* deadline) noexcept {
 }
 
 struct WorkerIdle;
+struct SchedulerCore;
+struct SchedulerIdle;
+// Wakes one sleeping worker of idle's scheduler, if any, so that it sleeps again as the
+// poller (scheduler.ipp): a fiber parks for IO while no worker polls.
+void wake_for_io(SchedulerIdle& idle) noexcept;
 
 struct SchedulerIdle {
+    SchedulerCore* core = nullptr;  // the scheduler this belongs to (for wake_for_io)
     int io_epoll_fd = -1;     // every fd a fiber of this scheduler waits for, plus poller_wake_fd
     int poller_wake_fd = -1;  // wakes whichever worker holds the poller role
     // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
     // worker about to sleep (begin_sleep), given up when it wakes (end_sleep).
+    //
+    // No fiber waits for IO unseen: while fibers wait (io_waiters > 0), either a worker
+    // holds the role, or every worker is awake (and one takes it when it sleeps), or a
+    // sleeping worker is being woken to take it. Three sides, all seq_cst on `poller`,
+    // `io_waiters` and each Worker's `sleeping`: (a) a fiber about to park for IO increments
+    // io_waiters, then looks at `poller`, and if it is vacant wakes a sleeper (fiber_wait);
+    // (b) a worker going to sleep sets `sleeping`, then, unless it took the role, looks at
+    // both, and if fibers wait with the role vacant it does not sleep but goes round its
+    // loop again, to take the role (Worker::sleep_until_work); (c) the poller, waking up,
+    // clears `poller`, then looks at io_waiters, and if fibers wait wakes a sleeper.
+    // Between (a) or (c) and (b) one of the two sees the other's write.
     std::atomic<WorkerIdle*> poller{nullptr};
-    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
+    // Fibers parked in io::wait().
     std::atomic<int> io_waiters{0};
     SpinLock io_lock;         // guards io_fds and each fd's registration in io_epoll_fd
     std::unordered_map<int, IoFd> io_fds;
@@ -3741,10 +3760,16 @@ struct WorkerIdle {
     // poller), so a ready fd wakes one worker.
     void begin_sleep(SchedulerIdle& shared) noexcept {
         WorkerIdle* no_poller = nullptr;
-        if (shared.io_waiters.load(std::memory_order_relaxed) > 0 &&
-            shared.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+        if (shared.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+            shared.poller.compare_exchange_strong(no_poller, this, std::memory_order_seq_cst)) {
             is_poller.store(true, std::memory_order_relaxed);
         }
+    }
+    // After `sleeping` is set: true if this worker must not sleep as it is, because fibers
+    // wait for IO and no one polls (side (b) of the argument at SchedulerIdle::poller).
+    bool poller_wanted(const SchedulerIdle& shared) const noexcept {
+        return !is_poller.load(std::memory_order_relaxed) && shared.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+               shared.poller.load(std::memory_order_seq_cst) == nullptr;
     }
     // Blocks until notify(), `deadline`, or (for the poller) an fd becoming ready.
     void wait(SchedulerIdle& shared, const TimePoint* deadline) noexcept {
@@ -3757,10 +3782,13 @@ struct WorkerIdle {
         }
         if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
     }
+    // Gives up the poller role; then, if fibers wait for IO, wakes a sleeper to take it
+    // (side (c)): this worker is about to run tasks, which may take long.
     void end_sleep(SchedulerIdle& shared) noexcept {
         if (is_poller.load(std::memory_order_relaxed)) {
             is_poller.store(false, std::memory_order_relaxed);
-            shared.poller.store(nullptr, std::memory_order_release);
+            shared.poller.store(nullptr, std::memory_order_seq_cst);
+            if (shared.io_waiters.load(std::memory_order_seq_cst) > 0) wake_for_io(shared);
         }
     }
     // Ends this worker's wait, or makes its next one return at once. Whoever claimed the
@@ -3800,6 +3828,7 @@ struct WorkerIdle {
     const char* open() noexcept { return nullptr; }
     void close() noexcept {}
     void begin_sleep(SchedulerIdle&) noexcept {}
+    bool poller_wanted(const SchedulerIdle&) const noexcept { return false; }  // no fsched::io here
     void wait(SchedulerIdle&, const TimePoint* deadline) {
         std::unique_lock<std::mutex> lock(mutex);
         if (deadline) {
@@ -4187,6 +4216,9 @@ struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
           caller_fiber(Fiber::current()) {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        idle.core = this;
+#endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
@@ -4529,6 +4561,12 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
         finished = !(task.fiber || task.cb);
         return !finished;
     }
+    if (idle.poller_wanted(core.idle)) {
+        // Fibers wait for IO and no one polls: go round the loop again and take the role
+        // (side (b) of the argument at SchedulerIdle::poller).
+        core.claim_worker_wake(*this);
+        return false;
+    }
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
@@ -4730,6 +4768,15 @@ void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePo
 void wake_caller(SchedulerCore& core) noexcept { core.wake_worker(*core.workers[0]); }
 
 inline void Worker::notify() { idle.notify(core.idle); }
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+void wake_for_io(SchedulerIdle& idle) noexcept {
+    SchedulerCore& core = *idle.core;
+    for (auto& w : core.workers) {
+        if (core.wake_worker(*w)) return;
+    }
+}
+#endif
 
 void SchedulerCore::open_idle() {
     const char* failed = idle.open();
@@ -5543,9 +5590,15 @@ void WaitGroup::wait() {
 // stale) and its calls check the new file's flags again. One fstat per park costs less than the re-arming
 // epoll_ctl it replaces, and io::read / io::write on a known non-blocking socket skip the
 // per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a number reused by a
-// blocking socket cannot block the worker before the next park finds it out). Inode
-// numbers of sockets and pipes are unique among live files; a number reused by a file with
-// the same device and inode as a closed one would need 2^32 files opened in between.
+// blocking socket cannot block the worker before the next park finds it out; a write that
+// finds ENOTSOCK there goes back to the check). A socket's inode number is unique among
+// live files, so for sockets the check is enough; a number reused by a socket with the same
+// device and inode as a closed one would need 2^32 sockets opened in between. Other files
+// can share an inode with a closed one (every eventfd, timerfd and epoll fd shares one; each
+// open of a FIFO, a tty or /dev/ptmx has the node's), so a non-socket re-arms its
+// registration at each park (EPOLL_CTL_MOD, ADD if the set lost it): one epoll_ctl per
+// park, as before the persistent registration, and a new generation, so the closed file's
+// events are stale.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -5627,14 +5680,20 @@ constexpr unsigned write_bit = static_cast<unsigned>(io::Ready::Write);
 
 // Adds fd to the epoll instance, edge-triggered, under a new generation. Under io_lock.
 // Returns 0 or the errno of epoll_ctl (EPERM: a regular file, which epoll refuses).
-int register_fd(SchedulerIdle& idle, int fd, IoFd& entry) noexcept {
+// `rearm`: the entry is registered, but for a file whose number may have been taken over
+// unseen (not a socket: see the top of this file); MOD first, ADD if the set lost it.
+int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     // Numbered per scheduler, not per entry: an entry erased by cancel() and made anew
     // must not repeat a number that an event still in flight carries.
     entry.generation = ++idle.io_registrations;
     ev.data.u64 = event_data(fd, entry.generation);
-    entry.ready = 0;  // the kernel reports the present state at ADD
+    entry.ready = 0;  // the kernel reports the present state at ADD and at MOD
+    if (rearm) {
+        if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
+        if (errno != ENOENT) return errno;
+    }
     if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         // EEXIST: this file under this number is in the set already, without our knowing
         // (cancel()'s delete found the fd closed, and it was open again elsewhere): take it
@@ -5806,8 +5865,11 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         set_errno(EBUSY);
         return false;
     }
-    if (!entry.registered) {
-        if (const int error = register_fd(idle, fd, entry)) {
+    // A socket's device and inode name it for as long as it is open; every eventfd, timerfd
+    // or epoll fd shares one inode, and every open of a FIFO, a tty or /dev/ptmx has the
+    // node's: for those the check above cannot see a reused number, so each park re-arms.
+    if (!entry.registered || !socket) {
+        if (const int error = register_fd(idle, fd, entry, entry.registered)) {
             if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
             idle.io_lock.unlock();
             if (error == EPERM) return true;  // a regular file: always ready
@@ -5823,10 +5885,13 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return true;
     }
     slot = &wait;
-    idle.io_waiters.fetch_add(1, std::memory_order_relaxed);
+    // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
+    // must be polling for it (the caller thread that runs it may not sleep again for long).
+    idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (idle.poller.load(std::memory_order_seq_cst) == nullptr) wake_for_io(idle);
     FiberIoWait where{&idle, fd};
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
-    idle.io_waiters.fetch_sub(1, std::memory_order_relaxed);
+    idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (!woken) {
         // The timer may fire before any worker has asked epoll about the fd (all were busy):
         // a wait that ends with the fd ready reports it ready, as poll() would.
@@ -6044,6 +6109,15 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
 long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
 long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+int io_poller_worker(Scheduler& s) noexcept {
+    SchedulerCore& core = SchedulerCore::of(s);
+    const WorkerIdle* poller = core.idle.poller.load(std::memory_order_acquire);
+    for (const auto& w : core.workers) {
+        if (&w->idle == poller) return w->index;
+    }
+    return -1;
+}
+
 int io_poll_now() noexcept {
     if (!in_scheduler_task()) return 0;
     SchedulerIdle& idle = SchedulerCore::of(*thread_state()->scheduler).idle;
@@ -6077,11 +6151,14 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
     // A socket takes MSG_NOSIGNAL (a peer that has gone is EPIPE, not SIGPIPE); send() says
     // ENOTSOCK once for anything else, which then goes through write_without_sigpipe.
+    // With the check skipped (`fast`: a known non-blocking socket) ENOTSOCK goes back to
+    // retry(), which checks the file the number names now: a plain write() here could block
+    // the worker on a blocking file that took the number over.
     bool is_socket = true;
-    return detail::retry(fd, Ready::Write, timeout, true, [&](bool) -> ssize_t {
+    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast) -> ssize_t {
         if (is_socket) {
             const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (rc >= 0 || detail::current_errno() != ENOTSOCK) return rc;
+            if (rc >= 0 || detail::current_errno() != ENOTSOCK || fast) return rc;
             is_socket = false;
         }
         return detail::write_without_sigpipe(fd, buf, n);

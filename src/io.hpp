@@ -71,6 +71,8 @@ void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
 // In a scheduler task: takes the ready events out of its scheduler's epoll instance now and
 // hands them out as the workers would; returns how many were for waited-for fds.
 int io_poll_now() noexcept;
+// The index of the worker of `s` that sleeps in epoll_wait for the fds (the poller), or -1.
+int io_poller_worker(Scheduler& s) noexcept;
 }  // namespace detail
 #endif
 

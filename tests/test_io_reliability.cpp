@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -571,6 +572,132 @@ TEST_CASE("io reliability: a reused number's old file, still open through a dup,
     CHECK(stale_errno == ETIMEDOUT);
     CHECK(ctl_calls == 1);  // the new file's EPOLL_CTL_ADD
     CHECK(fresh == 1);
+}
+
+TEST_CASE("io reliability: a number reused by another eventfd (one shared inode) is re-armed, its wait woken") {
+    // Every eventfd has the same device and inode, so fstat cannot tell the new one from the
+    // closed one: unless the park re-arms, the new eventfd is not in the epoll set and the
+    // wait sleeps until its timeout (then finds it ready, as a timed-out wait asks poll()).
+    Scheduler s(1, false);
+    bool first = false, second = false;
+    std::chrono::steady_clock::duration second_took{};
+    s.start();
+    s.schedule([&] {
+        const int a = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        REQUIRE(a >= 0);
+        Scheduler::current()->schedule([a] { CHECK(eventfd_write(a, 1) == 0); });
+        first = fsched::io::wait(a, Ready::Read, 5s);
+        ::close(a);
+        const int b = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        REQUIRE(b >= 0);
+        if (b != a) {  // make it the same number
+            REQUIRE(::dup2(b, a) == a);
+            ::close(b);
+        }
+        Scheduler::current()->schedule([a] {
+            fsched::this_fiber::sleep_for(20ms);
+            CHECK(eventfd_write(a, 1) == 0);
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        second = fsched::io::wait(a, Ready::Read, 8s);
+        second_took = std::chrono::steady_clock::now() - t0;
+        ::close(a);
+    });
+    s.stop();
+    CHECK(first);
+    CHECK(second);
+    CHECK(second_took < 4s);
+}
+
+TEST_CASE("io reliability: a write on a known socket's number, taken over by a blocking pipe, is refused") {
+    // The known socket's calls skip the non-blocking check; send() then says ENOTSOCK, and a
+    // plain write() in its place would block the worker on the blocking pipe.
+    Scheduler s(1, false);
+    ssize_t got = 0, wrote = 0;
+    int wrote_errno = 0;
+    s.start();
+    s.schedule([&] {
+        int p[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, p) == 0);
+        char c = 0;
+        got = read_after_park(p[0], &c, 5s, [&] { CHECK(::write(p[1], "1", 1) == 1); });  // now known
+        Pipe blocking(false);
+        REQUIRE(::dup2(blocking.write_end, p[0]) == p[0]);  // closes the socket behind io's back
+        errno = 0;
+        wrote = fsched::io::write(p[0], "y", 1);
+        wrote_errno = fsched::io::last_error();
+        ::close(p[0]);
+        ::close(p[1]);
+    });
+    s.stop();
+    CHECK(got == 1);
+    CHECK(wrote == -1);
+    CHECK(wrote_errno == EINVAL);
+}
+
+TEST_CASE("io reliability: a fiber the use_caller thread parked on IO is resumed by another worker") {
+    // run_pending() on the caller runs the reader, which parks in io::read, and returns; the
+    // caller then leaves fsched alone. Worker 1 was asleep and not polling: the park must
+    // make someone poll, or the reader waits until the caller next enters fsched.
+    Sockets pair;
+    Scheduler s(2, true);
+    std::atomic<bool> done{false};
+    std::atomic<int> ran_on{-2};
+    s.start();
+    std::this_thread::sleep_for(20ms);  // let worker 1 fall asleep
+    s.schedule([&] {
+        ran_on = Scheduler::worker_index();
+        // Worker 1, woken by the push, finds nothing (the caller took the task) and falls
+        // asleep again, not polling: no fiber waited for IO when it looked.
+        std::this_thread::sleep_for(30ms);
+        char c = 0;
+        // No timeout: adding its timer would wake worker 1 (add_timer), which would then
+        // take the poller role and hide the bug this checks.
+        CHECK(fsched::io::read(pair.a, &c, 1) == 1);
+        done = true;
+    });
+    const std::size_t ran = s.run_pending();
+    CHECK(ran <= 1);
+    REQUIRE(::write(pair.b, "x", 1) == 1);
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    INFO("the reader first ran on worker " << ran_on.load());
+    CHECK(done.load());
+    s.stop();
+}
+
+TEST_CASE("io reliability: when the poller gets a long task, an idle worker takes over the polling") {
+    // The reader parks; once a worker sleeps in epoll_wait for it, that worker gets a task
+    // that holds it (no yield) until the read is done, at most 10 s. The other worker is
+    // idle and must take over the polling, or the read waits for the long task to end.
+    Sockets pair;
+    Scheduler s(2, false);
+    std::atomic<bool> read_done{false}, read_during_busy{false}, busy_started{false}, busy_done{false};
+    s.start();
+    s.schedule([&] {
+        char c = 0;
+        CHECK(fsched::io::read(pair.a, &c, 1) == 1);
+        read_done = true;
+    });
+    int poller = -1;
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while ((poller = fsched::detail::io_poller_worker(s)) < 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(poller >= 0);
+    s.schedule([&] {
+        busy_started = true;
+        const auto end = std::chrono::steady_clock::now() + 10s;
+        while (!read_done && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+        read_during_busy = read_done.load();
+        busy_done = true;
+    }, poller);
+    while (!busy_started) std::this_thread::sleep_for(1ms);
+    REQUIRE(::write(pair.b, "x", 1) == 1);
+    // Not stop() yet: it wakes every worker, and one would then poll.
+    while (!busy_done) std::this_thread::sleep_for(1ms);
+    s.stop();
+    CHECK(read_during_busy.load());
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL

@@ -22,6 +22,7 @@ struct WorkerIdle {
     const char* open() noexcept { return nullptr; }
     void close() noexcept {}
     void begin_sleep(SchedulerIdle&) noexcept {}
+    bool poller_wanted(const SchedulerIdle&) const noexcept { return false; }  // no fsched::io here
     void wait(SchedulerIdle&, const TimePoint* deadline) {
         std::unique_lock<std::mutex> lock(mutex);
         if (deadline) {

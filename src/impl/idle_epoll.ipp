@@ -101,14 +101,31 @@ inline int timeout_ms(const TimePoint* deadline) noexcept {
 }
 
 struct WorkerIdle;
+struct SchedulerCore;
+struct SchedulerIdle;
+// Wakes one sleeping worker of idle's scheduler, if any, so that it sleeps again as the
+// poller (scheduler.ipp): a fiber parks for IO while no worker polls.
+void wake_for_io(SchedulerIdle& idle) noexcept;
 
 struct SchedulerIdle {
+    SchedulerCore* core = nullptr;  // the scheduler this belongs to (for wake_for_io)
     int io_epoll_fd = -1;     // every fd a fiber of this scheduler waits for, plus poller_wake_fd
     int poller_wake_fd = -1;  // wakes whichever worker holds the poller role
     // The worker that sleeps in epoll_wait on io_epoll_fd, if any: taken with a CAS by a
     // worker about to sleep (begin_sleep), given up when it wakes (end_sleep).
+    //
+    // No fiber waits for IO unseen: while fibers wait (io_waiters > 0), either a worker
+    // holds the role, or every worker is awake (and one takes it when it sleeps), or a
+    // sleeping worker is being woken to take it. Three sides, all seq_cst on `poller`,
+    // `io_waiters` and each Worker's `sleeping`: (a) a fiber about to park for IO increments
+    // io_waiters, then looks at `poller`, and if it is vacant wakes a sleeper (fiber_wait);
+    // (b) a worker going to sleep sets `sleeping`, then, unless it took the role, looks at
+    // both, and if fibers wait with the role vacant it does not sleep but goes round its
+    // loop again, to take the role (Worker::sleep_until_work); (c) the poller, waking up,
+    // clears `poller`, then looks at io_waiters, and if fibers wait wakes a sleeper.
+    // Between (a) or (c) and (b) one of the two sees the other's write.
     std::atomic<WorkerIdle*> poller{nullptr};
-    // Fibers parked in io::wait(); relaxed: a hint that polling is worth a system call.
+    // Fibers parked in io::wait().
     std::atomic<int> io_waiters{0};
     SpinLock io_lock;         // guards io_fds and each fd's registration in io_epoll_fd
     std::unordered_map<int, IoFd> io_fds;
@@ -172,10 +189,16 @@ struct WorkerIdle {
     // poller), so a ready fd wakes one worker.
     void begin_sleep(SchedulerIdle& shared) noexcept {
         WorkerIdle* no_poller = nullptr;
-        if (shared.io_waiters.load(std::memory_order_relaxed) > 0 &&
-            shared.poller.compare_exchange_strong(no_poller, this, std::memory_order_acq_rel)) {
+        if (shared.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+            shared.poller.compare_exchange_strong(no_poller, this, std::memory_order_seq_cst)) {
             is_poller.store(true, std::memory_order_relaxed);
         }
+    }
+    // After `sleeping` is set: true if this worker must not sleep as it is, because fibers
+    // wait for IO and no one polls (side (b) of the argument at SchedulerIdle::poller).
+    bool poller_wanted(const SchedulerIdle& shared) const noexcept {
+        return !is_poller.load(std::memory_order_relaxed) && shared.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+               shared.poller.load(std::memory_order_seq_cst) == nullptr;
     }
     // Blocks until notify(), `deadline`, or (for the poller) an fd becoming ready.
     void wait(SchedulerIdle& shared, const TimePoint* deadline) noexcept {
@@ -188,10 +211,13 @@ struct WorkerIdle {
         }
         if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
     }
+    // Gives up the poller role; then, if fibers wait for IO, wakes a sleeper to take it
+    // (side (c)): this worker is about to run tasks, which may take long.
     void end_sleep(SchedulerIdle& shared) noexcept {
         if (is_poller.load(std::memory_order_relaxed)) {
             is_poller.store(false, std::memory_order_relaxed);
-            shared.poller.store(nullptr, std::memory_order_release);
+            shared.poller.store(nullptr, std::memory_order_seq_cst);
+            if (shared.io_waiters.load(std::memory_order_seq_cst) > 0) wake_for_io(shared);
         }
     }
     // Ends this worker's wait, or makes its next one return at once. Whoever claimed the

@@ -32,9 +32,15 @@
 // stale) and its calls check the new file's flags again. One fstat per park costs less than the re-arming
 // epoll_ctl it replaces, and io::read / io::write on a known non-blocking socket skip the
 // per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a number reused by a
-// blocking socket cannot block the worker before the next park finds it out). Inode
-// numbers of sockets and pipes are unique among live files; a number reused by a file with
-// the same device and inode as a closed one would need 2^32 files opened in between.
+// blocking socket cannot block the worker before the next park finds it out; a write that
+// finds ENOTSOCK there goes back to the check). A socket's inode number is unique among
+// live files, so for sockets the check is enough; a number reused by a socket with the same
+// device and inode as a closed one would need 2^32 sockets opened in between. Other files
+// can share an inode with a closed one (every eventfd, timerfd and epoll fd shares one; each
+// open of a FIFO, a tty or /dev/ptmx has the node's), so a non-socket re-arms its
+// registration at each park (EPOLL_CTL_MOD, ADD if the set lost it): one epoll_ctl per
+// park, as before the persistent registration, and a new generation, so the closed file's
+// events are stale.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -116,14 +122,20 @@ constexpr unsigned write_bit = static_cast<unsigned>(io::Ready::Write);
 
 // Adds fd to the epoll instance, edge-triggered, under a new generation. Under io_lock.
 // Returns 0 or the errno of epoll_ctl (EPERM: a regular file, which epoll refuses).
-int register_fd(SchedulerIdle& idle, int fd, IoFd& entry) noexcept {
+// `rearm`: the entry is registered, but for a file whose number may have been taken over
+// unseen (not a socket: see the top of this file); MOD first, ADD if the set lost it.
+int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     // Numbered per scheduler, not per entry: an entry erased by cancel() and made anew
     // must not repeat a number that an event still in flight carries.
     entry.generation = ++idle.io_registrations;
     ev.data.u64 = event_data(fd, entry.generation);
-    entry.ready = 0;  // the kernel reports the present state at ADD
+    entry.ready = 0;  // the kernel reports the present state at ADD and at MOD
+    if (rearm) {
+        if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
+        if (errno != ENOENT) return errno;
+    }
     if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         // EEXIST: this file under this number is in the set already, without our knowing
         // (cancel()'s delete found the fd closed, and it was open again elsewhere): take it
@@ -295,8 +307,11 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         set_errno(EBUSY);
         return false;
     }
-    if (!entry.registered) {
-        if (const int error = register_fd(idle, fd, entry)) {
+    // A socket's device and inode name it for as long as it is open; every eventfd, timerfd
+    // or epoll fd shares one inode, and every open of a FIFO, a tty or /dev/ptmx has the
+    // node's: for those the check above cannot see a reused number, so each park re-arms.
+    if (!entry.registered || !socket) {
+        if (const int error = register_fd(idle, fd, entry, entry.registered)) {
             if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
             idle.io_lock.unlock();
             if (error == EPERM) return true;  // a regular file: always ready
@@ -312,10 +327,13 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return true;
     }
     slot = &wait;
-    idle.io_waiters.fetch_add(1, std::memory_order_relaxed);
+    // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
+    // must be polling for it (the caller thread that runs it may not sleep again for long).
+    idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (idle.poller.load(std::memory_order_seq_cst) == nullptr) wake_for_io(idle);
     FiberIoWait where{&idle, fd};
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
-    idle.io_waiters.fetch_sub(1, std::memory_order_relaxed);
+    idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (!woken) {
         // The timer may fire before any worker has asked epoll about the fd (all were busy):
         // a wait that ends with the fd ready reports it ready, as poll() would.
@@ -533,6 +551,15 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
 long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
 long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+int io_poller_worker(Scheduler& s) noexcept {
+    SchedulerCore& core = SchedulerCore::of(s);
+    const WorkerIdle* poller = core.idle.poller.load(std::memory_order_acquire);
+    for (const auto& w : core.workers) {
+        if (&w->idle == poller) return w->index;
+    }
+    return -1;
+}
+
 int io_poll_now() noexcept {
     if (!in_scheduler_task()) return 0;
     SchedulerIdle& idle = SchedulerCore::of(*thread_state()->scheduler).idle;
@@ -566,11 +593,14 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
     // A socket takes MSG_NOSIGNAL (a peer that has gone is EPIPE, not SIGPIPE); send() says
     // ENOTSOCK once for anything else, which then goes through write_without_sigpipe.
+    // With the check skipped (`fast`: a known non-blocking socket) ENOTSOCK goes back to
+    // retry(), which checks the file the number names now: a plain write() here could block
+    // the worker on a blocking file that took the number over.
     bool is_socket = true;
-    return detail::retry(fd, Ready::Write, timeout, true, [&](bool) -> ssize_t {
+    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast) -> ssize_t {
         if (is_socket) {
             const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (rc >= 0 || detail::current_errno() != ENOTSOCK) return rc;
+            if (rc >= 0 || detail::current_errno() != ENOTSOCK || fast) return rc;
             is_socket = false;
         }
         return detail::write_without_sigpipe(fd, buf, n);

@@ -361,6 +361,9 @@ struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
           caller_fiber(Fiber::current()) {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        idle.core = this;
+#endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
@@ -703,6 +706,12 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
         finished = !(task.fiber || task.cb);
         return !finished;
     }
+    if (idle.poller_wanted(core.idle)) {
+        // Fibers wait for IO and no one polls: go round the loop again and take the role
+        // (side (b) of the argument at SchedulerIdle::poller).
+        core.claim_worker_wake(*this);
+        return false;
+    }
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
@@ -904,6 +913,15 @@ void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePo
 void wake_caller(SchedulerCore& core) noexcept { core.wake_worker(*core.workers[0]); }
 
 inline void Worker::notify() { idle.notify(core.idle); }
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+void wake_for_io(SchedulerIdle& idle) noexcept {
+    SchedulerCore& core = *idle.core;
+    for (auto& w : core.workers) {
+        if (core.wake_worker(*w)) return;
+    }
+}
+#endif
 
 void SchedulerCore::open_idle() {
     const char* failed = idle.open();
