@@ -1944,15 +1944,19 @@ StackBounds query_stack_bounds(void* lo, std::size_t size) noexcept {
     char* const bottom = static_cast<char*>(lo);
     char* const top = bottom + size;
     StackBounds bounds{bottom, bottom, false};
+    // VirtualQuery describes the run of equal pages from the page asked about upwards. A
+    // slab's stack is committed from its lowest byte; a guarded one is reserved there, and
+    // its first committed page that is not the guard is its StackLimit.
     MEMORY_BASIC_INFORMATION info;
-    if (VirtualQuery(top - 1, &info, sizeof info) == sizeof info && info.State == MEM_COMMIT) {
-        char* const committed = static_cast<char*>(info.BaseAddress);
-        // A slab's stack is committed whole (the run reaches its lowest byte or below); a
-        // guarded stack's committed run ends above it, its reservation beginning below.
-        if (committed > bottom) {
-            bounds.limit = committed;
-            bounds.deallocation = static_cast<char*>(info.AllocationBase);
+    if (VirtualQuery(bottom, &info, sizeof info) != sizeof info || info.State != MEM_RESERVE) return bounds;
+    char* const deallocation = static_cast<char*>(info.AllocationBase);
+    for (char* at = bottom; at < top; at = static_cast<char*>(info.BaseAddress) + info.RegionSize) {
+        if (VirtualQuery(at, &info, sizeof info) != sizeof info) return bounds;
+        if (info.State == MEM_COMMIT && (info.Protect & PAGE_GUARD) == 0) {
+            bounds.deallocation = deallocation;
+            bounds.limit = at;
             bounds.guarded = true;
+            return bounds;
         }
     }
     return bounds;
