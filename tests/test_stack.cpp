@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -416,10 +417,41 @@ bool guarded_budget_left(std::size_t count) {
     return false;
 }
 
+// The checks of the tests below run in a child process, a fresh one: there the guarded
+// budget is all left (the stacks earlier tests keep pooled may have spent it here), and
+// what they report comes back as the child's stderr and exit code.
+int expect_failures = 0;
+#define EXPECT(cond) expect_that((cond), #cond, __LINE__)
+#define NOTE(x)                                               \
+    do {                                                      \
+        std::ostringstream note_;                             \
+        note_ << x;                                           \
+        std::fprintf(stderr, "%s\n", note_.str().c_str());   \
+    } while (0)
+bool expect_that(bool ok, const char* text, int line) {
+    if (!ok) {
+        ++expect_failures;
+        std::fprintf(stderr, "FAILED at line %d: %s\n", line, text);
+    }
+    return ok;
+}
+void expect_in_fresh_process(void (*checks)()) {
+    test::ChildResult r = test::run_in_child([checks] {
+        checks();
+        std::fflush(stderr);
+        if (expect_failures) std::_Exit(1);
+    }, 120);
+    INFO("child stderr: " << r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.find("FAILED") == std::string::npos);
+}
+
 }  // namespace
 
-TEST_CASE("Windows: a large guarded stack is reserved, only its top committed, and grows as used") {
-    if (!guarded_budget_left(1)) return;
+namespace {
+void large_stack_checks() {
+    EXPECT(guarded_budget_left(1));
     Commitment before, after;
     const char* limit_before = nullptr;
     const char* limit_after = nullptr;
@@ -432,30 +464,31 @@ TEST_CASE("Windows: a large guarded stack is reserved, only its top committed, a
         limit_after = tib_stack_limit();
     }, 8u << 20);
     fiber.resume();
-    REQUIRE(fiber.state() == Fiber::State::Term);
-    INFO("before: " << before.committed << " of " << before.reserved << " committed; after: " << after.committed);
-    CHECK(before.reserved >= (8u << 20));
-    CHECK(before.committed <= 64 * 1024);  // a page or two (and the guard page), not 8 MiB
+    EXPECT(fiber.state() == Fiber::State::Term);
+    NOTE("before: " << before.committed << " of " << before.reserved << " committed; after: " << after.committed);
+    EXPECT(before.reserved >= (8u << 20));
+    EXPECT(before.committed <= 64 * 1024);  // a page or two (and the guard page), not 8 MiB
 #if !defined(FIBER_SCHED_USE_WINFIBER)
     // The stack grew: about 600 KiB more committed, and the TIB's StackLimit followed it
     // down to the lowest committed byte.
-    CHECK(after.committed >= before.committed + 500 * 1024);
-    CHECK(after.committed <= before.committed + 1024 * 1024);
-    CHECK(limit_after + 500 * 1024 <= limit_before);
-    CHECK(limit_is_growth_point(limit_after));
+    EXPECT(after.committed >= before.committed + 500 * 1024);
+    EXPECT(after.committed <= before.committed + 1024 * 1024);
+    EXPECT(limit_after + 500 * 1024 <= limit_before);
+    EXPECT(limit_is_growth_point(limit_after));
 #else
     (void)limit_before;
     (void)limit_after;
-    CHECK(after.committed == before.committed);  // the pool's stack is not run on
+    EXPECT(after.committed == before.committed);  // the pool's stack is not run on
 #endif
 }
+}  // namespace
+TEST_CASE("Windows: a large guarded stack is reserved, only its top committed, and grows as used") { expect_in_fresh_process(&large_stack_checks); }
 
 #if !defined(FIBER_SCHED_USE_WINFIBER)
-TEST_CASE("Windows: a pooled stack keeps what it committed, and its next fiber's StackLimit says so") {
+namespace {
+void pooled_stack_checks() {
     constexpr std::size_t size = (1u << 20) + 12 * 1024;  // a size no other test pools
-    // Past the guarded budget the stack is a slab's, committed whole, with no guard to grow
-    // by: its StackLimit is its lowest byte, and exceptions must work there as well.
-    const bool guarded = guarded_budget_left(1);
+    const bool guarded = EXPECT(guarded_budget_left(1));
     const char* first_base = nullptr;
     std::size_t first_committed = 0;
     {
@@ -485,31 +518,34 @@ TEST_CASE("Windows: a pooled stack keeps what it committed, and its next fiber's
         }
     }, size);
     second.resume();
-    REQUIRE(second.state() == Fiber::State::Term);
-    CHECK(second_start.base == first_base);
-    INFO("first committed " << first_committed << ", second found " << second_start.committed);
-    CHECK(first_committed >= 600 * 1024);
-    CHECK(second_start.committed == first_committed);
-    CHECK(caught);
-    if (guarded) CHECK(limit_is_growth_point(limit));
+    EXPECT(second.state() == Fiber::State::Term);
+    EXPECT(second_start.base == first_base);
+    NOTE("first committed " << first_committed << ", second found " << second_start.committed);
+    EXPECT(first_committed >= 600 * 1024);
+    EXPECT(second_start.committed == first_committed);
+    EXPECT(caught);
+    if (guarded) EXPECT(limit_is_growth_point(limit));
     // reset() on the same stack: the same again.
     second.reset([&] { limit = tib_stack_limit(); });
     second.resume();
-    if (guarded) CHECK(limit_is_growth_point(limit));
+    if (guarded) EXPECT(limit_is_growth_point(limit));
 }
+}  // namespace
+TEST_CASE("Windows: a pooled stack keeps what it committed, and its next fiber's StackLimit says so") { expect_in_fresh_process(&pooled_stack_checks); }
 #endif
 
-TEST_CASE("Windows: 2,000 fibers of 256 KiB alive at once commit a few pages each, not 256 KiB") {
+namespace {
+void many_fibers_checks() {
     constexpr std::size_t count = 2000;
     constexpr std::size_t size = 256 * 1024;
-    if (!guarded_budget_left(count)) return;
+    EXPECT(guarded_budget_left(count));
     using GetMemoryInfo = BOOL(WINAPI*)(HANDLE, PROCESS_MEMORY_COUNTERS*, DWORD);
     GetMemoryInfo get_memory_info = nullptr;
     FARPROC proc = GetProcAddress(GetModuleHandleW(L"kernel32.dll"), "K32GetProcessMemoryInfo");
-    REQUIRE(static_cast<bool>(proc));
+    EXPECT(static_cast<bool>(proc));
     std::memcpy(&get_memory_info, &proc, sizeof proc);
     PROCESS_MEMORY_COUNTERS counters_before{};
-    REQUIRE(get_memory_info(GetCurrentProcess(), &counters_before, sizeof counters_before));
+    EXPECT(get_memory_info(GetCurrentProcess(), &counters_before, sizeof counters_before));
 
     std::vector<std::unique_ptr<Fiber>> fibers;
     std::vector<const void*> stacks(count);
@@ -528,20 +564,22 @@ TEST_CASE("Windows: 2,000 fibers of 256 KiB alive at once commit a few pages eac
         reserved += c.reserved;
     }
     PROCESS_MEMORY_COUNTERS counters_after{};
-    REQUIRE(get_memory_info(GetCurrentProcess(), &counters_after, sizeof counters_after));
+    EXPECT(get_memory_info(GetCurrentProcess(), &counters_after, sizeof counters_after));
     const fsched::StackStats stats = fsched::stack_stats();
-    REQUIRE(stats.guarded >= count);  // all of them guarded (the budget is larger)
-    INFO("committed " << committed << " of " << reserved << " reserved; PagefileUsage "
+    EXPECT(stats.guarded >= count);  // all of them guarded (the budget is larger)
+    NOTE("committed " << committed << " of " << reserved << " reserved; PagefileUsage "
                       << counters_before.PagefileUsage << " -> " << counters_after.PagefileUsage);
-    CHECK(reserved >= count * size);
-    CHECK(committed <= count * 32 * 1024);  // a few pages each, where 256 KiB each was committed before
+    EXPECT(reserved >= count * size);
+    EXPECT(committed <= count * 32 * 1024);  // a few pages each, where 256 KiB each was committed before
     // The process's private commit (under wine: its anonymous resident memory) grew by far
     // less than count * size.
-    CHECK(counters_after.PagefileUsage < counters_before.PagefileUsage + count * size / 4);
+    EXPECT(counters_after.PagefileUsage < counters_before.PagefileUsage + count * size / 4);
     for (auto& f : fibers) f->resume();
     fibers.clear();
     fsched::detail::trim_stack_pool();
 }
+}  // namespace
+TEST_CASE("Windows: 2,000 fibers of 256 KiB alive at once commit a few pages each, not 256 KiB") { expect_in_fresh_process(&many_fibers_checks); }
 
 TEST_CASE("Windows: a fiber gets all of its stack before the overflow handler fires") {
     test::ChildResult r = test::run_in_child([] {
