@@ -1845,11 +1845,11 @@ struct FiberAccess {
 // the pause in spin loops, is an instruction, not a system call: it stays in config.hpp,
 // where the public inline SpinLock needs it.
 //
-// Memory comes as four primitives rather than "map a guarded stack" and "map a slab":
-// each is one call on either OS (mmap / VirtualAlloc reserve+commit, mprotect /
-// VirtualProtect, munmap / VirtualFree, madvise / DiscardVirtualMemory), and the policy
-// (the guard below the stack, slabs past the budget, when pages go back) is written once,
-// in stack.ipp, where the tests of fork, RLIMIT_AS and the budget exercise it.
+// Memory comes as four primitives: map a slab, map a guarded stack, unmap, discard (mmap /
+// VirtualAlloc reserve+commit; mmap+mprotect / VirtualAlloc reserve, commit the top;
+// munmap / VirtualFree; madvise / MEM_RESET), and the policy (slabs past the budget, when
+// pages go back) is written once, in stack.ipp, where the tests of fork, RLIMIT_AS and the
+// budget exercise it. A guarded stack is one primitive because Windows grows it itself.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -1875,10 +1875,12 @@ std::size_t guard_size() noexcept;
 // Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
 // first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
 void* map_stack_memory(std::size_t bytes) noexcept;
-// Makes [lo, lo + bytes), guard_size() bytes at the bottom of one mapping, the guard: a touch
-// of its top faults (POSIX: all of it no-access); false when the OS refuses, the range
-// then as it was.
-bool guard_pages(void* lo, std::size_t bytes) noexcept;
+// Maps a guarded stack: `bytes` (whole pages) whose lowest `guard` (guard_size()) bytes are
+// the guard, a touch of whose top faults; nullptr when the OS refuses the memory or the
+// guard (the budget is an estimate). POSIX: map_stack_memory() with its bottom no-access.
+// Windows: a reservation whose top page alone is committed, a PAGE_GUARD page below it, and
+// the rest committed as the stack grows (os_win32.ipp).
+void* map_guarded_stack(std::size_t bytes, std::size_t guard) noexcept;
 // Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
 // releases only whole reservations).
 void unmap_memory(void* base, std::size_t bytes) noexcept;
@@ -1926,25 +1928,42 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
 // Implementation: the OS interface (impl/os.ipp) on Windows: VirtualAlloc for stacks, a
 // vectored exception handler for overflows, SetThreadDescription for names.
 //
-// Stack memory is reserved and committed in one VirtualAlloc call. Committing charges the
-// system's commit limit (RAM + page file) for the whole stack, but takes no physical page:
-// each page is a demand-zero page until a fiber first touches it, so memory in use is what
-// the fibers touched, as with mmap on POSIX. (Committing page by page as the stack grows,
-// as Windows does for thread stacks, would need the kernel's stack-growth guard to follow
-// the fiber, or a fault handler in every program; the one call keeps both out.)
+// A guarded stack grows as Windows grows a thread's stack. VirtualAlloc reserves the whole
+// range (address space only) and commits the top page, with a PAGE_GUARD page below it:
 //
-// The guard below each stack is 16 KiB: from the top, one PAGE_GUARD page, two ordinary
-// pages, and a PAGE_NOACCESS floor. Windows has no alternate signal stack: an exception is
-// dispatched on the stack of the code that faulted, and a fiber that ran into its guard has
-// its stack pointer there. A touch of a PAGE_GUARD page raises STATUS_GUARD_PAGE_VIOLATION
-// and turns the page into ordinary memory, so the dispatcher and the vectored handler below
-// run in the 12 KiB under the fault (one page is not enough for wine's dispatcher); a
-// PAGE_NOACCESS guard would leave them no room, and the process would vanish without a
-// word. The floor stops whatever runs past that room. The PAGE_GUARD page is one-shot, but
-// an overflow is fatal either way: reported and ended with the handler, an unhandled
-// exception without it. SetThreadStackGuarantee() keeps such room on a thread's own stack
-// (whose guard the kernel moves as it grows); install_fault_stack() asks for it, so an
-// overflow of a thread's own stack reaches the handlers too.
+//   top (StackBase)  [ committed, read/write ]   the fiber's frames
+//   StackLimit       [ PAGE_GUARD, committed ]   a touch is caught by the memory manager
+//                    [ reserved ... ]            the rest of the usable stack
+//   base             [ reserved: guard_size() ]  handler_room above a floor page
+//   DeallocationStack, the reservation's base
+//
+// When a fiber touches the PAGE_GUARD page, the memory manager (Windows' kernel; wine's
+// virtual_handle_fault) finds the address inside the current thread's stack according to
+// the TIB (DeallocationStack <= address < StackBase; context_x86_64_win64.ipp switches
+// those with each fiber), makes the page ordinary memory, commits the page below as the new
+// guard and moves StackLimit down: no exception reaches the program. Frames of more than a
+// page call ___chkstk_ms / __chkstk, which touch each page in order, so none skips the
+// guard. Once the guard would come within the thread's guarantee (GuaranteedStackBytes, at
+// least two pages; SetThreadStackGuarantee raises it) of DeallocationStack + one page, the
+// memory manager commits that guarantee instead and raises EXCEPTION_STACK_OVERFLOW, which
+// the vectored handler below runs in: the guarantee is its room (wine's dispatcher needs
+// about 12 KiB, and gives up silently below DeallocationStack + one page). So the guard
+// below the usable stack is a floor page and handler_room, the guarantee
+// install_fault_stack() asks for: a fiber gets all of its usable size before the overflow
+// is raised (more without the handler, whose guarantee is smaller; less on a thread whose
+// guarantee someone set above handler_room). The floor page is never committed: whatever
+// runs past the guarantee faults there. PAGE_GUARD rather than PAGE_NOACCESS at the growing
+// end, because growth needs it.
+//
+// Only what a fiber touched is committed, and charged to the system's commit limit (RAM +
+// page file): 100,000 fibers of 256 KiB that touch two pages each commit 800 MiB, not
+// 25 GiB. A pooled stack keeps what it committed for its next fiber, as a pooled stack
+// keeps its touched pages on POSIX (context_x86_64_win64.ipp keeps its StackLimit at its
+// top); trimming releases the surplus stacks whole, and nothing is decommitted otherwise.
+//
+// Slabs (the stacks past the guarded budget, stack.ipp) are reserved and committed in one
+// call, with no guard to grow by: that charges the commit limit for all of them, though no
+// physical page is taken until touched.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -1956,6 +1975,17 @@ void report_overflow_of_current_fiber() noexcept;
 
 namespace os {
 
+// What the TIB must say of a stack the pool made (for asm-x86_64-win64): where its
+// reservation begins (DeallocationStack), its lowest committed byte (StackLimit), and
+// whether it grows (a guarded stack) or was committed whole (a slab's; then both are lo).
+// Asks VirtualQuery, once per stack: the backend keeps the answer on the stack itself.
+struct StackBounds {
+    char* deallocation;
+    char* limit;
+    bool guarded;
+};
+StackBounds query_stack_bounds(void* lo, std::size_t size) noexcept;
+
 // What abort() does on Windows, in what little stack an overflow leaves: abort() itself
 // goes through raise() and the C runtime's reporting, which need more.
 [[noreturn]] void abort_after_report() noexcept {
@@ -1964,19 +1994,26 @@ namespace os {
 }
 
 std::size_t page_size() noexcept {
-    SYSTEM_INFO info;
-    GetSystemInfo(&info);
-    return static_cast<std::size_t>(info.dwPageSize);
+    static const std::size_t page = [] {
+        SYSTEM_INFO info;
+        GetSystemInfo(&info);
+        return static_cast<std::size_t>(info.dwPageSize);
+    }();
+    return page;
 }
 
-std::size_t guard_size() noexcept { return 4 * page_size(); }
+// The stack guarantee install_fault_stack() asks for: the room the overflow handler runs in.
+constexpr std::size_t handler_room = 32 * 1024;
+
+std::size_t guard_size() noexcept { return page_size() + handler_room; }
 
 std::size_t guarded_stack_budget() noexcept {
     // A guard costs a split of the allocation's descriptor, and Windows has no cap on those
     // like vm.max_map_count: the address space is the limit (a million guarded stacks of
     // the default size are 256 GiB of it). Under wine each protection run is a Linux
     // mapping (four per guarded stack here) and Linux's default vm.max_map_count of 65,530
-    // applies: half of it for stacks, as os_posix.ipp allows.
+    // applies: half of it for stacks, as os_posix.ipp allows. A guarded stack is two runs
+    // (reserved, committed); four are counted, leaving room for wine's own.
     HMODULE ntdll = GetModuleHandleW(L"ntdll.dll");
     if (ntdll && GetProcAddress(ntdll, "wine_get_version")) return 65530 / 2 / 4;
     return std::size_t{1} << 20;
@@ -1986,17 +2023,39 @@ void* map_stack_memory(std::size_t bytes) noexcept {
     return VirtualAlloc(nullptr, bytes, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
 }
 
-bool guard_pages(void* lo, std::size_t bytes) noexcept {
+void* map_guarded_stack(std::size_t bytes, std::size_t) noexcept {
     const std::size_t page = page_size();
-    char* const floor = static_cast<char*>(lo);
-    char* const top = floor + bytes - page;
-    DWORD previous = 0;
-    if (!VirtualProtect(floor, page, PAGE_NOACCESS, &previous)) return false;
-    if (!VirtualProtect(top, page, PAGE_READWRITE | PAGE_GUARD, &previous)) {
-        VirtualProtect(floor, page, PAGE_READWRITE, &previous);
-        return false;
+    char* const base = static_cast<char*>(VirtualAlloc(nullptr, bytes, MEM_RESERVE, PAGE_READWRITE));
+    if (!base) return nullptr;
+    char* const top = base + bytes;
+    if (!VirtualAlloc(top - page, page, MEM_COMMIT, PAGE_READWRITE) ||
+        !VirtualAlloc(top - 2 * page, page, MEM_COMMIT, PAGE_READWRITE | PAGE_GUARD)) {
+        VirtualFree(base, 0, MEM_RELEASE);
+        return nullptr;
     }
-    return true;
+    return base;
+}
+
+StackBounds query_stack_bounds(void* lo, std::size_t size) noexcept {
+    char* const bottom = static_cast<char*>(lo);
+    char* const top = bottom + size;
+    StackBounds bounds{bottom, bottom, false};
+    // VirtualQuery describes the run of equal pages from the page asked about upwards. A
+    // slab's stack is committed from its lowest byte; a guarded one is reserved there, and
+    // its first committed page that is not the guard is its StackLimit.
+    MEMORY_BASIC_INFORMATION info;
+    if (VirtualQuery(bottom, &info, sizeof info) != sizeof info || info.State != MEM_RESERVE) return bounds;
+    char* const deallocation = static_cast<char*>(info.AllocationBase);
+    for (char* at = bottom; at < top; at = static_cast<char*>(info.BaseAddress) + info.RegionSize) {
+        if (VirtualQuery(at, &info, sizeof info) != sizeof info) return bounds;
+        if (info.State == MEM_COMMIT && (info.Protect & PAGE_GUARD) == 0) {
+            bounds.deallocation = deallocation;
+            bounds.limit = at;
+            bounds.guarded = true;
+            return bounds;
+        }
+    }
+    return bounds;
 }
 
 // MEM_RELEASE takes the whole reservation, and size 0: `bytes` is implied by the base.
@@ -2042,15 +2101,16 @@ namespace {
 LONG WINAPI on_exception(EXCEPTION_POINTERS* info) {
     const EXCEPTION_RECORD* record = info->ExceptionRecord;
     switch (record->ExceptionCode) {
-    case STATUS_GUARD_PAGE_VIOLATION:
-    case EXCEPTION_ACCESS_VIOLATION:
+    case STATUS_GUARD_PAGE_VIOLATION:  // a guard page touched outside the TIB's stack
+    case EXCEPTION_ACCESS_VIOLATION:  // the floor page below a guarded stack, and others
         // ExceptionInformation[1]: the address touched.
         if (record->NumberParameters >= 2) {
             report_if_stack_overflow(reinterpret_cast<const void*>(record->ExceptionInformation[1]));
         }
         break;
     case EXCEPTION_STACK_OVERFLOW:
-        // Raised by the kernel for a stack it manages: a thread's own, or an OS fiber's
+        // Raised by the kernel for the stack the TIB describes: a thread's own, a guarded
+        // fiber stack (asm-x86_64-win64, which switches the TIB) or an OS fiber's
         // (winfiber). Inside a fiber it is the fiber's.
         report_overflow_of_current_fiber();
         break;
@@ -2071,12 +2131,14 @@ void install_fault_handler() {
 }
 
 void* install_fault_stack(std::size_t bytes) noexcept {
-    // No alternate stacks on Windows (see the top of this file); for the thread's own stack
-    // the kernel keeps `bytes` free below its guard once the stack overflows, so handlers
-    // can run there. Never lowers a guarantee someone else set.
+    // No alternate stacks on Windows (see the top of this file): the kernel keeps the
+    // thread's guarantee committed for handlers below a stack that overflows, the thread's
+    // own and, through the TIB, each guarded fiber stack, whose guard leaves handler_room
+    // for it. Never lowers a guarantee someone else set.
+    (void)bytes;
     ULONG guarantee = 0;
-    if (SetThreadStackGuarantee(&guarantee) && guarantee < bytes / 2) {
-        guarantee = static_cast<ULONG>(bytes / 2);
+    if (SetThreadStackGuarantee(&guarantee) && guarantee < handler_room) {
+        guarantee = static_cast<ULONG>(handler_room);
         SetThreadStackGuarantee(&guarantee);
     }
     return nullptr;  // nothing mapped, nothing to free
@@ -2140,10 +2202,16 @@ void* map_stack_memory(std::size_t bytes) noexcept {
     return mem == MAP_FAILED ? nullptr : mem;
 }
 
-bool guard_pages(void* lo, std::size_t bytes) noexcept {
+void* map_guarded_stack(std::size_t bytes, std::size_t guard) noexcept {
+    void* mem = map_stack_memory(bytes);
+    if (!mem) return nullptr;
     // ENOMEM here means the mapping count is reached after all: splitting the mapping
     // needs one more.
-    return mprotect(lo, bytes, PROT_NONE) == 0;
+    if (mprotect(mem, guard, PROT_NONE) != 0) {
+        munmap(mem, bytes);
+        return nullptr;
+    }
+    return mem;
 }
 
 void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes); }
@@ -2301,7 +2369,8 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 //
 // A fresh context holds the same frame with the trampoline as its return address, the entry
 // function in r12 and its argument in r13, the stack's bounds in the TIB slots, and above
-// it a null return address for the trampoline, whose unwind data ends every walk there.
+// it a null return address for the trampoline, whose unwind data ends every walk there, and
+// the top slot, the stack record: the StackLimit the stack's last fiber left (make_context).
 // ---------------------------------------------------------------------------
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
@@ -2447,12 +2516,11 @@ static_assert(sizeof(Win64SwitchFrame) == 272, "the switch routine pops 264 byte
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto top = (lo + size) & ~std::uintptr_t{15};
-    // The trampoline's null return address sits at top - 16 (and a null above it); the
+    // The trampoline's null return address sits at top - 16 (the stack record above it); the
     // frame directly below, 16-byte aligned for the xmm slots. After the switch pops the
     // frame, rsp = top - 16, aligned as where a caller of the switch resumes, and the
     // trampoline's 32-byte home area keeps it aligned at its call.
     reinterpret_cast<void**>(top - 16)[0] = nullptr;
-    reinterpret_cast<void**>(top - 16)[1] = nullptr;
     auto* frame = reinterpret_cast<Win64SwitchFrame*>(top - 16 - sizeof(Win64SwitchFrame));
     std::memset(static_cast<void*>(frame), 0, sizeof(Win64SwitchFrame));
     std::uint32_t mxcsr = 0;
@@ -2461,11 +2529,23 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control));
     frame->mxcsr = mxcsr;
     frame->x87_control = x87_control;
-    // The usable stack is [stack_lo, top); the guard page below it is not the stack's (a
-    // touch there is a guard-page fault, which os_win32.ipp reports), and no page of it is
-    // left for the kernel to commit: DeallocationStack is the stack's lowest byte too.
-    frame->deallocation_stack = stack_lo;
-    frame->stack_limit = stack_lo;
+    // StackBase is the top; DeallocationStack the reservation's base, below the guard, and
+    // StackLimit the lowest committed byte, where the stack grows (os_win32.ipp). Both are
+    // the stack's lowest byte on a slab's stack, committed whole. A pooled stack keeps the
+    // pages it committed: its last fiber's StackLimit is kept in the top slot (the
+    // stack_record), with bit 0 set for a guarded stack; a new stack asks the OS.
+    auto* record = reinterpret_cast<std::uintptr_t*>(top - 8);
+    const std::uintptr_t kept = *record & ~std::uintptr_t{1};
+    if (kept >= lo && kept < top && kept % os::page_size() == 0) {
+        const bool guarded = (*record & 1) != 0;
+        frame->stack_limit = reinterpret_cast<void*>(kept);
+        frame->deallocation_stack = guarded ? static_cast<char*>(stack_lo) - os::guard_size() : stack_lo;
+    } else {
+        const os::StackBounds bounds = os::query_stack_bounds(stack_lo, size);
+        frame->stack_limit = bounds.limit;
+        frame->deallocation_stack = bounds.deallocation;
+        *record = reinterpret_cast<std::uintptr_t>(bounds.limit) | (bounds.guarded ? 1u : 0u);
+    }
     frame->stack_base = reinterpret_cast<void*>(lo + size);
     // An empty handler list, as wine's CreateFiber sets it (and Windows never reads it).
     frame->exception_list = reinterpret_cast<void*>(~std::uintptr_t{0});
@@ -2475,7 +2555,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
-void release_context(Context&) noexcept {}
+// The context's last switch-out saved the TIB's StackLimit in its frame: kept in the top
+// slot for the stack's next fiber (make_context), with the guarded bit already there.
+void release_context(Context& ctx) noexcept {
+    if (!ctx.sp) return;
+    const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
+    auto* record = reinterpret_cast<std::uintptr_t*>(reinterpret_cast<std::uintptr_t>(frame->stack_base) - 8);
+    *record = reinterpret_cast<std::uintptr_t>(frame->stack_limit) | (*record & 1);
+    ctx.sp = nullptr;
+}
 
 }  // namespace detail
 }  // namespace fsched
@@ -2501,8 +2589,9 @@ void release_context(Context&) noexcept {}
 //
 // The OS makes each fiber's stack itself, `size` bytes reserved, with its own guard that
 // raises EXCEPTION_STACK_OVERFLOW (os_win32.ipp reports it). The stack the pool hands the
-// Fiber holds only the record below at its top: its other pages are never touched, so they
-// cost address space and commit charge, no memory. A reset() or a destroyed fiber deletes
+// Fiber holds only the record below at its top: its other pages are never touched nor
+// committed (os_win32.ipp commits a guarded stack as it grows), so they cost address space
+// only. A reset() or a destroyed fiber deletes
 // its OS fiber (release_context): the one the pool would have kept is the pool's stack.
 // ---------------------------------------------------------------------------
 
@@ -2577,8 +2666,11 @@ inline void* current_os_fiber() noexcept {
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
     auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
-    // Commit one page now; the OS commits the rest as the fiber's stack grows, up to `size`.
-    void* fiber = CreateFiberEx(0, size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
+    // Commit one page now (0 would take the executable's SizeOfStackCommit, which a program
+    // linked with /STACK:reserve,commit may have set large); the OS commits the rest as the
+    // fiber's stack grows, up to `size`. (Wine commits an OS fiber's stack whole, at least
+    // 1 MiB of it.)
+    void* fiber = CreateFiberEx(os::page_size(), size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
     if (!fiber) throw std::bad_alloc();
     ctx.sp = fiber;
 }
@@ -2958,7 +3050,9 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // Implementation: the stack pool.
 //
 // A guarded stack is one mapping of size + os::guard_size() (one page on POSIX), the guard
-// below the stack faulting when touched. A guard
+// below the stack faulting when touched; on Windows only its top is committed at first, the
+// rest as it grows (os_win32.ipp), and a pooled stack keeps what it committed, as a pooled
+// stack keeps its touched pages on POSIX (trim() gives the surplus back whole). A guard
 // costs the OS something it has only so much of (on Linux two kernel mappings, of
 // vm.max_map_count), so only os::guarded_stack_budget() stacks get one. Past that budget
 // stacks are carved without a guard from slabs of 64; neighbouring slabs with equal
@@ -3209,13 +3303,9 @@ private:
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
         if (FIBER_SCHED_FAULT(stack_map)) return false;
-        void* mem = os::map_stack_memory(size + guard_);
+        // The budget is an estimate: the OS may still refuse the guard.
+        void* mem = os::map_guarded_stack(size + guard_, guard_);
         if (!mem) return false;
-        if (!os::guard_pages(mem, guard_)) {
-            // The budget is an estimate: the OS may still refuse the guard.
-            os::unmap_memory(mem, size + guard_);
-            return false;
-        }
         out.base = static_cast<char*>(mem) + guard_;
         out.size = size;
         out.guard = guard_;

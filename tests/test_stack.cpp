@@ -7,11 +7,16 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-#if !defined(_WIN32)
+#if defined(_WIN32)
+#include <windows.h>
+#include <psapi.h>
+#else
 #include <sys/mman.h>
 #endif
 
@@ -325,3 +330,285 @@ TEST_CASE("without an idle scheduler the pool keeps at most twice its cap of one
     CHECK(kept >= FIBER_SCHED_STACK_POOL_MAX);
 }
 #endif  // !FIBER_SCHED_TSAN
+
+// --- Windows: guarded stacks are reserved, committed as they grow ----------------------
+#if defined(_WIN32)
+namespace {
+
+// The bytes committed and the bytes reserved (committed or not) of the allocation that holds
+// `inside`, walked region by region with VirtualQuery.
+struct Commitment {
+    char* base = nullptr;
+    std::size_t committed = 0;
+    std::size_t reserved = 0;
+};
+Commitment commitment_of(const void* inside) {
+    Commitment c;
+    MEMORY_BASIC_INFORMATION info;
+    REQUIRE(VirtualQuery(inside, &info, sizeof info) == sizeof info);
+    c.base = static_cast<char*>(info.AllocationBase);
+    for (char* at = c.base; VirtualQuery(at, &info, sizeof info) == sizeof info && info.AllocationBase == c.base;
+         at += info.RegionSize) {
+        if (info.State == MEM_COMMIT) c.committed += info.RegionSize;
+        c.reserved += info.RegionSize;
+    }
+    return c;
+}
+
+// Whether the TIB's StackLimit is where the stack grows: the lowest committed byte, the
+// page below it committed as the PAGE_GUARD page.
+[[maybe_unused]] bool limit_is_growth_point(const char* limit) {
+    const std::size_t page = 4096;
+    MEMORY_BASIC_INFORMATION at, below;
+    if (VirtualQuery(limit, &at, sizeof at) != sizeof at) return false;
+    if (VirtualQuery(limit - page, &below, sizeof below) != sizeof below) return false;
+    INFO("at StackLimit: state " << at.State << " protect " << at.Protect << "; below: state " << below.State
+                                 << " protect " << below.Protect);
+    return at.State == MEM_COMMIT && (at.Protect & PAGE_GUARD) == 0 && below.State == MEM_COMMIT &&
+           (below.Protect & PAGE_GUARD) != 0;
+}
+
+// The TIB's StackLimit (gs:0x10) and the current fiber's data (GetFiberData(): the first
+// field of the fiber gs:0x20 names), read directly: the headers' inline gs: reads trip gcc
+// 12's -Warray-bounds.
+const char* tib_stack_limit() {
+    const char* limit;
+    __asm__ volatile("movq %%gs:0x10, %0" : "=r"(limit));
+    return limit;
+}
+[[maybe_unused]] void* fiber_data() {
+    void* const* fiber;
+    __asm__ volatile("movq %%gs:0x20, %0" : "=r"(fiber));
+    return *fiber;
+}
+
+// Uses about depth * 1 KiB of stack, every frame real, then returns (or throws from the
+// bottom when asked).
+int use_stack(int depth, bool throw_at_bottom) {
+    volatile char block[1024];
+    block[0] = static_cast<char>(depth);
+    block[sizeof block - 1] = 0;
+    if (depth == 0) {
+        if (throw_at_bottom) throw std::runtime_error("from the bottom of the stack");
+        return block[0];
+    }
+    return use_stack(depth - 1, throw_at_bottom) + block[0];
+}
+
+// What a fiber's stack memory is, seen from inside it: with asm-x86_64-win64 the pool's stack
+// it runs on; with winfiber the pool's stack holds only the start record, whose address is
+// the fiber's data, and the fiber runs on a stack the OS made.
+const void* pool_stack_address(const void* local) {
+#if defined(FIBER_SCHED_USE_WINFIBER)
+    (void)local;
+    return fiber_data();
+#else
+    return local;
+#endif
+}
+
+// True when a new stack gets a guard (and so grows on demand): the pool's surplus is given
+// back first; the budget may still be spent by the stacks earlier tests keep pooled.
+bool guarded_budget_left(std::size_t count) {
+    fsched::detail::trim_stack_pool();
+    const fsched::StackStats stats = fsched::stack_stats();
+    if (stats.guarded + count <= stats.guarded_limit) return true;
+    MESSAGE("the guarded budget is spent (" << stats.guarded << " of " << stats.guarded_limit << "): skipped");
+    return false;
+}
+
+// The checks of the tests below run in a child process, a fresh one: there the guarded
+// budget is all left (the stacks earlier tests keep pooled may have spent it here), and
+// what they report comes back as the child's stderr and exit code.
+int expect_failures = 0;
+#define EXPECT(cond) expect_that((cond), #cond, __LINE__)
+#define NOTE(x)                                               \
+    do {                                                      \
+        std::ostringstream note_;                             \
+        note_ << x;                                           \
+        std::fprintf(stderr, "%s\n", note_.str().c_str());   \
+    } while (0)
+bool expect_that(bool ok, const char* text, int line) {
+    if (!ok) {
+        ++expect_failures;
+        std::fprintf(stderr, "FAILED at line %d: %s\n", line, text);
+    }
+    return ok;
+}
+void expect_in_fresh_process(void (*checks)()) {
+    test::ChildResult r = test::run_in_child([checks] {
+        checks();
+        std::fflush(stderr);
+        if (expect_failures) std::_Exit(1);
+    }, 120);
+    INFO("child stderr: " << r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.find("FAILED") == std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+void large_stack_checks() {
+    EXPECT(guarded_budget_left(1));
+    Commitment before, after;
+    const char* limit_before = nullptr;
+    const char* limit_after = nullptr;
+    Fiber fiber([&] {
+        char local = 0;
+        before = commitment_of(pool_stack_address(&local));
+        limit_before = tib_stack_limit();
+        use_stack(600, false);  // about 600 KiB
+        after = commitment_of(pool_stack_address(&local));
+        limit_after = tib_stack_limit();
+    }, 8u << 20);
+    fiber.resume();
+    EXPECT(fiber.state() == Fiber::State::Term);
+    NOTE("before: " << before.committed << " of " << before.reserved << " committed; after: " << after.committed);
+    EXPECT(before.reserved >= (8u << 20));
+    EXPECT(before.committed <= 64 * 1024);  // a page or two (and the guard page), not 8 MiB
+#if !defined(FIBER_SCHED_USE_WINFIBER)
+    // The stack grew: about 600 KiB more committed, and the TIB's StackLimit followed it
+    // down to the lowest committed byte.
+    EXPECT(after.committed >= before.committed + 500 * 1024);
+    EXPECT(after.committed <= before.committed + 1024 * 1024);
+    EXPECT(limit_after + 500 * 1024 <= limit_before);
+    EXPECT(limit_is_growth_point(limit_after));
+#else
+    (void)limit_before;
+    (void)limit_after;
+    EXPECT(after.committed == before.committed);  // the pool's stack is not run on
+#endif
+}
+}  // namespace
+TEST_CASE("Windows: a large guarded stack is reserved, only its top committed, and grows as used") { expect_in_fresh_process(&large_stack_checks); }
+
+#if !defined(FIBER_SCHED_USE_WINFIBER)
+namespace {
+void pooled_stack_checks() {
+    constexpr std::size_t size = (1u << 20) + 12 * 1024;  // a size no other test pools
+    const bool guarded = EXPECT(guarded_budget_left(1));
+    const char* first_base = nullptr;
+    std::size_t first_committed = 0;
+    {
+        Fiber first([&] {
+            char local = 0;
+            use_stack(700, false);
+            const Commitment c = commitment_of(&local);
+            first_base = c.base;
+            first_committed = c.committed;
+        }, size);
+        first.resume();
+    }
+    // The same size again: the stack just freed, from this thread's cache.
+    Commitment second_start;
+    const char* limit = nullptr;
+    bool caught = false;
+    Fiber second([&] {
+        char local = 0;
+        second_start = commitment_of(&local);
+        limit = tib_stack_limit();
+        // Frames in the pages the first fiber committed: no guard page is touched on the
+        // way down, so only a StackLimit that was kept lets the unwinder accept them.
+        try {
+            use_stack(650, true);
+        } catch (const std::runtime_error&) {
+            caught = true;
+        }
+    }, size);
+    second.resume();
+    EXPECT(second.state() == Fiber::State::Term);
+    EXPECT(second_start.base == first_base);
+    NOTE("first committed " << first_committed << ", second found " << second_start.committed);
+    EXPECT(first_committed >= 600 * 1024);
+    EXPECT(second_start.committed == first_committed);
+    EXPECT(caught);
+    if (guarded) EXPECT(limit_is_growth_point(limit));
+    // reset() on the same stack: the same again.
+    second.reset([&] { limit = tib_stack_limit(); });
+    second.resume();
+    if (guarded) EXPECT(limit_is_growth_point(limit));
+}
+}  // namespace
+TEST_CASE("Windows: a pooled stack keeps what it committed, and its next fiber's StackLimit says so") { expect_in_fresh_process(&pooled_stack_checks); }
+#endif
+
+namespace {
+void many_fibers_checks() {
+    constexpr std::size_t count = 2000;
+    constexpr std::size_t size = 256 * 1024;
+    EXPECT(guarded_budget_left(count));
+    using GetMemoryInfo = BOOL(WINAPI*)(HANDLE, PROCESS_MEMORY_COUNTERS*, DWORD);
+    GetMemoryInfo get_memory_info = nullptr;
+    FARPROC proc = GetProcAddress(GetModuleHandleW(L"kernel32.dll"), "K32GetProcessMemoryInfo");
+    EXPECT(static_cast<bool>(proc));
+    std::memcpy(&get_memory_info, &proc, sizeof proc);
+    PROCESS_MEMORY_COUNTERS counters_before{};
+    EXPECT(get_memory_info(GetCurrentProcess(), &counters_before, sizeof counters_before));
+
+    std::vector<std::unique_ptr<Fiber>> fibers;
+    std::vector<const void*> stacks(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        fibers.push_back(std::make_unique<Fiber>([&stacks, i] {
+            char local = 0;
+            stacks[i] = pool_stack_address(&local);
+            Fiber::yield();
+        }, size));
+        fibers.back()->resume();
+    }
+    std::size_t committed = 0, reserved = 0;
+    for (const void* s : stacks) {
+        const Commitment c = commitment_of(s);
+        committed += c.committed;
+        reserved += c.reserved;
+    }
+    PROCESS_MEMORY_COUNTERS counters_after{};
+    EXPECT(get_memory_info(GetCurrentProcess(), &counters_after, sizeof counters_after));
+    const fsched::StackStats stats = fsched::stack_stats();
+    EXPECT(stats.guarded >= count);  // all of them guarded (the budget is larger)
+    NOTE("committed " << committed << " of " << reserved << " reserved; PagefileUsage "
+                      << counters_before.PagefileUsage << " -> " << counters_after.PagefileUsage);
+    EXPECT(reserved >= count * size);
+    EXPECT(committed <= count * 32 * 1024);  // a few pages each, where 256 KiB each was committed before
+    // The process's private commit (under wine: its anonymous resident memory) grew by far
+    // less than count * size.
+    EXPECT(counters_after.PagefileUsage < counters_before.PagefileUsage + count * size / 4);
+    for (auto& f : fibers) f->resume();
+    fibers.clear();
+    fsched::detail::trim_stack_pool();
+}
+}  // namespace
+TEST_CASE("Windows: 2,000 fibers of 256 KiB alive at once commit a few pages each, not 256 KiB") { expect_in_fresh_process(&many_fibers_checks); }
+
+TEST_CASE("Windows: a fiber gets all of its stack before the overflow handler fires") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_stack_overflow_handler();
+        Fiber fiber([] { use_stack(56, false); }, 64 * 1024);  // 56 of its 64 KiB
+        fiber.resume();
+        std::fprintf(stderr, "done\n");
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.find("done") != std::string::npos);
+    CHECK(r.err.find("stack overflow") == std::string::npos);
+}
+
+TEST_CASE("Windows: the overflow handler names a fiber whose 1 MiB stack grew all the way") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_stack_overflow_handler();
+        Fiber fiber([] { recurse_forever(0); }, 1u << 20);
+        std::fprintf(stderr, "id=%llu\n", static_cast<unsigned long long>(fiber.id()));
+        fiber.resume();
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.signaled);
+    CHECK(r.signal == SIGABRT);
+    const std::size_t id_at = r.err.find("id=");
+    REQUIRE(id_at != std::string::npos);
+    const std::string id = r.err.substr(id_at + 3, r.err.find('\n', id_at) - id_at - 3);
+    CHECK(r.err.find("stack overflow in fiber " + id + ":") != std::string::npos);
+    CHECK(r.err.find("its 1048576-byte stack") != std::string::npos);
+}
+#endif  // _WIN32

@@ -17,8 +17,9 @@
 //
 // The OS makes each fiber's stack itself, `size` bytes reserved, with its own guard that
 // raises EXCEPTION_STACK_OVERFLOW (os_win32.ipp reports it). The stack the pool hands the
-// Fiber holds only the record below at its top: its other pages are never touched, so they
-// cost address space and commit charge, no memory. A reset() or a destroyed fiber deletes
+// Fiber holds only the record below at its top: its other pages are never touched nor
+// committed (os_win32.ipp commits a guarded stack as it grows), so they cost address space
+// only. A reset() or a destroyed fiber deletes
 // its OS fiber (release_context): the one the pool would have kept is the pool's stack.
 // ---------------------------------------------------------------------------
 
@@ -93,8 +94,11 @@ inline void* current_os_fiber() noexcept {
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
     auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
-    // Commit one page now; the OS commits the rest as the fiber's stack grows, up to `size`.
-    void* fiber = CreateFiberEx(0, size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
+    // Commit one page now (0 would take the executable's SizeOfStackCommit, which a program
+    // linked with /STACK:reserve,commit may have set large); the OS commits the rest as the
+    // fiber's stack grows, up to `size`. (Wine commits an OS fiber's stack whole, at least
+    // 1 MiB of it.)
+    void* fiber = CreateFiberEx(os::page_size(), size, FIBER_FLAG_FLOAT_SWITCH, &winfiber_start, start);
     if (!fiber) throw std::bad_alloc();
     ctx.sp = fiber;
 }

@@ -42,7 +42,8 @@
 //
 // A fresh context holds the same frame with the trampoline as its return address, the entry
 // function in r12 and its argument in r13, the stack's bounds in the TIB slots, and above
-// it a null return address for the trampoline, whose unwind data ends every walk there.
+// it a null return address for the trampoline, whose unwind data ends every walk there, and
+// the top slot, the stack record: the StackLimit the stack's last fiber left (make_context).
 // ---------------------------------------------------------------------------
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
@@ -188,12 +189,11 @@ static_assert(sizeof(Win64SwitchFrame) == 272, "the switch routine pops 264 byte
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto top = (lo + size) & ~std::uintptr_t{15};
-    // The trampoline's null return address sits at top - 16 (and a null above it); the
+    // The trampoline's null return address sits at top - 16 (the stack record above it); the
     // frame directly below, 16-byte aligned for the xmm slots. After the switch pops the
     // frame, rsp = top - 16, aligned as where a caller of the switch resumes, and the
     // trampoline's 32-byte home area keeps it aligned at its call.
     reinterpret_cast<void**>(top - 16)[0] = nullptr;
-    reinterpret_cast<void**>(top - 16)[1] = nullptr;
     auto* frame = reinterpret_cast<Win64SwitchFrame*>(top - 16 - sizeof(Win64SwitchFrame));
     std::memset(static_cast<void*>(frame), 0, sizeof(Win64SwitchFrame));
     std::uint32_t mxcsr = 0;
@@ -202,11 +202,23 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control));
     frame->mxcsr = mxcsr;
     frame->x87_control = x87_control;
-    // The usable stack is [stack_lo, top); the guard page below it is not the stack's (a
-    // touch there is a guard-page fault, which os_win32.ipp reports), and no page of it is
-    // left for the kernel to commit: DeallocationStack is the stack's lowest byte too.
-    frame->deallocation_stack = stack_lo;
-    frame->stack_limit = stack_lo;
+    // StackBase is the top; DeallocationStack the reservation's base, below the guard, and
+    // StackLimit the lowest committed byte, where the stack grows (os_win32.ipp). Both are
+    // the stack's lowest byte on a slab's stack, committed whole. A pooled stack keeps the
+    // pages it committed: its last fiber's StackLimit is kept in the top slot (the
+    // stack_record), with bit 0 set for a guarded stack; a new stack asks the OS.
+    auto* record = reinterpret_cast<std::uintptr_t*>(top - 8);
+    const std::uintptr_t kept = *record & ~std::uintptr_t{1};
+    if (kept >= lo && kept < top && kept % os::page_size() == 0) {
+        const bool guarded = (*record & 1) != 0;
+        frame->stack_limit = reinterpret_cast<void*>(kept);
+        frame->deallocation_stack = guarded ? static_cast<char*>(stack_lo) - os::guard_size() : stack_lo;
+    } else {
+        const os::StackBounds bounds = os::query_stack_bounds(stack_lo, size);
+        frame->stack_limit = bounds.limit;
+        frame->deallocation_stack = bounds.deallocation;
+        *record = reinterpret_cast<std::uintptr_t>(bounds.limit) | (bounds.guarded ? 1u : 0u);
+    }
     frame->stack_base = reinterpret_cast<void*>(lo + size);
     // An empty handler list, as wine's CreateFiber sets it (and Windows never reads it).
     frame->exception_list = reinterpret_cast<void*>(~std::uintptr_t{0});
@@ -216,7 +228,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
-void release_context(Context&) noexcept {}
+// The context's last switch-out saved the TIB's StackLimit in its frame: kept in the top
+// slot for the stack's next fiber (make_context), with the guarded bit already there.
+void release_context(Context& ctx) noexcept {
+    if (!ctx.sp) return;
+    const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
+    auto* record = reinterpret_cast<std::uintptr_t*>(reinterpret_cast<std::uintptr_t>(frame->stack_base) - 8);
+    *record = reinterpret_cast<std::uintptr_t>(frame->stack_limit) | (*record & 1);
+    ctx.sp = nullptr;
+}
 
 }  // namespace detail
 }  // namespace fsched

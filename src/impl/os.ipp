@@ -9,11 +9,11 @@
 // the pause in spin loops, is an instruction, not a system call: it stays in config.hpp,
 // where the public inline SpinLock needs it.
 //
-// Memory comes as four primitives rather than "map a guarded stack" and "map a slab":
-// each is one call on either OS (mmap / VirtualAlloc reserve+commit, mprotect /
-// VirtualProtect, munmap / VirtualFree, madvise / DiscardVirtualMemory), and the policy
-// (the guard below the stack, slabs past the budget, when pages go back) is written once,
-// in stack.ipp, where the tests of fork, RLIMIT_AS and the budget exercise it.
+// Memory comes as four primitives: map a slab, map a guarded stack, unmap, discard (mmap /
+// VirtualAlloc reserve+commit; mmap+mprotect / VirtualAlloc reserve, commit the top;
+// munmap / VirtualFree; madvise / MEM_RESET), and the policy (slabs past the budget, when
+// pages go back) is written once, in stack.ipp, where the tests of fork, RLIMIT_AS and the
+// budget exercise it. A guarded stack is one primitive because Windows grows it itself.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -39,10 +39,12 @@ std::size_t guard_size() noexcept;
 // Maps `bytes` (whole pages) of private read/write memory whose pages are committed when
 // first touched; nullptr when the OS refuses (address space, RLIMIT_AS, mapping count).
 void* map_stack_memory(std::size_t bytes) noexcept;
-// Makes [lo, lo + bytes), guard_size() bytes at the bottom of one mapping, the guard: a touch
-// of its top faults (POSIX: all of it no-access); false when the OS refuses, the range
-// then as it was.
-bool guard_pages(void* lo, std::size_t bytes) noexcept;
+// Maps a guarded stack: `bytes` (whole pages) whose lowest `guard` (guard_size()) bytes are
+// the guard, a touch of whose top faults; nullptr when the OS refuses the memory or the
+// guard (the budget is an estimate). POSIX: map_stack_memory() with its bottom no-access.
+// Windows: a reservation whose top page alone is committed, a PAGE_GUARD page below it, and
+// the rest committed as the stack grows (os_win32.ipp).
+void* map_guarded_stack(std::size_t bytes, std::size_t guard) noexcept;
 // Unmaps [base, base + bytes), exactly a range one map_stack_memory() call returned (Windows
 // releases only whole reservations).
 void unmap_memory(void* base, std::size_t bytes) noexcept;

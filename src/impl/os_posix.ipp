@@ -48,10 +48,16 @@ void* map_stack_memory(std::size_t bytes) noexcept {
     return mem == MAP_FAILED ? nullptr : mem;
 }
 
-bool guard_pages(void* lo, std::size_t bytes) noexcept {
+void* map_guarded_stack(std::size_t bytes, std::size_t guard) noexcept {
+    void* mem = map_stack_memory(bytes);
+    if (!mem) return nullptr;
     // ENOMEM here means the mapping count is reached after all: splitting the mapping
     // needs one more.
-    return mprotect(lo, bytes, PROT_NONE) == 0;
+    if (mprotect(mem, guard, PROT_NONE) != 0) {
+        munmap(mem, bytes);
+        return nullptr;
+    }
+    return mem;
 }
 
 void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes); }

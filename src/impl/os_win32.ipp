@@ -2,25 +2,42 @@
 // Implementation: the OS interface (impl/os.ipp) on Windows: VirtualAlloc for stacks, a
 // vectored exception handler for overflows, SetThreadDescription for names.
 //
-// Stack memory is reserved and committed in one VirtualAlloc call. Committing charges the
-// system's commit limit (RAM + page file) for the whole stack, but takes no physical page:
-// each page is a demand-zero page until a fiber first touches it, so memory in use is what
-// the fibers touched, as with mmap on POSIX. (Committing page by page as the stack grows,
-// as Windows does for thread stacks, would need the kernel's stack-growth guard to follow
-// the fiber, or a fault handler in every program; the one call keeps both out.)
+// A guarded stack grows as Windows grows a thread's stack. VirtualAlloc reserves the whole
+// range (address space only) and commits the top page, with a PAGE_GUARD page below it:
 //
-// The guard below each stack is 16 KiB: from the top, one PAGE_GUARD page, two ordinary
-// pages, and a PAGE_NOACCESS floor. Windows has no alternate signal stack: an exception is
-// dispatched on the stack of the code that faulted, and a fiber that ran into its guard has
-// its stack pointer there. A touch of a PAGE_GUARD page raises STATUS_GUARD_PAGE_VIOLATION
-// and turns the page into ordinary memory, so the dispatcher and the vectored handler below
-// run in the 12 KiB under the fault (one page is not enough for wine's dispatcher); a
-// PAGE_NOACCESS guard would leave them no room, and the process would vanish without a
-// word. The floor stops whatever runs past that room. The PAGE_GUARD page is one-shot, but
-// an overflow is fatal either way: reported and ended with the handler, an unhandled
-// exception without it. SetThreadStackGuarantee() keeps such room on a thread's own stack
-// (whose guard the kernel moves as it grows); install_fault_stack() asks for it, so an
-// overflow of a thread's own stack reaches the handlers too.
+//   top (StackBase)  [ committed, read/write ]   the fiber's frames
+//   StackLimit       [ PAGE_GUARD, committed ]   a touch is caught by the memory manager
+//                    [ reserved ... ]            the rest of the usable stack
+//   base             [ reserved: guard_size() ]  handler_room above a floor page
+//   DeallocationStack, the reservation's base
+//
+// When a fiber touches the PAGE_GUARD page, the memory manager (Windows' kernel; wine's
+// virtual_handle_fault) finds the address inside the current thread's stack according to
+// the TIB (DeallocationStack <= address < StackBase; context_x86_64_win64.ipp switches
+// those with each fiber), makes the page ordinary memory, commits the page below as the new
+// guard and moves StackLimit down: no exception reaches the program. Frames of more than a
+// page call ___chkstk_ms / __chkstk, which touch each page in order, so none skips the
+// guard. Once the guard would come within the thread's guarantee (GuaranteedStackBytes, at
+// least two pages; SetThreadStackGuarantee raises it) of DeallocationStack + one page, the
+// memory manager commits that guarantee instead and raises EXCEPTION_STACK_OVERFLOW, which
+// the vectored handler below runs in: the guarantee is its room (wine's dispatcher needs
+// about 12 KiB, and gives up silently below DeallocationStack + one page). So the guard
+// below the usable stack is a floor page and handler_room, the guarantee
+// install_fault_stack() asks for: a fiber gets all of its usable size before the overflow
+// is raised (more without the handler, whose guarantee is smaller; less on a thread whose
+// guarantee someone set above handler_room). The floor page is never committed: whatever
+// runs past the guarantee faults there. PAGE_GUARD rather than PAGE_NOACCESS at the growing
+// end, because growth needs it.
+//
+// Only what a fiber touched is committed, and charged to the system's commit limit (RAM +
+// page file): 100,000 fibers of 256 KiB that touch two pages each commit 800 MiB, not
+// 25 GiB. A pooled stack keeps what it committed for its next fiber, as a pooled stack
+// keeps its touched pages on POSIX (context_x86_64_win64.ipp keeps its StackLimit at its
+// top); trimming releases the surplus stacks whole, and nothing is decommitted otherwise.
+//
+// Slabs (the stacks past the guarded budget, stack.ipp) are reserved and committed in one
+// call, with no guard to grow by: that charges the commit limit for all of them, though no
+// physical page is taken until touched.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -32,6 +49,17 @@ void report_overflow_of_current_fiber() noexcept;
 
 namespace os {
 
+// What the TIB must say of a stack the pool made (for asm-x86_64-win64): where its
+// reservation begins (DeallocationStack), its lowest committed byte (StackLimit), and
+// whether it grows (a guarded stack) or was committed whole (a slab's; then both are lo).
+// Asks VirtualQuery, once per stack: the backend keeps the answer on the stack itself.
+struct StackBounds {
+    char* deallocation;
+    char* limit;
+    bool guarded;
+};
+StackBounds query_stack_bounds(void* lo, std::size_t size) noexcept;
+
 // What abort() does on Windows, in what little stack an overflow leaves: abort() itself
 // goes through raise() and the C runtime's reporting, which need more.
 [[noreturn]] void abort_after_report() noexcept {
@@ -40,19 +68,26 @@ namespace os {
 }
 
 std::size_t page_size() noexcept {
-    SYSTEM_INFO info;
-    GetSystemInfo(&info);
-    return static_cast<std::size_t>(info.dwPageSize);
+    static const std::size_t page = [] {
+        SYSTEM_INFO info;
+        GetSystemInfo(&info);
+        return static_cast<std::size_t>(info.dwPageSize);
+    }();
+    return page;
 }
 
-std::size_t guard_size() noexcept { return 4 * page_size(); }
+// The stack guarantee install_fault_stack() asks for: the room the overflow handler runs in.
+constexpr std::size_t handler_room = 32 * 1024;
+
+std::size_t guard_size() noexcept { return page_size() + handler_room; }
 
 std::size_t guarded_stack_budget() noexcept {
     // A guard costs a split of the allocation's descriptor, and Windows has no cap on those
     // like vm.max_map_count: the address space is the limit (a million guarded stacks of
     // the default size are 256 GiB of it). Under wine each protection run is a Linux
     // mapping (four per guarded stack here) and Linux's default vm.max_map_count of 65,530
-    // applies: half of it for stacks, as os_posix.ipp allows.
+    // applies: half of it for stacks, as os_posix.ipp allows. A guarded stack is two runs
+    // (reserved, committed); four are counted, leaving room for wine's own.
     HMODULE ntdll = GetModuleHandleW(L"ntdll.dll");
     if (ntdll && GetProcAddress(ntdll, "wine_get_version")) return 65530 / 2 / 4;
     return std::size_t{1} << 20;
@@ -62,17 +97,39 @@ void* map_stack_memory(std::size_t bytes) noexcept {
     return VirtualAlloc(nullptr, bytes, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
 }
 
-bool guard_pages(void* lo, std::size_t bytes) noexcept {
+void* map_guarded_stack(std::size_t bytes, std::size_t) noexcept {
     const std::size_t page = page_size();
-    char* const floor = static_cast<char*>(lo);
-    char* const top = floor + bytes - page;
-    DWORD previous = 0;
-    if (!VirtualProtect(floor, page, PAGE_NOACCESS, &previous)) return false;
-    if (!VirtualProtect(top, page, PAGE_READWRITE | PAGE_GUARD, &previous)) {
-        VirtualProtect(floor, page, PAGE_READWRITE, &previous);
-        return false;
+    char* const base = static_cast<char*>(VirtualAlloc(nullptr, bytes, MEM_RESERVE, PAGE_READWRITE));
+    if (!base) return nullptr;
+    char* const top = base + bytes;
+    if (!VirtualAlloc(top - page, page, MEM_COMMIT, PAGE_READWRITE) ||
+        !VirtualAlloc(top - 2 * page, page, MEM_COMMIT, PAGE_READWRITE | PAGE_GUARD)) {
+        VirtualFree(base, 0, MEM_RELEASE);
+        return nullptr;
     }
-    return true;
+    return base;
+}
+
+StackBounds query_stack_bounds(void* lo, std::size_t size) noexcept {
+    char* const bottom = static_cast<char*>(lo);
+    char* const top = bottom + size;
+    StackBounds bounds{bottom, bottom, false};
+    // VirtualQuery describes the run of equal pages from the page asked about upwards. A
+    // slab's stack is committed from its lowest byte; a guarded one is reserved there, and
+    // its first committed page that is not the guard is its StackLimit.
+    MEMORY_BASIC_INFORMATION info;
+    if (VirtualQuery(bottom, &info, sizeof info) != sizeof info || info.State != MEM_RESERVE) return bounds;
+    char* const deallocation = static_cast<char*>(info.AllocationBase);
+    for (char* at = bottom; at < top; at = static_cast<char*>(info.BaseAddress) + info.RegionSize) {
+        if (VirtualQuery(at, &info, sizeof info) != sizeof info) return bounds;
+        if (info.State == MEM_COMMIT && (info.Protect & PAGE_GUARD) == 0) {
+            bounds.deallocation = deallocation;
+            bounds.limit = at;
+            bounds.guarded = true;
+            return bounds;
+        }
+    }
+    return bounds;
 }
 
 // MEM_RELEASE takes the whole reservation, and size 0: `bytes` is implied by the base.
@@ -118,15 +175,16 @@ namespace {
 LONG WINAPI on_exception(EXCEPTION_POINTERS* info) {
     const EXCEPTION_RECORD* record = info->ExceptionRecord;
     switch (record->ExceptionCode) {
-    case STATUS_GUARD_PAGE_VIOLATION:
-    case EXCEPTION_ACCESS_VIOLATION:
+    case STATUS_GUARD_PAGE_VIOLATION:  // a guard page touched outside the TIB's stack
+    case EXCEPTION_ACCESS_VIOLATION:  // the floor page below a guarded stack, and others
         // ExceptionInformation[1]: the address touched.
         if (record->NumberParameters >= 2) {
             report_if_stack_overflow(reinterpret_cast<const void*>(record->ExceptionInformation[1]));
         }
         break;
     case EXCEPTION_STACK_OVERFLOW:
-        // Raised by the kernel for a stack it manages: a thread's own, or an OS fiber's
+        // Raised by the kernel for the stack the TIB describes: a thread's own, a guarded
+        // fiber stack (asm-x86_64-win64, which switches the TIB) or an OS fiber's
         // (winfiber). Inside a fiber it is the fiber's.
         report_overflow_of_current_fiber();
         break;
@@ -147,12 +205,14 @@ void install_fault_handler() {
 }
 
 void* install_fault_stack(std::size_t bytes) noexcept {
-    // No alternate stacks on Windows (see the top of this file); for the thread's own stack
-    // the kernel keeps `bytes` free below its guard once the stack overflows, so handlers
-    // can run there. Never lowers a guarantee someone else set.
+    // No alternate stacks on Windows (see the top of this file): the kernel keeps the
+    // thread's guarantee committed for handlers below a stack that overflows, the thread's
+    // own and, through the TIB, each guarded fiber stack, whose guard leaves handler_room
+    // for it. Never lowers a guarantee someone else set.
+    (void)bytes;
     ULONG guarantee = 0;
-    if (SetThreadStackGuarantee(&guarantee) && guarantee < bytes / 2) {
-        guarantee = static_cast<ULONG>(bytes / 2);
+    if (SetThreadStackGuarantee(&guarantee) && guarantee < handler_room) {
+        guarantee = static_cast<ULONG>(handler_room);
         SetThreadStackGuarantee(&guarantee);
     }
     return nullptr;  // nothing mapped, nothing to free

@@ -2,7 +2,9 @@
 // Implementation: the stack pool.
 //
 // A guarded stack is one mapping of size + os::guard_size() (one page on POSIX), the guard
-// below the stack faulting when touched. A guard
+// below the stack faulting when touched; on Windows only its top is committed at first, the
+// rest as it grows (os_win32.ipp), and a pooled stack keeps what it committed, as a pooled
+// stack keeps its touched pages on POSIX (trim() gives the surplus back whole). A guard
 // costs the OS something it has only so much of (on Linux two kernel mappings, of
 // vm.max_map_count), so only os::guarded_stack_budget() stacks get one. Past that budget
 // stacks are carved without a guard from slabs of 64; neighbouring slabs with equal
@@ -253,13 +255,9 @@ private:
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
         if (FIBER_SCHED_FAULT(stack_map)) return false;
-        void* mem = os::map_stack_memory(size + guard_);
+        // The budget is an estimate: the OS may still refuse the guard.
+        void* mem = os::map_guarded_stack(size + guard_, guard_);
         if (!mem) return false;
-        if (!os::guard_pages(mem, guard_)) {
-            // The budget is an estimate: the OS may still refuse the guard.
-            os::unmap_memory(mem, size + guard_);
-            return false;
-        }
         out.base = static_cast<char*>(mem) + guard_;
         out.size = size;
         out.guard = guard_;
