@@ -6069,16 +6069,28 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind
     // A zero timeout (or one a retry has used up) asks, like poll(fd, 0), without parking:
     // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
     if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
+    SchedulerIdle* idle = nullptr;
     if (in_scheduler_task()) {
-        return fiber_wait(SchedulerCore::of(*thread_state()->scheduler).idle, fd, what, deadline, kind,
-                          nonblocking_known);
+        idle = &SchedulerCore::of(*thread_state()->scheduler).idle;
+    } else if (SchedulerCore* core = caller_may_help()) {
+        // The use_caller thread waits through its scheduler's epoll like a fiber, and runs
+        // the scheduler's tasks meanwhile (block() helps, see help_until).
+        idle = &core->idle;
     }
-    // The use_caller thread waits through its scheduler's epoll like a fiber, and runs the
-    // scheduler's tasks meanwhile (block() helps, see help_until).
-    if (SchedulerCore* core = caller_may_help()) {
-        return fiber_wait(core->idle, fd, what, deadline, kind, nonblocking_known);
+    if (!idle) return thread_wait(fd, what, deadline);
+    for (;;) {
+        if (!fiber_wait(*idle, fd, what, deadline, kind, nonblocking_known)) return false;
+        if (kind != WaitKind::ready_only || ready_now(fd, what)) return true;
+        // io::wait() promises "ready", and the edge that woke it may be from data another
+        // thread took between epoll_wait's return and the dispatch (the kernel drops edges
+        // that are no longer ready only when it hands them out): ask again, and wait again
+        // if it is gone. No test makes that window happen on purpose.
+        if (current_errno() != ETIMEDOUT) return false;  // EBADF: closed meanwhile
+        if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+            set_errno(ETIMEDOUT);
+            return false;
+        }
     }
-    return thread_wait(fd, what, deadline);
 }
 
 // io::read & co. take non-blocking fds only, sockets or not: on a blocking one the call
