@@ -16,8 +16,15 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
+#if defined(_WIN32)
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
+#include <sys/syscall.h>
+#endif
 
 using fsched::Channel;
 using fsched::ConditionVariable;
@@ -32,7 +39,11 @@ namespace {
 
 // The kernel's id of the calling thread: a system call, so a fiber that moved between
 // threads reads the new one (pthread_self() may be kept across a switch by the compiler).
+#if defined(_WIN32)
+long thread_id() { return static_cast<long>(GetCurrentThreadId()); }
+#else
 long thread_id() { return syscall(SYS_gettid); }
+#endif
 
 // What ran, in order, from any thread.
 class Log {
