@@ -1821,7 +1821,10 @@ struct FiberAccess {
     // stack once the switch is complete.
     // `stays_running`: the hook queues the fiber to run again at once (this_fiber::yield).
     static void park_current(void (*on_parked)(Fiber*, void*), void* arg, bool stays_running) noexcept {
-        Fiber* self = thread_state()->current;
+        park_current(thread_state()->current, on_parked, arg, stays_running);
+    }
+    // The same for `self`, the running fiber, when the caller has it at hand.
+    static void park_current(Fiber* self, void (*on_parked)(Fiber*, void*), void* arg, bool stays_running) noexcept {
         self->after_switch_ = on_parked;
         self->after_switch_arg_ = arg;
         self->park_stays_running_ = stays_running;
@@ -4040,13 +4043,14 @@ struct CallerWait {
 };
 
 struct alignas(64) Worker {
-    Worker(SchedulerCore& core_, int index_) : core(core_), index(index_) {
+    Worker(SchedulerCore& core_, int index_, bool single_) : core(core_), index(index_), single(single_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
     }
 
     SchedulerCore& core;
     const int index;
+    const bool single;  // the scheduler's only worker (no thief, no other queue)
     std::thread thread;
 
     SpinLock queue_lock;
@@ -4100,16 +4104,26 @@ struct alignas(64) Worker {
     // Only this worker's thread touches these.
     alignas(64) std::vector<Fiber::ptr> spare_fibers;
     unsigned steal_start = 0;
-    Fiber::ptr yielded;  // set by this_fiber::yield()'s park hook; requeued by run_loop
+    Fiber::ptr yielded;  // the fiber that this_fiber::yield()ed, when run_task leaves it to run_loop
+    // Set by this_fiber::yield()'s park hook on this worker; run_task clears it.
+    bool yield_pending = false;
+    // Set while run_loop (not run_ready) runs this worker: run_task may then take the
+    // direct yield path (run_task), checking `loop_wait` as run_loop would.
+    bool direct_yield = false;
+    const CallerWait* loop_wait = nullptr;
     unsigned tasks_since_io_poll = 0;
     // A scheduler of one worker (no thief can want them): Normal fibers that yielded wait
     // in this ring, the owner's alone, with no lock and no atomic read-modify-write, while
     // the shared queues are empty by their hint. A fiber enters it only when the shared
-    // queues are empty, so its fibers are older than anything queued there; once anything
-    // is, the ring moves to the front of the shared queues, behind the lock and in order,
-    // before the worker takes its next task (take_local, requeue_yielded). So the order of
-    // arrival is kept, and a yielding loop starves nothing that others queue. Capacity: 0
-    // or a power of two.
+    // queues are empty, or from the front of the shared Normal line when the ring is empty
+    // (a yielded prefix, requeue_yielded), so its fibers are older than anything queued
+    // there. Once anything is queued, the worker takes the ring's oldest next and queues a
+    // yielding Normal fiber behind the rest (requeue_yielded), or, for a High task waiting
+    // and when no fiber yielded (take_local), moves the ring to the front of the shared
+    // queues, behind the lock and in order. So the order of arrival is kept, and a yielding
+    // loop starves nothing that others queue. While the shared queues stay empty, run_task
+    // hands the worker from one yielder to the ring's oldest directly (direct_yield_next).
+    // Capacity: 0 or a power of two.
     std::vector<Fiber::ptr> local_ring;
     std::size_t local_head = 0, local_size = 0;
 
@@ -4290,6 +4304,9 @@ struct alignas(64) Worker {
     Fiber::ptr local_pop() noexcept;
     bool take_local(QueuedTask& next);
     void flush_local_locked() noexcept;  // under queue_lock
+    // Under queue_lock: moves the claimed (yielded) fibers at the front of the Normal level
+    // to the back of the ring; returns how many.
+    std::size_t take_yielded_prefix_locked() noexcept;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
     // lock instead of trusting the size hints (the look before sleeping).
     bool find_task(QueuedTask& out, bool thorough = false);
@@ -4299,6 +4316,7 @@ struct alignas(64) Worker {
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
+    bool direct_yield_next(Fiber::ptr& fiber);
     Fiber::ptr fiber_for(std::function<void()>&& cb);
 };
 
@@ -4311,7 +4329,7 @@ struct SchedulerCore {
 #endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
-        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i)));
+        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1));
         open_idle();  // releases what it opened before it throws
         if (use_caller && !caller_fiber) {
             // Constructed on a thread's own stack: that thread helps while it blocks.
@@ -4564,6 +4582,8 @@ inline void Worker::run_loop(const CallerWait* wait) {
     ts->scheduler = &core.owner;
     ts->worker = this;
     caller_helping = wait != nullptr;
+    direct_yield = true;
+    loop_wait = wait;
     QueuedTask task;
     bool finished = false;
     while (!finished) {
@@ -4571,6 +4591,8 @@ inline void Worker::run_loop(const CallerWait* wait) {
         poll_io_now_and_then();
         if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished, wait)) run_task(task);
     }
+    direct_yield = false;
+    loop_wait = nullptr;
     if (wait) stop_helping();
     ts->scheduler = outer_scheduler;
     ts->worker = outer_worker;
@@ -4636,6 +4658,12 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // and need no wake-up: next_task() takes from the ring before the worker may spin or sleep,
 // so a worker with fibers there never sleeps; and a task pushed meanwhile is seen through
 // the `queued` hint at the next yield, or by the thorough look if the ring ran dry first.
+// The direct yield path (run_task, direct_yield_next) keeps the worker inside run_task
+// while its fibers yield, never near a sleep, and reads the same `queued` hint at every
+// yield (a relaxed load of what the pusher stores under the lock, as requeue_yielded's
+// unlocked branch does: it sees the store once the hardware makes it visible), so a task
+// pushed meanwhile is taken as before; every 32nd pass still goes through run_loop, which
+// polls IO.
 // Stealable High tasks (stealable_high) are a hint on top, never needed for a wake-up:
 // their push wakes workers as any push does.
 inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait) {
@@ -4708,6 +4736,36 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
+    if (ring && levels[static_cast<int>(Priority::High)].empty()) {
+        // The ring is older than everything queued, so its oldest runs next and this fiber
+        // goes behind everything: the ring is not flushed. Once it has run dry, the fibers
+        // that yielded earlier at the front of the Normal line go (back) into it, oldest
+        // first: a prefix of the line, so the ring stays the oldest, and with several
+        // yielders the shared queues empty out for the direct path. Each fiber moves between
+        // the ring and the shared queues at most twice per round: O(1) per yield.
+        if (local_size == 0) take_yielded_prefix_locked();
+        if (local_size != 0) {
+            next.fiber = local_pop();
+            next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+            next.priority = Priority::Normal;
+            next.kind = TaskKind::claimed;
+            if (stealable_count + pinned_count == 0 && local_reserve()) {
+                local_push(back.fiber);
+            } else {
+                try {
+                    push_locked(std::move(back), own_pinned);
+                } catch (...) {
+                    // No room to queue it: put the popped one back in front and run this one.
+                    local_head = (local_head - 1) & (local_ring.size() - 1);
+                    local_ring[local_head] = std::move(next.fiber);
+                    ++local_size;
+                    next = std::move(back);
+                }
+            }
+            update_hints();
+            return;
+        }
+    }
     if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
     const std::size_t waiting = stealable_count + pinned_count;
     if (waiting == 0) {
@@ -4756,6 +4814,24 @@ inline Fiber::ptr Worker::local_pop() noexcept {
     local_head = (local_head + 1) & (local_ring.size() - 1);
     --local_size;
     return fiber;
+}
+
+inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
+    // From one deque of the Normal level only while the other is empty: otherwise the two
+    // are interleaved by sequence and a prefix of one is not a prefix of the line.
+    Level& level = levels[static_cast<int>(Priority::Normal)];
+    const bool from_pinned = level.tasks.empty();
+    if (!from_pinned && !level.pinned.empty()) return 0;
+    std::deque<QueuedTask>& from = from_pinned ? level.pinned : level.tasks;
+    std::size_t moved = 0;
+    while (!from.empty() && from.front().kind == TaskKind::claimed && local_reserve()) {
+        local_push(from.front().fiber);
+        from.pop_front();
+        ++moved;
+    }
+    (from_pinned ? pinned_count : stealable_count) -= moved;
+    if (moved != 0) update_hints();
+    return moved;
 }
 
 inline void Worker::flush_local_locked() noexcept {
@@ -5024,7 +5100,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
 }
 
 inline void Worker::run_task(QueuedTask& task) {
-    const bool pooled = !task.fiber;
+    bool pooled = !task.fiber;
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
@@ -5055,15 +5131,25 @@ inline void Worker::run_task(QueuedTask& task) {
         break;
     }
     ThreadState* ts = thread_state();
-    ts->task_fiber = fiber.get();
-    ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
     SwitchOutcome outcome;
-    try {
-        outcome = FiberAccess::run(*fiber);
-    } catch (...) {
-        outcome = SwitchOutcome::Returned;
-        ts->task_fiber = nullptr;
-        core.report(std::current_exception());
+    for (;;) {
+        ts->task_fiber = fiber.get();
+        ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
+        try {
+            outcome = FiberAccess::run(*fiber);
+        } catch (...) {
+            outcome = SwitchOutcome::Returned;
+            ts->task_fiber = nullptr;
+            core.report(std::current_exception());
+        }
+        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
+        // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
+        yield_pending = false;
+        if (!direct_yield_next(fiber)) {
+            yielded = std::move(fiber);  // run_loop puts it back in line (requeue_yielded)
+            break;
+        }
+        pooled = false;  // the fiber now in hand may be a user's: never pool it
     }
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
@@ -5074,6 +5160,33 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     fiber.reset();
     core.task_finished();
+}
+
+// The direct yield path: on a scheduler's only worker, inside run_loop, `fiber` has just
+// yielded and nothing waits in the shared queues (by their hint). What run_loop's next
+// pass would do, without a QueuedTask: count the pass for IO polling (but leave the 32nd to
+// run_loop, which polls), end a caller's wait when it is satisfied, fire due timers (which
+// queue what they wake, so the check of the queues comes after), and then swap `fiber`
+// for the ring's oldest (requeue_yielded's unlocked branch, whose rules the ring keeps:
+// see local_ring), or run it again when it is alone. False: leave it to run_loop.
+inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
+    if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
+    if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
+    if (loop_wait && loop_wait->satisfied()) return false;
+    if (timer_earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
+    if (queued.load(std::memory_order_relaxed) != 0) return false;
+    ++tasks_since_io_poll;
+    if (local_size != 0) {
+        // Pop the oldest, then push `fiber` behind the rest: the slot freed by the pop
+        // leaves room, so the ring never grows here. Two swaps, through the free slot
+        // behind the newest: no reference count is touched, nothing to release.
+        const std::size_t mask = local_ring.size() - 1;
+        Fiber::ptr& oldest = local_ring[local_head];
+        fiber.swap(oldest);
+        oldest.swap(local_ring[(local_head + local_size) & mask]);  // that slot is empty or `oldest` itself
+        local_head = (local_head + 1) & mask;
+    }
+    return true;
 }
 
 void resume_deferred(Fiber& fiber) {
@@ -5333,14 +5446,17 @@ __attribute__((noinline, cold)) void yield_outside_task() {
 }  // namespace
 
 void yield() {
-    if (!detail::in_scheduler_task()) {
+    detail::ThreadState* ts = detail::thread_state();
+    if (!ts->task_fiber || ts->current != ts->task_fiber) {
         yield_outside_task();
         return;
     }
-    // The worker puts the fiber back and takes the next task under one lock (run_loop); the
-    // fiber stays claimed meanwhile (fiber_state.hpp).
+    // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
+    // back and takes the next task under one lock (run_loop); the fiber stays claimed
+    // meanwhile (fiber_state.hpp). The hook runs on that worker once the switch is done.
     detail::FiberAccess::park_current(
-        [](Fiber*, void*) { detail::thread_state()->worker->yielded = detail::take_task_ref(); }, nullptr, true);
+        ts->current, [](Fiber*, void* worker) { static_cast<detail::Worker*>(worker)->yield_pending = true; },
+        ts->worker, true);
 }
 
 std::uint64_t id() {

@@ -16,8 +16,15 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
+#if defined(_WIN32)
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
+#include <sys/syscall.h>
+#endif
 
 using fsched::Channel;
 using fsched::ConditionVariable;
@@ -32,7 +39,11 @@ namespace {
 
 // The kernel's id of the calling thread: a system call, so a fiber that moved between
 // threads reads the new one (pthread_self() may be kept across a switch by the compiler).
+#if defined(_WIN32)
+long thread_id() { return static_cast<long>(GetCurrentThreadId()); }
+#else
 long thread_id() { return syscall(SYS_gettid); }
+#endif
 
 // What ran, in order, from any thread.
 class Log {
@@ -529,4 +540,127 @@ TEST_CASE("one worker: yielding fibers take turns with the tasks queued meanwhil
     // c is queued by a2 before a2 yields: after b2 (which yielded earlier), before a3.
     const std::vector<std::string> expected{"a1", "b1", "a2", "b2", "c", "a3", "b3"};
     CHECK(log.entries() == expected);
+}
+
+// The direct yield path (a single worker hands the CPU from one yielding fiber to the next
+// without the shared queues) keeps the order of a plain queue.
+TEST_CASE("one worker: many yielding fibers run in strict rotation, also pinned and with the caller") {
+    for (const int fibers : {3, 8}) {
+        for (const bool pinned : {false, true}) {
+            for (const bool use_caller : {false, true}) {
+                CAPTURE(fibers);
+                CAPTURE(pinned);
+                CAPTURE(use_caller);
+                Scheduler s(1, use_caller);
+                std::vector<int> order;  // one worker: no lock needed
+                for (int f = 0; f < fibers; ++f) {
+                    s.schedule([&order, f] {
+                        for (int round = 0; round < 100; ++round) {
+                            order.push_back(f);
+                            fsched::this_fiber::yield();
+                        }
+                    }, pinned ? 0 : -1);
+                }
+                s.start();
+                s.stop();
+                REQUIRE(order.size() == static_cast<std::size_t>(fibers * 100));
+                bool rotation = true;
+                for (std::size_t i = 0; i < order.size(); ++i) rotation = rotation && order[i] == static_cast<int>(i) % fibers;
+                CHECK(rotation);
+            }
+        }
+    }
+}
+
+TEST_CASE("one worker: a task queued by a yielding fiber runs after the fibers that yielded before it") {
+    // Three yielders; a2 queues c and d (d from c) while all three are in rotation.
+    Scheduler s(1, false);
+    Log log;
+    for (const char name : {'a', 'b', 'e'}) {
+        s.schedule([&log, name] {
+            for (int i = 1; i <= 4; ++i) {
+                log.add(std::string(1, name) + std::to_string(i));
+                if (name == 'a' && i == 2) {
+                    fsched::Scheduler::current()->schedule([&log] {
+                        log.add("c");
+                        fsched::Scheduler::current()->schedule([&log] { log.add("d"); });
+                        fsched::this_fiber::yield();
+                        log.add("c2");
+                    });
+                }
+                fsched::this_fiber::yield();
+            }
+        });
+    }
+    s.start();
+    s.stop();
+    const std::vector<std::string> expected{"a1", "b1", "e1", "a2", "b2", "e2", "c",  "a3", "b3",
+                                            "e3", "d",  "c2", "a4", "b4", "e4"};
+    CHECK(log.entries() == expected);
+}
+
+TEST_CASE("one worker: a High task queued by a yielding fiber runs before any yielder goes on, a Low one after them all") {
+    Scheduler s(1, false);
+    Log log;
+    std::atomic<bool> low_ran{false};
+    for (const char name : {'a', 'b'}) {
+        s.schedule([&log, &low_ran, name] {
+            for (int i = 1; i <= 3; ++i) {
+                log.add(std::string(1, name) + std::to_string(i));
+                if (name == 'a' && i == 1) {
+                    fsched::Scheduler::current()->schedule([&log, &low_ran] {
+                        log.add("low");
+                        low_ran = true;
+                    }, -1, Priority::Low);
+                }
+                if (name == 'b' && i == 2) {
+                    fsched::Scheduler::current()->schedule([&log] {
+                        log.add("high");
+                        fsched::this_fiber::yield();  // a yielding High task goes on before the Normal ones
+                        log.add("high2");
+                    }, -1, Priority::High);
+                }
+                fsched::this_fiber::yield();
+            }
+        });
+    }
+    s.start();
+    s.stop();
+    const std::vector<std::string> expected{"a1", "b1", "a2", "b2", "high", "high2", "a3", "b3", "low"};
+    CHECK(log.entries() == expected);
+    CHECK(low_ran);
+}
+
+TEST_CASE("one worker: the caller's wait ends while its fibers yield, and its this_fiber::yield() runs one task") {
+    // The use_caller thread helps during wg.wait() and must come back once the wait is
+    // satisfied, though the yielders never leave the ready line.
+    for (const int fibers : {1, 2}) {
+        CAPTURE(fibers);
+        Scheduler s(1, true);
+        s.start();
+        std::atomic<bool> back{false};
+        std::atomic<long> yields{0};
+        WaitGroup wg(1);
+        for (int i = 0; i < fibers; ++i) {
+            s.schedule([&] {
+                const auto end = std::chrono::steady_clock::now() + 30s;
+                while (!back && std::chrono::steady_clock::now() < end) {
+                    if (++yields == 1000) wg.done();
+                    fsched::this_fiber::yield();
+                }
+            });
+        }
+        wg.wait();  // runs the yielders as worker 0
+        CHECK(yields >= 1000);
+        // Back on the caller, the only worker: nothing runs the yielders now. this_fiber::yield()
+        // here runs exactly one ready task, which yields once, and returns (every time: more
+        // than the 32 passes after which the worker would look at IO anyway).
+        for (int i = 0; i < 40; ++i) {
+            const long before = yields;
+            fsched::this_fiber::yield();
+            CHECK(yields - before == 1);
+        }
+        back = true;
+        s.stop();
+    }
 }

@@ -137,7 +137,10 @@ struct FiberAccess {
     // stack once the switch is complete.
     // `stays_running`: the hook queues the fiber to run again at once (this_fiber::yield).
     static void park_current(void (*on_parked)(Fiber*, void*), void* arg, bool stays_running) noexcept {
-        Fiber* self = thread_state()->current;
+        park_current(thread_state()->current, on_parked, arg, stays_running);
+    }
+    // The same for `self`, the running fiber, when the caller has it at hand.
+    static void park_current(Fiber* self, void (*on_parked)(Fiber*, void*), void* arg, bool stays_running) noexcept {
         self->after_switch_ = on_parked;
         self->after_switch_arg_ = arg;
         self->park_stays_running_ = stays_running;
