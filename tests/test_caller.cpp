@@ -631,6 +631,31 @@ TEST_CASE("one worker: a High task queued by a yielding fiber runs before any yi
     CHECK(low_ran);
 }
 
+TEST_CASE("one worker: a single yielding Normal fiber holds back one Low task as it holds back two") {
+    // Strict order whatever the count: a Low task runs only when no Normal one is ready, and
+    // a yielding fiber is ready. (The single-worker yield path once ran a lone Low task.)
+    for (const int lows : {1, 2}) {
+        CAPTURE(lows);
+        Scheduler s(1, false);
+        std::atomic<bool> queued{false};
+        std::atomic<int> low_ran{0};
+        int ran_while_yielding = 0;
+        s.start();
+        s.schedule([&] {
+            while (!queued) fsched::this_fiber::yield();
+            for (int i = 0; i < 200; ++i) {
+                fsched::this_fiber::yield();
+                if (low_ran.load() != 0) ++ran_while_yielding;
+            }
+        });
+        for (int k = 0; k < lows; ++k) s.schedule([&] { ++low_ran; }, -1, Priority::Low);
+        queued = true;
+        s.stop();
+        CHECK(ran_while_yielding == 0);
+        CHECK(low_ran == lows);
+    }
+}
+
 TEST_CASE("one worker: the caller's wait ends while its fibers yield, and its this_fiber::yield() runs one task") {
     // The use_caller thread helps during wg.wait() and must come back once the wait is
     // satisfied, though the yielders never leave the ready line.

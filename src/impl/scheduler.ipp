@@ -824,8 +824,9 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         next = std::move(back);  // nothing else to run: straight back to it
         return;
     }
-    if (ring && waiting == 1 && local_reserve()) {
-        // The last one: the shared queues empty out, so this fiber may wait in the ring
+    if (ring && waiting == 1 && levels[static_cast<int>(Priority::Low)].empty() && local_reserve()) {
+        // The last one, High or Normal (a Low one waits while this Normal fiber is ready, as
+        // two of them would): the shared queues empty out, so this fiber may wait in the ring
         // (which only ever holds fibers older than everything queued there). Growing the
         // ring here, under the lock, happens only until it fits the yielding fibers.
         pop_locked(next);
