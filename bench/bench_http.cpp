@@ -31,6 +31,7 @@
 #define FIBER_SCHED_IMPLEMENTATION
 #include "fiber_sched.hpp"
 
+#include "bench_net.hpp"
 #include "bench_util.hpp"
 
 #include <arpa/inet.h>
@@ -61,6 +62,13 @@
 
 namespace {
 
+using fsched_bench::listen_loopback;
+using fsched_bench::loopback;
+using fsched_bench::raise_fd_limit;
+using fsched_bench::set_nodelay;
+using fsched_bench::write_all_fsched;
+using fsched_bench::write_all_plain;
+
 // The one response, byte for byte the Go twin's (bench/go/http.go).
 constexpr char response[] =
     "HTTP/1.1 200 OK\r\nServer: bench\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nHello, world!";
@@ -80,30 +88,6 @@ struct Config {
 [[noreturn]] void die(const char* what) {
     std::fprintf(stderr, "bench_http: %s: %s\n", what, std::strerror(errno));
     std::exit(1);
-}
-
-// A listening socket on 127.0.0.1 (`port`, or any free one when 0), non-blocking.
-int listen_loopback(int* port) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    if (fd < 0) die("socket");
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<std::uint16_t>(*port));
-    socklen_t len = sizeof addr;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-        die("listen");
-    }
-    *port = ntohs(addr.sin_port);
-    return fd;
-}
-
-void set_nodelay(int fd) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 // The first two CPUs this process may run on: the servers get the first, wrk the second.
@@ -155,16 +139,6 @@ std::size_t responses(char* out, int count) {
 // The servers. Each serves the listening socket until it is killed.
 // ---------------------------------------------------------------------------------------
 
-bool write_all_fsched(int fd, const char* buf, std::size_t n) {
-    while (n > 0) {
-        const ssize_t w = fsched::io::write(fd, buf, n);
-        if (w <= 0) return false;
-        buf += w;
-        n -= static_cast<std::size_t>(w);
-    }
-    return true;
-}
-
 void serve_connection_fsched(int fd) {
     char in[4096];
     char out[max_batch * response_size];
@@ -206,23 +180,6 @@ void serve_connection_fsched(int fd) {
         }
     });
     for (;;) pause();
-}
-
-// Writes all of buf to a non-blocking socket, waiting in poll() when it is full.
-bool write_all_plain(int fd, const char* buf, std::size_t n) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, buf, n);
-        if (w > 0) {
-            buf += w;
-            n -= static_cast<std::size_t>(w);
-        } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-            pollfd p{fd, POLLOUT, 0};
-            ::poll(&p, 1, 1000);
-        } else {
-            return false;
-        }
-    }
-    return true;
 }
 
 // The hand-written loop: one thread, one epoll instance, level-triggered; a connection's
@@ -589,14 +546,6 @@ bool parse(int argc, char** argv, Config& cfg) {
     return true;
 }
 
-void raise_fd_limit() {
-    rlimit limit{};
-    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-        limit.rlim_cur = limit.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &limit);
-    }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -607,7 +556,8 @@ int main(int argc, char** argv) {
 
     if (!cfg.serve.empty()) {
         int port = cfg.port;
-        const int listen_fd = listen_loopback(&port);
+        const int listen_fd = listen_loopback(true, &port);
+        if (listen_fd < 0) die("listen");
         std::printf("bench_http: serving %s on 127.0.0.1:%d\n", cfg.serve.c_str(), port);
         std::fflush(stdout);
         if (cfg.serve == "fsched") serve_fsched(listen_fd);
@@ -648,7 +598,8 @@ int main(int argc, char** argv) {
     bool all_ok = true;
     for (Row& row : rows) {
         int port = 0;
-        const int listen_fd = listen_loopback(&port);
+        const int listen_fd = listen_loopback(true, &port);
+        if (listen_fd < 0) die("listen");
         row.server->start(listen_fd, server_cpu);
         ::close(listen_fd);
         if (!check_server(port, row.name.c_str(), row.exact)) row.failed = true;
@@ -665,7 +616,8 @@ int main(int argc, char** argv) {
         for (Row& row : rows) {
             if (row.failed) continue;
             int port = 0;
-            const int listen_fd = listen_loopback(&port);
+            const int listen_fd = listen_loopback(true, &port);
+        if (listen_fd < 0) die("listen");
             row.server->start(listen_fd, server_cpu);
             ::close(listen_fd);
             const WrkResult warm = run_wrk(cfg, port, warmup, wrk_cpu);

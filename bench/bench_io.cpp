@@ -38,6 +38,7 @@
 #define FIBER_SCHED_IMPLEMENTATION
 #include "fiber_sched.hpp"
 
+#include "bench_net.hpp"
 #include "bench_util.hpp"
 
 #include <arpa/inet.h>
@@ -68,6 +69,13 @@
 
 namespace {
 
+using fsched_bench::listen_loopback;
+using fsched_bench::loopback;
+using fsched_bench::raise_fd_limit;
+using fsched_bench::set_nodelay;
+using fsched_bench::write_all_fsched;
+using fsched_bench::write_all_plain;
+
 using Clock = std::chrono::steady_clock;
 
 struct Config {
@@ -96,56 +104,9 @@ bool in_client_process = false;
 // Names the calling thread, so that `perf report --sort comm` tells the parts apart.
 void name_thread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
-void set_nodelay(int fd) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 void set_nonblocking(int fd) {
     const int flags = fcntl(fd, F_GETFL);
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) die("fcntl");
-}
-
-sockaddr_in loopback(int port) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    return addr;
-}
-
-// A listening socket on 127.0.0.1, any free port; fsched::io needs it non-blocking.
-int listen_loopback(bool nonblocking, int* port) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
-    if (fd < 0) die("socket");
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr = loopback(0);
-    socklen_t len = sizeof addr;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-        die("listen");
-    }
-    *port = ntohs(addr.sin_port);
-    return fd;
-}
-
-// Writes all of buf to a non-blocking socket from a plain thread, waiting in poll() when
-// the socket is full (it never is with these small messages, but the loop costs nothing).
-bool write_all_plain(int fd, const char* buf, std::size_t n) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, buf, n);
-        if (w > 0) {
-            buf += w;
-            n -= static_cast<std::size_t>(w);
-        } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-            pollfd p{fd, POLLOUT, 0};
-            ::poll(&p, 1, 1000);
-        } else {
-            return false;
-        }
-    }
-    return true;
 }
 
 // Accepts one connection on a blocking listening socket, giving up after 10 s (a client
@@ -179,16 +140,6 @@ public:
 };
 
 // fsched: one fiber per connection on a 2-worker scheduler.
-bool write_all_fsched(int fd, const char* buf, std::size_t n) {
-    while (n > 0) {
-        const ssize_t w = fsched::io::write(fd, buf, n);
-        if (w <= 0) return false;
-        buf += w;
-        n -= static_cast<std::size_t>(w);
-    }
-    return true;
-}
-
 void echo_fsched(int fd) {
     char buf[4096];
     for (;;) {
@@ -501,6 +452,7 @@ Sample run_forked(Server& server, const Config& cfg) {
     Sample s;
     int port = 0;
     const int listen_fd = listen_loopback(server.nonblocking_listener(), &port);
+    if (listen_fd < 0) die("listen");
     // Fork before the server starts any thread: the child is a copy of a single-threaded
     // process.
     fsched_bench::ChildProcess client([&](int report_fd) {
@@ -548,6 +500,7 @@ Sample run_shared(const Config& cfg) {
     Sample s;
     int port = 0;
     const int listen_fd = listen_loopback(true, &port);
+    if (listen_fd < 0) die("listen");
     const sockaddr_in addr = loopback(port);
     std::vector<ConnectionCounter> counters(static_cast<std::size_t>(cfg.connections));
     std::atomic<bool> stop{false};
@@ -731,15 +684,6 @@ bool parse(int argc, char** argv, Config& cfg) {
     cfg.window_s = std::max(cfg.window_s, 0.01);
     cfg.warmup_s = std::max(cfg.window_s / 10, 0.02);
     return true;
-}
-
-// Each process holds one fd per connection (the shared case two): lift the soft limit.
-void raise_fd_limit() {
-    rlimit limit{};
-    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-        limit.rlim_cur = limit.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &limit);
-    }
 }
 
 }  // namespace
