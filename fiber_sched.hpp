@@ -2323,6 +2323,25 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
 // where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
 // FIBER_SCHED_USE_UCONTEXT asks for it).
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+// ---- begin src/impl/context_x86_64_fp.ipp ----
+// ---------------------------------------------------------------------------
+// The floating-point control state in the x86-64 switch routines (context_x86_64_sysv.ipp,
+// context_x86_64_win64.ipp): MXCSR and the x87 control word, saved in the frame's first
+// 8 bytes on the stack being left and loaded from the one being entered.
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
+// reads it. Undefined again after the backend cascade (fiber_sched.hpp).
+// ---------------------------------------------------------------------------
+
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_X86_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
+#define FIBER_SCHED_X86_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
+#else
+#define FIBER_SCHED_X86_SAVE_FP ""
+#define FIBER_SCHED_X86_LOAD_FP ""
+#endif
+// ---- end src/impl/context_x86_64_fp.ipp ----
+#endif
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
 #elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
@@ -2378,16 +2397,6 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
 
-// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
-// reads it.
-#if FIBER_SCHED_SWITCH_FP_CONTROL
-#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
-#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
-#else
-#define FIBER_SCHED_SAVE_FP ""
-#define FIBER_SCHED_LOAD_FP ""
-#endif
-
 __asm__(
     ".text\n"
     ".globl fsched_switch_context\n"
@@ -2413,7 +2422,7 @@ __asm__(
     "    movaps %xmm13, 144(%rsp)\n"
     "    movaps %xmm14, 160(%rsp)\n"
     "    movaps %xmm15, 176(%rsp)\n"
-    FIBER_SCHED_SAVE_FP
+    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
     "    movq %gs:0x1478, %rax\n"
     "    movq %rax, 8(%rsp)\n"
     "    movq %gs:0x10, %rax\n"
@@ -2432,7 +2441,7 @@ __asm__(
     "    movq %rax, %gs:0x1478\n"
     "    movq 192(%rsp), %rax\n"
     "    movq %rax, %gs:0x00\n"
-    FIBER_SCHED_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP
     "    movaps 32(%rsp), %xmm6\n"
     "    movaps 48(%rsp), %xmm7\n"
     "    movaps 64(%rsp), %xmm8\n"
@@ -2475,8 +2484,6 @@ __asm__(
     "    nop\n"  // the return address of the call must lie inside the function's range
     ".seh_endproc\n");
 
-#undef FIBER_SCHED_SAVE_FP
-#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {
@@ -2732,16 +2739,6 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 #define FIBER_SCHED_ENDBR ""
 #endif
 
-// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
-// reads it.
-#if FIBER_SCHED_SWITCH_FP_CONTROL
-#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
-#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
-#else
-#define FIBER_SCHED_SAVE_FP ""
-#define FIBER_SCHED_LOAD_FP ""
-#endif
-
 __asm__(
     ".text\n"
     ".globl fsched_switch_context\n"
@@ -2757,10 +2754,10 @@ __asm__(
     "    pushq %r14\n"
     "    pushq %r15\n"
     "    subq $8, %rsp\n"
-    FIBER_SCHED_SAVE_FP
+    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
     "    movq %rsp, (%rdi)\n"
     "    movq %rsi, %rsp\n"
-    FIBER_SCHED_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP
     "    addq $8, %rsp\n"
     "    popq %r15\n"
     "    popq %r14\n"
@@ -2791,8 +2788,6 @@ __asm__(
     ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
 
 #undef FIBER_SCHED_ENDBR
-#undef FIBER_SCHED_SAVE_FP
-#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {
@@ -3048,6 +3043,8 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 #else
 #error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/fiber_sched.hpp (see src/README.md)."
 #endif
+#undef FIBER_SCHED_X86_SAVE_FP
+#undef FIBER_SCHED_X86_LOAD_FP
 // ---- begin src/impl/stack.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.

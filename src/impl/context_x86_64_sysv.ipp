@@ -28,16 +28,6 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 #define FIBER_SCHED_ENDBR ""
 #endif
 
-// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
-// reads it.
-#if FIBER_SCHED_SWITCH_FP_CONTROL
-#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
-#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
-#else
-#define FIBER_SCHED_SAVE_FP ""
-#define FIBER_SCHED_LOAD_FP ""
-#endif
-
 __asm__(
     ".text\n"
     ".globl fsched_switch_context\n"
@@ -53,10 +43,10 @@ __asm__(
     "    pushq %r14\n"
     "    pushq %r15\n"
     "    subq $8, %rsp\n"
-    FIBER_SCHED_SAVE_FP
+    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
     "    movq %rsp, (%rdi)\n"
     "    movq %rsi, %rsp\n"
-    FIBER_SCHED_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP
     "    addq $8, %rsp\n"
     "    popq %r15\n"
     "    popq %r14\n"
@@ -87,8 +77,6 @@ __asm__(
     ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
 
 #undef FIBER_SCHED_ENDBR
-#undef FIBER_SCHED_SAVE_FP
-#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {

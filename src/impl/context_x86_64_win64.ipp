@@ -48,16 +48,6 @@
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
 
-// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
-// reads it.
-#if FIBER_SCHED_SWITCH_FP_CONTROL
-#define FIBER_SCHED_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
-#define FIBER_SCHED_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
-#else
-#define FIBER_SCHED_SAVE_FP ""
-#define FIBER_SCHED_LOAD_FP ""
-#endif
-
 __asm__(
     ".text\n"
     ".globl fsched_switch_context\n"
@@ -83,7 +73,7 @@ __asm__(
     "    movaps %xmm13, 144(%rsp)\n"
     "    movaps %xmm14, 160(%rsp)\n"
     "    movaps %xmm15, 176(%rsp)\n"
-    FIBER_SCHED_SAVE_FP
+    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
     "    movq %gs:0x1478, %rax\n"
     "    movq %rax, 8(%rsp)\n"
     "    movq %gs:0x10, %rax\n"
@@ -102,7 +92,7 @@ __asm__(
     "    movq %rax, %gs:0x1478\n"
     "    movq 192(%rsp), %rax\n"
     "    movq %rax, %gs:0x00\n"
-    FIBER_SCHED_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP
     "    movaps 32(%rsp), %xmm6\n"
     "    movaps 48(%rsp), %xmm7\n"
     "    movaps 64(%rsp), %xmm8\n"
@@ -145,8 +135,6 @@ __asm__(
     "    nop\n"  // the return address of the call must lie inside the function's range
     ".seh_endproc\n");
 
-#undef FIBER_SCHED_SAVE_FP
-#undef FIBER_SCHED_LOAD_FP
 
 namespace fsched {
 namespace detail {
