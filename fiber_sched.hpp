@@ -985,7 +985,11 @@ public:
     // (unpinned) High task before its own Normal ones. A High task that yields in a loop
     // therefore starves the Normal and Low tasks of its worker (not timers, IO polling or
     // other workers); give High to short work. Within a level, tasks run in the order they
-    // were queued (stolen ones excepted).
+    // were queued (stolen ones excepted), but for one: an unpinned Normal fiber that a task
+    // wakes (a Channel, Mutex, WaitGroup... hand-off) runs next on the waker's worker, as
+    // Go's runnext does, ahead of that worker's queued Normal tasks (at most 16 times in a
+    // row while tasks wait there), and another worker takes it only if the waker runs on
+    // without parking; a second wake sends the first woken fiber to the back of the queue.
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));
@@ -1085,6 +1089,8 @@ void reserve_timer();
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
 // Timers held by the scheduler's workers now, satisfied-but-unswept ones included (tests).
 std::size_t pending_timers(Scheduler& scheduler) noexcept;
+// Run-next fibers another worker took because they sat too long (take_stuck_runnext; tests).
+std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept;
 }  // namespace detail
 
 namespace this_fiber {
@@ -4124,6 +4130,34 @@ struct alignas(64) Worker {
     std::vector<Fiber::ptr> local_ring;
     std::size_t local_head = 0, local_size = 0;
 
+    // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this worker
+    // woke (put_runnext), which this worker runs next, ahead of its Normal queue, before it
+    // looks anywhere else; the woken fiber finds the waker's caches warm, and a pair that
+    // hands work to each other (a channel ping-pong, a mutex handed over) stays on one
+    // worker instead of crossing by steal at every message. A second wake puts the first
+    // fiber at the back of the Normal queue. Not stealable: another worker takes it only
+    // when it has sat there unchanged for runnext_stuck_looks of that worker's looks (a task
+    // that woke it and runs on without parking; see take_stuck_runnext). Under queue_lock.
+    Fiber::ptr runnext;
+    std::uint64_t runnext_sets = 0;  // under queue_lock
+    // (runnext_sets << 1) | occupied, stored under queue_lock, read without it by other
+    // workers as a hint; seq_cst when set, paired with `sleepers` (see put_runnext).
+    std::atomic<std::uint64_t> runnext_state{0};
+    // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
+    // queue's oldest goes first, so a pair waking each other cannot starve it. Under queue_lock.
+    unsigned runnext_streak = 0;
+    static constexpr unsigned runnext_streak_max = 16;
+    static constexpr unsigned runnext_stuck_looks = 16;
+    // What this worker, as a thief, last saw of each worker's runnext_state: for
+    // take_stuck_runnext (`looks`: how many looks it has been unchanged) and for the watch
+    // before sleeping (`at_sleep`). Only this worker's thread touches it.
+    struct RunnextLook {
+        std::uint64_t state = 0;
+        unsigned looks = 0;
+        std::uint64_t at_sleep = 0;
+    };
+    std::vector<RunnextLook> runnext_looks;  // one per worker, sized by SchedulerCore
+
     // Makes room for one more timer, so that add_timer() in a park hook cannot fail.
     // Called by the fiber about to park on this worker; may throw std::bad_alloc.
     void reserve_timer();
@@ -4136,8 +4170,10 @@ struct alignas(64) Worker {
     // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
     void update_hints() noexcept {
         stealable.store(stealable_count, std::memory_order_relaxed);
-        queued.store(stealable_count + pinned_count, std::memory_order_relaxed);
+        queued.store(waiting_locked(), std::memory_order_relaxed);
     }
+    // Every task this worker holds for itself to run: queued ones and the run-next slot.
+    std::size_t waiting_locked() const noexcept { return stealable_count + pinned_count + (runnext ? 1 : 0); }
 
     // Appends at the task's level under queue_lock (held). Strong guarantee: on
     // std::bad_alloc nothing changed.
@@ -4202,6 +4238,9 @@ struct alignas(64) Worker {
         Level* level = &levels[static_cast<int>(Priority::Normal)];
         if (!levels[static_cast<int>(Priority::High)].empty()) {
             level = &levels[static_cast<int>(Priority::High)];
+        } else if (runnext && (runnext_streak < runnext_streak_max || level->empty())) {
+            take_runnext_locked(out);
+            return true;
         } else if (level->empty()) {
             level = &levels[static_cast<int>(Priority::Low)];
             if (level->empty()) return false;
@@ -4217,11 +4256,35 @@ struct alignas(64) Worker {
         std::deque<QueuedTask>& from = from_pinned ? level->pinned : level->tasks;
         out = std::move(from.front());
         from.pop_front();
+        runnext_streak = 0;
         --(from_pinned ? pinned_count : stealable_count);
         if (!from_pinned && out.priority == Priority::High) high_moved(-1);
         update_hints();
         return true;
     }
+
+    // Moves the run-next fiber into `out` (a wake-up), under queue_lock (held).
+    void take_runnext_locked(QueuedTask& out) noexcept {
+        out.fiber = std::move(runnext);
+        out.cb = nullptr;
+        out.worker = -1;
+        out.priority = Priority::Normal;
+        out.kind = TaskKind::woken;
+        ++runnext_streak;
+        runnext_state.store(runnext_sets << 1, std::memory_order_relaxed);
+        update_hints();
+    }
+
+    // From a task running on this worker: `fiber` (parked, unpinned, Normal) is woken into
+    // the run-next slot. False, with `fiber` intact, when there is no memory to queue the
+    // fiber it displaces: the caller queues `fiber` as any wake-up.
+    bool put_runnext(Fiber::ptr& fiber) noexcept;
+    // Another worker's run-next fiber that has sat unchanged for runnext_stuck_looks of this
+    // worker's looks; true with it in `out`.
+    bool take_stuck_runnext(QueuedTask& out) noexcept;
+    // Whether another worker's run-next slot is occupied or was set since this worker last
+    // asked: the worker then sleeps for at most runnext_watch_period (sleep_until_work).
+    bool runnext_activity() noexcept;
 
     bool pop(QueuedTask& out, bool trust_hint) {
         if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
@@ -4327,6 +4390,7 @@ struct SchedulerCore {
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
         for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1));
+        for (auto& w : workers) w->runnext_looks.resize(threads);
         open_idle();  // releases what it opened before it throws
         if (use_caller && !caller_fiber) {
             // Constructed on a thread's own stack: that thread helps while it blocks.
@@ -4409,6 +4473,11 @@ struct SchedulerCore {
     // (sleep_until_work).
     std::atomic<int> spinning{0};
     std::atomic<int> sleepers{0};
+    // Workers asleep for at most runnext_watch_period because some worker's run-next slot
+    // is in use (sleep_until_work): while there is one, put_runnext wakes no one. seq_cst.
+    std::atomic<int> runnext_watchers{0};
+    std::atomic<std::uint64_t> runnext_stuck_taken{0};  // for the tests; written only when it happens
+    static constexpr std::chrono::milliseconds runnext_watch_period{1};
     // Round-robin target for tasks from threads outside the scheduler; relaxed, a hint.
     std::atomic<unsigned> next_worker{0};
     // Stealable High tasks in all the workers' queues, changed under the queue lock of the
@@ -4686,6 +4755,12 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
     if (wait && wait->deadline) deadline_ticks = std::min(deadline_ticks, to_ticks(*wait->deadline));
+    // Loaded after `sleepers` is stored: see the run-next argument at put_runnext.
+    const bool watch = !single && runnext_activity();
+    if (watch) {
+        core.runnext_watchers.fetch_add(1, std::memory_order_seq_cst);
+        deadline_ticks = std::min(deadline_ticks, to_ticks(deadline_after(SchedulerCore::runnext_watch_period)));
+    }
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
     // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
     // memory back once the scheduler has been idle a while, not while it is busy.
@@ -4699,6 +4774,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
         const TimePoint deadline = std::min(TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at);
         idle.wait(core.idle, &deadline);
     }
+    if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
@@ -4740,13 +4816,15 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         // first: a prefix of the line, so the ring stays the oldest, and with several
         // yielders the shared queues empty out for the direct path. Each fiber moves between
         // the ring and the shared queues at most twice per round: O(1) per yield.
-        if (local_size == 0) take_yielded_prefix_locked();
+        // Not while the run-next slot is in use: it is behind the ring, not behind the
+        // yielded prefix, and would otherwise wait as long as fibers keep yielding.
+        if (local_size == 0 && !runnext) take_yielded_prefix_locked();
         if (local_size != 0) {
             next.fiber = local_pop();
             next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
             next.priority = Priority::Normal;
             next.kind = TaskKind::claimed;
-            if (stealable_count + pinned_count == 0 && local_reserve()) {
+            if (waiting_locked() == 0 && local_reserve()) {
                 local_push(back.fiber);
             } else {
                 try {
@@ -4764,7 +4842,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         }
     }
     if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
-    const std::size_t waiting = stealable_count + pinned_count;
+    const std::size_t waiting = waiting_locked();
     if (waiting == 0) {
         next = std::move(back);  // nothing else to run: straight back to it
         return;
@@ -4910,6 +4988,22 @@ inline void Worker::stop_helping() noexcept {
         std::lock_guard<SpinLock> lock(queue_lock);
         flush_local_locked();  // a single worker: no one else to wake for them
         update_hints();
+    }
+    {
+        // A fiber a task woke here into the run-next slot: to the stealable queue, so that
+        // others may run it (counted below).
+        std::lock_guard<SpinLock> lock(queue_lock);
+        if (runnext) {
+            QueuedTask task;
+            take_runnext_locked(task);
+            try {
+                push_locked(std::move(task), false);
+            } catch (...) {
+                runnext = std::move(task.fiber);  // out of memory: it waits for the next help
+                runnext_state.store((++runnext_sets << 1) | 1, std::memory_order_seq_cst);
+            }
+            update_hints();
+        }
     }
     // Stolen tasks were queued here without waking anyone (the thief was to run them).
     const std::size_t left = stealable.load(std::memory_order_relaxed);
@@ -5083,7 +5177,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
             return true;
         }
     }
-    return false;
+    return n > 1 && take_stuck_runnext(out);
 }
 
 inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
@@ -5187,6 +5281,87 @@ inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
     return true;
 }
 
+// The run-next slot and the lost wake-up: the slot belongs to a worker that is awake (it
+// runs the waker), and that worker takes it before it may spin or sleep (pop_locked, which
+// every look at its own queues goes through; the `queued` hint counts it), so the fiber is
+// never stranded. What is left is parallelism: a waker that runs on for long without parking
+// must not keep the fiber from an idle worker. So a worker going to sleep while some slot is
+// in use or was set since its last look sleeps for at most runnext_watch_period (counted in
+// runnext_watchers), and each of its looks counts how long a slot has held the same fiber
+// (take_stuck_runnext). A set that finds no watcher wakes a sleeper, unless a worker spins
+// (it will look, then watch). The set stores runnext_state (seq_cst) and then loads
+// `sleepers`; a sleeper stores `sleepers` and then loads every runnext_state
+// (runnext_activity): one of the two sees the other, so a slot is never set unseen by every
+// sleeper. A wrong guess either way costs a wake-up or a millisecond, never a fiber.
+inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
+    bool displaced = false;
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        if (runnext) {
+            QueuedTask back;
+            back.fiber = std::move(runnext);
+            back.kind = TaskKind::woken;
+            try {
+                push_locked(std::move(back), false);  // strong guarantee
+            } catch (...) {
+                runnext = std::move(back.fiber);
+                return false;
+            }
+            displaced = true;
+        }
+        runnext = std::move(fiber);
+        ++runnext_sets;
+        runnext_state.store((runnext_sets << 1) | 1, std::memory_order_seq_cst);
+        update_hints();
+    }
+    if (displaced) {
+        core.after_push(*this, false, 1);  // a stealable task now, as any wake-up
+    } else if (core.sleepers.load(std::memory_order_seq_cst) != 0 &&
+               core.runnext_watchers.load(std::memory_order_seq_cst) == 0 &&
+               core.spinning.load(std::memory_order_seq_cst) == 0) {
+        for (auto& w : core.workers) {
+            if (w.get() != this && core.wake_worker(*w)) break;
+        }
+    }
+    return true;
+}
+
+inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
+    const std::size_t n = core.workers.size();
+    for (std::size_t i = 1; i < n; ++i) {
+        const std::size_t v = (static_cast<std::size_t>(index) + i) % n;
+        Worker& victim = *core.workers[v];
+        RunnextLook& look = runnext_looks[v];
+        const std::uint64_t state = victim.runnext_state.load(std::memory_order_relaxed);
+        if (!(state & 1) || state != look.state) {
+            look.state = state;
+            look.looks = 0;
+            continue;
+        }
+        if (++look.looks < runnext_stuck_looks) continue;
+        look.looks = 0;
+        std::lock_guard<SpinLock> lock(victim.queue_lock);
+        if (!victim.runnext || victim.runnext_state.load(std::memory_order_relaxed) != state) continue;
+        victim.take_runnext_locked(out);
+        victim.runnext_streak = 0;  // not its own run
+        core.runnext_stuck_taken.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
+inline bool Worker::runnext_activity() noexcept {
+    bool active = false;
+    for (std::size_t v = 0; v < core.workers.size(); ++v) {
+        if (v == static_cast<std::size_t>(index)) continue;
+        const std::uint64_t state = core.workers[v]->runnext_state.load(std::memory_order_seq_cst);
+        RunnextLook& look = runnext_looks[v];
+        active = active || (state & 1) || state != look.at_sleep;
+        look.at_sleep = state;
+    }
+    return active;
+}
+
 void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
     const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
@@ -5210,6 +5385,11 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 
 void wake_fiber(Fiber::ptr fiber) noexcept {
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
+    if (target.worker < 0 && target.priority == Priority::Normal) {
+        // Woken by a task of its scheduler: into the waker's run-next slot.
+        ThreadState* ts = thread_state();
+        if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;
+    }
     QueuedTask task;
     task.kind = TaskKind::woken;
     task.worker = target.worker;
@@ -5232,6 +5412,10 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
         n += w->timers.size();
     }
     return n;
+}
+
+std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
+    return SchedulerCore::of(scheduler).runnext_stuck_taken.load(std::memory_order_relaxed);
 }
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {

@@ -82,7 +82,11 @@ public:
     // (unpinned) High task before its own Normal ones. A High task that yields in a loop
     // therefore starves the Normal and Low tasks of its worker (not timers, IO polling or
     // other workers); give High to short work. Within a level, tasks run in the order they
-    // were queued (stolen ones excepted).
+    // were queued (stolen ones excepted), but for one: an unpinned Normal fiber that a task
+    // wakes (a Channel, Mutex, WaitGroup... hand-off) runs next on the waker's worker, as
+    // Go's runnext does, ahead of that worker's queued Normal tasks (at most 16 times in a
+    // row while tasks wait there), and another worker takes it only if the waker runs on
+    // without parking; a second wake sends the first woken fiber to the back of the queue.
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread = -1) {
         submit(make_task(std::move(fc), thread));
@@ -182,6 +186,8 @@ void reserve_timer();
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
 // Timers held by the scheduler's workers now, satisfied-but-unswept ones included (tests).
 std::size_t pending_timers(Scheduler& scheduler) noexcept;
+// Run-next fibers another worker took because they sat too long (take_stuck_runnext; tests).
+std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept;
 }  // namespace detail
 
 namespace this_fiber {
