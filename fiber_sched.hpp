@@ -4081,6 +4081,25 @@ struct alignas(64) Worker {
     std::atomic<std::size_t> queued{0};
     std::atomic<std::size_t> stealable{0};
 
+    // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this worker
+    // woke (put_runnext), which this worker runs next, ahead of its Normal queue, before it
+    // looks anywhere else; the woken fiber finds the waker's caches warm, and a pair that
+    // hands work to each other (a channel ping-pong, a mutex handed over) stays on one
+    // worker instead of crossing by steal at every message. A second wake puts the first
+    // fiber at the back of the Normal queue. Not stealable: another worker takes it only
+    // when it has sat there unchanged for runnext_stuck_looks of that worker's looks (a task
+    // that woke it and runs on without parking; see take_stuck_runnext). Under queue_lock.
+    Fiber::ptr runnext;
+    std::uint64_t runnext_sets = 0;  // under queue_lock
+    // (runnext_sets << 1) | occupied, stored under queue_lock, read without it by other
+    // workers as a hint; seq_cst when set, paired with `sleepers` (see put_runnext).
+    std::atomic<std::uint64_t> runnext_state{0};
+    // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
+    // queue's oldest goes first, so a pair waking each other cannot starve it. Under queue_lock.
+    unsigned runnext_streak = 0;
+    static constexpr unsigned runnext_streak_max = 16;
+    static constexpr unsigned runnext_stuck_looks = 16;
+
     // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
     // or the worker itself), and that one decrements core.sleepers. seq_cst: see
     // sleep_until_work().
@@ -4130,24 +4149,6 @@ struct alignas(64) Worker {
     std::vector<Fiber::ptr> local_ring;
     std::size_t local_head = 0, local_size = 0;
 
-    // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this worker
-    // woke (put_runnext), which this worker runs next, ahead of its Normal queue, before it
-    // looks anywhere else; the woken fiber finds the waker's caches warm, and a pair that
-    // hands work to each other (a channel ping-pong, a mutex handed over) stays on one
-    // worker instead of crossing by steal at every message. A second wake puts the first
-    // fiber at the back of the Normal queue. Not stealable: another worker takes it only
-    // when it has sat there unchanged for runnext_stuck_looks of that worker's looks (a task
-    // that woke it and runs on without parking; see take_stuck_runnext). Under queue_lock.
-    Fiber::ptr runnext;
-    std::uint64_t runnext_sets = 0;  // under queue_lock
-    // (runnext_sets << 1) | occupied, stored under queue_lock, read without it by other
-    // workers as a hint; seq_cst when set, paired with `sleepers` (see put_runnext).
-    std::atomic<std::uint64_t> runnext_state{0};
-    // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
-    // queue's oldest goes first, so a pair waking each other cannot starve it. Under queue_lock.
-    unsigned runnext_streak = 0;
-    static constexpr unsigned runnext_streak_max = 16;
-    static constexpr unsigned runnext_stuck_looks = 16;
     // What this worker, as a thief, last saw of each worker's runnext_state: for
     // take_stuck_runnext (`looks`: how many looks it has been unchanged) and for the watch
     // before sleeping (`at_sleep`). Only this worker's thread touches it.
