@@ -65,6 +65,16 @@ namespace detail {
 // checks of read / write / accept / connect (usable_fd), since the process started.
 long io_epoll_ctl_calls() noexcept;
 long io_fd_checks() noexcept;
+// fstat calls by waits, accept and connect; fstat calls by the sweeps of unverified waiters,
+// the sweeps made, and the waiters whose fd a sweep found closed or naming another file.
+long io_fd_stats() noexcept;
+long io_sweep_checks() noexcept;
+long io_sweeps() noexcept;
+long io_sweep_repairs() noexcept;
+// The interval between sweeps (default 25 ms), for every scheduler.
+void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept;
+// Whether `s` makes sweeps now (an unverified waiter parked since its last empty sweep).
+bool io_sweeping(Scheduler& s) noexcept;
 // When set, called by a fiber's wait after its read or write failed with EAGAIN, just
 // before it looks at the fd's readiness and parks: a test lands an edge there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
