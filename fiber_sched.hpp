@@ -1572,8 +1572,12 @@ int last_error() noexcept;
 // ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
 // can be closed safely (closing one that is waited for is a user error). An fd that is not
 // waited for may be closed with plain close() at any time: fsched::io keeps each fd in its
-// scheduler's epoll instance between waits, and finds out before the next wait that the
-// number was closed or names another file. cancel() also forgets that registration.
+// scheduler's epoll instance between waits, and finds out that the number was closed or
+// names another file — before the next wait, or, for a socket it knows (whose waits park
+// trusting the registration), 25 to 50 ms after that wait parked, which then wakes on the
+// new file's readiness (or fails with EBADF if the number names no file by then).
+// io::accept's and io::connect's fds are checked when they are made. cancel() also forgets
+// that registration.
 void cancel(int fd);
 
 }  // namespace io
@@ -3686,8 +3690,11 @@ Fiber::ptr Fiber::current_ptr() {
 // epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
 // the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
 // wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
-// blocking every 32 tasks (poll_io) when no one is polling. What a ready fd does is
-// fsched::io's business: io.ipp.
+// blocking every 32 tasks (poll_io) when no one is polling. While fibers wait on sockets
+// whose registration no one has checked since they parked, the poller's sleep is bounded by
+// the next sweep of those waiters, and busy workers make the sweep in poll_io; with none,
+// nothing wakes up for it. What a ready fd does, and what a sweep checks, is fsched::io's
+// business: io.ipp.
 // ---------------------------------------------------------------------------
 
 namespace fsched {

@@ -53,8 +53,12 @@ int last_error() noexcept;
 // ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
 // can be closed safely (closing one that is waited for is a user error). An fd that is not
 // waited for may be closed with plain close() at any time: fsched::io keeps each fd in its
-// scheduler's epoll instance between waits, and finds out before the next wait that the
-// number was closed or names another file. cancel() also forgets that registration.
+// scheduler's epoll instance between waits, and finds out that the number was closed or
+// names another file — before the next wait, or, for a socket it knows (whose waits park
+// trusting the registration), 25 to 50 ms after that wait parked, which then wakes on the
+// new file's readiness (or fails with EBADF if the number names no file by then).
+// io::accept's and io::connect's fds are checked when they are made. cancel() also forgets
+// that registration.
 void cancel(int fd);
 
 }  // namespace io

@@ -15,8 +15,11 @@
 // epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
 // the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
 // wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
-// blocking every 32 tasks (poll_io) when no one is polling. What a ready fd does is
-// fsched::io's business: io.ipp.
+// blocking every 32 tasks (poll_io) when no one is polling. While fibers wait on sockets
+// whose registration no one has checked since they parked, the poller's sleep is bounded by
+// the next sweep of those waiters, and busy workers make the sweep in poll_io; with none,
+// nothing wakes up for it. What a ready fd does, and what a sweep checks, is fsched::io's
+// business: io.ipp.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
