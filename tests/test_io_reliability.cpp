@@ -825,6 +825,40 @@ TEST_CASE("io reliability: an accepted fd on a known socket's closed number is w
     CHECK(stats == 0);
 }
 
+TEST_CASE("io reliability: an accept that cannot record its new fd still returns it, and the fd works") {
+    Scheduler s(1, false);
+    ssize_t got = 0;
+    char c = 0;
+    s.start();
+    s.schedule([&] {
+        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        REQUIRE(listener >= 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof addr;
+        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+        REQUIRE(listen(listener, 4) == 0);
+        const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(client >= 0);
+        REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        fsched::detail::inject_fault(fsched::detail::FaultSite::io_alloc, 1);
+        const int server = fsched::io::accept(listener, nullptr, nullptr, 5s);
+        fsched::detail::inject_fault(fsched::detail::FaultSite::io_alloc, 0);
+        REQUIRE(server >= 0);
+        const long stats0 = fsched::detail::io_fd_stats();
+        got = read_after_park(server, &c, 8s, [&] { CHECK(::write(client, "f", 1) == 1); });
+        CHECK(fsched::detail::io_fd_stats() - stats0 == 1);  // unrecorded: its park checks it
+        ::close(server);
+        ::close(client);
+        ::close(listener);
+    });
+    s.stop();
+    CHECK(got == 1);
+    CHECK(c == 'f');
+}
+
 TEST_CASE("io reliability: a connected fd on a known socket's closed number is registered by connect") {
     // socket() takes the closed number; connect's wait for the connection and the reads that
     // follow are woken by the new socket's edges, not by a sweep's repair.

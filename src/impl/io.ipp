@@ -484,12 +484,17 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
     if (io_fstat(fd, st) != 0 || !S_ISSOCK(st.st_mode)) return;
     idle.io_lock.lock();
     IoFd* entry = nullptr;
+    auto it = idle.io_fds.find(fd);
     try {
-        if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
-        entry = &idle.io_fds[fd];
+        if (it != idle.io_fds.end()) {
+            entry = &it->second;
+        } else {
+            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            entry = &idle.io_fds[fd];
+        }
     } catch (const std::bad_alloc&) {
         idle.io_lock.unlock();
-        return;  // its first wait tries again
+        return;  // no entry: its first wait checks the file and tries again
     }
     if (born) entry->checked = false;
     record_file(*entry, st);
