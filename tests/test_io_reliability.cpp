@@ -642,13 +642,30 @@ TEST_CASE("io reliability: a write on a known socket's number, taken over by a b
 // ones that sleep long enough for the number to have been reused behind io's back.
 namespace {
 
-// A known non-blocking socket (one read through io::read) on a number `number`, then closed
-// with plain close(), its peer too.
+int known_peer = -1;  // the hook below writes here
+
+void write_known_peer(int) {
+    fsched::detail::set_io_before_park_hook(nullptr);  // once
+    CHECK(::write(known_peer, "k", 1) == 1);
+}
+
+// Makes the non-blocking socket `fd` known to io (checked by a wait of io::read, in a fiber)
+// whatever the number of workers: its read fails with EAGAIN, and the byte comes from the
+// hook, just before the wait's park.
+void make_known(int fd, int peer) {
+    known_peer = peer;
+    fsched::detail::set_io_before_park_hook(&write_known_peer);
+    char c = 0;
+    CHECK(fsched::io::read(fd, &c, 1, 5s) == 1);
+    fsched::detail::set_io_before_park_hook(nullptr);
+    CHECK(c == 'k');
+}
+
+// A known non-blocking socket, closed with plain close(), its peer too; returns its number.
 int known_socket_closed() {
     int p[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, p) == 0);
-    char c = 0;
-    CHECK(read_after_park(p[0], &c, 5s, [&] { CHECK(::write(p[1], "1", 1) == 1); }) == 1);
+    make_known(p[0], p[1]);
     ::close(p[0]);
     ::close(p[1]);
     return p[0];
@@ -913,9 +930,9 @@ TEST_CASE("io reliability: sweeps stop once no waiter is unverified, and an idle
     std::atomic<ssize_t> got{0};
     const long checks0 = fsched::detail::io_sweep_checks();
     s.schedule([&] {
-        char c = 0;
-        CHECK(read_after_park(pair.a, &c, 5s, [&] { CHECK(::write(pair.b, "1", 1) == 1); }) == 1);
+        make_known(pair.a, pair.b);
         known = true;
+        char c = 0;
         got = fsched::io::read(pair.a, &c, 1, 20s);  // a trusted park: unverified
     });
     const auto until = std::chrono::steady_clock::now() + 10s;
