@@ -981,6 +981,9 @@ TEST_CASE("io reliability: a stale registration's reader on one worker is repair
         int q[2];
         REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, q) == 0);
         const int reused = move_to(q[0], number);
+        // Holds this worker so that the other one, woken by the wait above, is back asleep
+        // in epoll_wait, with no sweep due, when the read below parks.
+        std::this_thread::sleep_for(50ms);
         peer = q[1];
         const auto t0 = std::chrono::steady_clock::now();
         got = fsched::io::read(reused, &c, 1, 8s);
