@@ -5912,7 +5912,8 @@ __attribute__((noinline)) void set_errno(int error) noexcept {
 struct IoWait {
     Waiter waiter;           // notified (ready or cancelled) races timed_out; the first member
     bool cancelled = false;  // written by cancel() before it wakes the waiter
-    int error = 0;           // written by a sweep before it wakes the waiter: the wait fails so
+    int error = 0;           // a sweep's verdict, written before it wakes the waiter: the
+                             // wait fails with this errno (EBADF: closed); 0: ready
     int fd = -1;             // the fd waited for, for a sweep
     // In SchedulerIdle's list of unverified waiters (see "Delayed validation" above); all
     // under io_lock.
