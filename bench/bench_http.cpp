@@ -304,6 +304,8 @@ public:
         const fsched_bench::GoTwin& twin = twin_;
         fork_server(cpu, [&twin, listen_fd](int fd) {
             if (::dup2(listen_fd, 3) != 3) return 126;
+            // dup2 onto itself (the listener is fd 3 already) keeps FD_CLOEXEC: clear it.
+            ::fcntl(3, F_SETFD, 0);
             ::fcntl(3, F_SETFL, ::fcntl(3, F_GETFL) & ~O_NONBLOCK);
             ::dup2(fd, STDOUT_FILENO);
             twin.exec();

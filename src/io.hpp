@@ -53,8 +53,12 @@ int last_error() noexcept;
 // ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
 // can be closed safely (closing one that is waited for is a user error). An fd that is not
 // waited for may be closed with plain close() at any time: fsched::io keeps each fd in its
-// scheduler's epoll instance between waits, and finds out before the next wait that the
-// number was closed or names another file. cancel() also forgets that registration.
+// scheduler's epoll instance between waits, and finds out that the number was closed or
+// names another file — before the next wait, or, for a socket it knows (whose waits park
+// trusting the registration), 25 to 50 ms after that wait parked, which then wakes on the
+// new file's readiness (or fails with EBADF if the number names no file by then).
+// io::accept's and io::connect's fds are checked when they are made. cancel() also forgets
+// that registration.
 void cancel(int fd);
 
 }  // namespace io
@@ -65,6 +69,16 @@ namespace detail {
 // checks of read / write / accept / connect (usable_fd), since the process started.
 long io_epoll_ctl_calls() noexcept;
 long io_fd_checks() noexcept;
+// fstat calls by waits, accept and connect; fstat calls by the sweeps of unverified waiters,
+// the sweeps made, and the waiters whose fd a sweep found closed or naming another file.
+long io_fd_stats() noexcept;
+long io_sweep_checks() noexcept;
+long io_sweeps() noexcept;
+long io_sweep_repairs() noexcept;
+// The interval between sweeps (default 25 ms), for every scheduler.
+void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept;
+// Whether `s` makes sweeps now (an unverified waiter parked since its last empty sweep).
+bool io_sweeping(Scheduler& s) noexcept;
 // When set, called by a fiber's wait after its read or write failed with EAGAIN, just
 // before it looks at the fd's readiness and parks: a test lands an edge there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;

@@ -402,18 +402,19 @@ void land_edge_before_park(int) {
 
 }  // namespace
 
-TEST_CASE("io reliability: waits on a known socket make no epoll_ctl call, and its reads and writes no fcntl") {
+TEST_CASE("io reliability: waits on a known socket make no epoll_ctl or fstat call, and its reads and writes no fcntl") {
     // Ping-pong on one worker: each side's read waits for the other's write, so there are
     // about 2 x 500 waits. Re-arming per wait would make an epoll_ctl call for each.
     constexpr int rounds = 500;
     Scheduler s(1, false);
     Sockets pair;
     int a_got = 0, b_got = 0;
-    long ctl_calls = 0, checks = 0;
+    long ctl_calls = 0, checks = 0, stats = 0;
     s.start();
     s.schedule([&] {
         const long ctl0 = fsched::detail::io_epoll_ctl_calls();
         const long checks0 = fsched::detail::io_fd_checks();
+        const long stats0 = fsched::detail::io_fd_stats();
         Scheduler::current()->schedule([&] {
             char c = 0;
             for (int i = 0; i < rounds; ++i) {
@@ -430,6 +431,7 @@ TEST_CASE("io reliability: waits on a known socket make no epoll_ctl call, and i
         while (b_got < rounds && fsched::io::wait(pair.b, Ready::Write, 0ms)) fsched::this_fiber::yield();
         ctl_calls = fsched::detail::io_epoll_ctl_calls() - ctl0;
         checks = fsched::detail::io_fd_checks() - checks0;
+        stats = fsched::detail::io_fd_stats() - stats0;
     });
     s.stop();
     CHECK(a_got == rounds);
@@ -437,6 +439,7 @@ TEST_CASE("io reliability: waits on a known socket make no epoll_ctl call, and i
     CHECK(ctl_calls == 2);  // one EPOLL_CTL_ADD for each end
     CAPTURE(checks);
     CHECK(checks <= 4);  // each end's calls before its first wait
+    CHECK(stats == 2);   // each end's first wait, which finds it a socket
 }
 
 TEST_CASE("io reliability: an edge that lands between a read's EAGAIN and its park is not lost") {
@@ -633,6 +636,378 @@ TEST_CASE("io reliability: a write on a known socket's number, taken over by a b
     CHECK(got == 1);
     CHECK(wrote == -1);
     CHECK(wrote_errno == EINVAL);
+}
+
+// Delayed validation: a known socket's waits trust its registration, and a sweep checks the
+// ones that sleep long enough for the number to have been reused behind io's back.
+namespace {
+
+int known_peer = -1;  // the hook below writes here
+
+void write_known_peer(int) {
+    fsched::detail::set_io_before_park_hook(nullptr);  // once
+    CHECK(::write(known_peer, "k", 1) == 1);
+}
+
+// Makes the non-blocking socket `fd` known to io (checked by a wait of io::read, in a fiber)
+// whatever the number of workers: its read fails with EAGAIN, and the byte comes from the
+// hook, just before the wait's park.
+void make_known(int fd, int peer) {
+    known_peer = peer;
+    fsched::detail::set_io_before_park_hook(&write_known_peer);
+    char c = 0;
+    CHECK(fsched::io::read(fd, &c, 1, 5s) == 1);
+    fsched::detail::set_io_before_park_hook(nullptr);
+    CHECK(c == 'k');
+}
+
+// A known non-blocking socket, closed with plain close(), its peer too; returns its number.
+int known_socket_closed() {
+    int p[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, p) == 0);
+    make_known(p[0], p[1]);
+    ::close(p[0]);
+    ::close(p[1]);
+    return p[0];
+}
+
+// Moves `fd` to the number `number` (which must be free or fd's own); returns number.
+int move_to(int fd, int number) {
+    if (fd == number) return fd;
+    REQUIRE(::dup2(fd, number) == number);
+    ::close(fd);
+    return number;
+}
+
+// Sets the sweep interval for the scope.
+struct SweepInterval {
+    explicit SweepInterval(std::chrono::milliseconds interval) { fsched::detail::set_io_sweep_interval(interval); }
+    ~SweepInterval() { fsched::detail::set_io_sweep_interval(25ms); }
+};
+
+}  // namespace
+
+TEST_CASE("io reliability: a known socket's number reused by a socket made outside io wakes its reader (sweep)") {
+    // The new socket is not in the epoll set, and the read's park trusts the old socket's
+    // registration: only the sweep's check of the parked reader registers the new socket.
+    // Without it the read would sleep until its timeout (then find the byte: hence the clock).
+    Scheduler s(1, false);
+    ssize_t got = 0;
+    char c = 0;
+    bool same_number = false;
+    long repairs = 0, stats = 0;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        const int number = known_socket_closed();
+        int q[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, q) == 0);
+        same_number = q[0] == number;
+        const long repairs0 = fsched::detail::io_sweep_repairs();
+        const long stats0 = fsched::detail::io_fd_stats();
+        const auto t0 = std::chrono::steady_clock::now();
+        got = read_after_park(q[0], &c, 8s, [&] { CHECK(::write(q[1], "2", 1) == 1); });
+        took = std::chrono::steady_clock::now() - t0;
+        repairs = fsched::detail::io_sweep_repairs() - repairs0;
+        stats = fsched::detail::io_fd_stats() - stats0;
+        ::close(q[0]);
+        ::close(q[1]);
+    });
+    s.stop();
+    CHECK(same_number);
+    CHECK(got == 1);
+    CHECK(c == '2');
+    CHECK(took < 4s);
+    CHECK(repairs == 1);
+    CHECK(stats == 0);  // the park trusted the registration
+}
+
+TEST_CASE("io reliability: a known socket's number reused by a pipe or an eventfd wakes its io::wait (sweep)") {
+    // io::wait's poll() sees the new file not ready, and its park trusts the old socket's
+    // registration; the sweep finds a file that is not a socket and registers it.
+    enum Kind { pipe_kind, eventfd_kind };
+    for (const Kind kind : {pipe_kind, eventfd_kind}) {
+        CAPTURE(static_cast<int>(kind));
+        Scheduler s(1, false);
+        bool woke = false;
+        long repairs = 0;
+        std::chrono::steady_clock::duration took{};
+        s.start();
+        s.schedule([&] {
+            const int number = known_socket_closed();
+            int read_end = -1, write_end = -1;
+            if (kind == pipe_kind) {
+                int p[2];
+                REQUIRE(pipe2(p, O_NONBLOCK | O_CLOEXEC) == 0);
+                write_end = p[1];
+                read_end = move_to(p[0], number);
+            } else {
+                read_end = write_end = move_to(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), number);
+            }
+            const long repairs0 = fsched::detail::io_sweep_repairs();
+            Scheduler::current()->schedule([&] {
+                if (kind == pipe_kind) {
+                    CHECK(::write(write_end, "p", 1) == 1);
+                } else {
+                    CHECK(eventfd_write(write_end, 1) == 0);
+                }
+            });
+            const auto t0 = std::chrono::steady_clock::now();
+            woke = fsched::io::wait(read_end, Ready::Read, 8s);
+            took = std::chrono::steady_clock::now() - t0;
+            repairs = fsched::detail::io_sweep_repairs() - repairs0;
+            ::close(read_end);
+            if (write_end != read_end) ::close(write_end);
+        });
+        s.stop();
+        CHECK(woke);
+        CHECK(took < 4s);
+        CHECK(repairs == 1);
+    }
+}
+
+TEST_CASE("io reliability: a reader trusting a stale registration on a number then closed gets EBADF, not a hang") {
+    // The number is reused by a socket the reader parks on, then closed while it waits (a
+    // user error): the sweep finds it closed. The interval is long enough that the close
+    // comes before the check, however slow the machine.
+    const SweepInterval interval(300ms);
+    Scheduler s(1, false);
+    ssize_t got = 0;
+    int got_errno = 0;
+    long repairs = 0;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        const int number = known_socket_closed();
+        int q[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, q) == 0);
+        const int reused = move_to(q[0], number);
+        const long repairs0 = fsched::detail::io_sweep_repairs();
+        const auto t0 = std::chrono::steady_clock::now();
+        char c = 0;
+        got = read_after_park(reused, &c, 20s, [&] { ::close(reused); });
+        got_errno = fsched::io::last_error();
+        took = std::chrono::steady_clock::now() - t0;
+        repairs = fsched::detail::io_sweep_repairs() - repairs0;
+        ::close(q[1]);
+    });
+    s.stop();
+    CHECK(got == -1);
+    CHECK(got_errno == EBADF);
+    CHECK(took < 10s);
+    CHECK(repairs == 1);
+}
+
+TEST_CASE("io reliability: an accepted fd on a known socket's closed number is woken by its first data at once") {
+    // accept() makes a new socket: its entry is renewed and registered there, so its first
+    // read parks without an fstat and its data's edge wakes it, not a sweep. Trusting the
+    // old entry, the read would be woken only by the sweep's repair.
+    Scheduler s(1, false);
+    ssize_t got = 0;
+    char c = 0;
+    bool same_number = false;
+    long repairs = 0, stats = 0;
+    s.start();
+    s.schedule([&] {
+        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        REQUIRE(listener >= 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof addr;
+        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+        REQUIRE(listen(listener, 4) == 0);
+        const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // blocking: loopback connects at once
+        REQUIRE(client >= 0);
+        REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        const int number = known_socket_closed();
+        const int server = fsched::io::accept(listener, nullptr, nullptr, 5s);
+        REQUIRE(server >= 0);
+        same_number = server == number;
+        const long repairs0 = fsched::detail::io_sweep_repairs();
+        const long stats0 = fsched::detail::io_fd_stats();
+        got = read_after_park(server, &c, 8s, [&] { CHECK(::write(client, "a", 1) == 1); });
+        repairs = fsched::detail::io_sweep_repairs() - repairs0;
+        stats = fsched::detail::io_fd_stats() - stats0;
+        ::close(server);
+        ::close(client);
+        ::close(listener);
+    });
+    s.stop();
+    CHECK(same_number);  // accept took the lowest free number
+    CHECK(got == 1);
+    CHECK(c == 'a');
+    CHECK(repairs == 0);
+    CHECK(stats == 0);
+}
+
+TEST_CASE("io reliability: an accept that cannot record its new fd still returns it, and the fd works") {
+    Scheduler s(1, false);
+    ssize_t got = 0;
+    char c = 0;
+    s.start();
+    s.schedule([&] {
+        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        REQUIRE(listener >= 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof addr;
+        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+        REQUIRE(listen(listener, 4) == 0);
+        const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(client >= 0);
+        REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        fsched::detail::inject_fault(fsched::detail::FaultSite::io_alloc, 1);
+        const int server = fsched::io::accept(listener, nullptr, nullptr, 5s);
+        fsched::detail::inject_fault(fsched::detail::FaultSite::io_alloc, 0);
+        REQUIRE(server >= 0);
+        const long stats0 = fsched::detail::io_fd_stats();
+        got = read_after_park(server, &c, 8s, [&] { CHECK(::write(client, "f", 1) == 1); });
+        CHECK(fsched::detail::io_fd_stats() - stats0 == 1);  // unrecorded: its park checks it
+        ::close(server);
+        ::close(client);
+        ::close(listener);
+    });
+    s.stop();
+    CHECK(got == 1);
+    CHECK(c == 'f');
+}
+
+TEST_CASE("io reliability: a connected fd on a known socket's closed number is registered by connect") {
+    // socket() takes the closed number; connect's wait for the connection and the reads that
+    // follow are woken by the new socket's edges, not by a sweep's repair.
+    Scheduler s(1, false);
+    ssize_t got = 0;
+    int connected = -1;
+    char c = 0;
+    bool same_number = false;
+    long repairs = 0;
+    s.start();
+    s.schedule([&] {
+        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        REQUIRE(listener >= 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof addr;
+        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+        REQUIRE(listen(listener, 4) == 0);
+        const int number = known_socket_closed();
+        const int client = move_to(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), number);
+        same_number = client == number;
+        const long repairs0 = fsched::detail::io_sweep_repairs();
+        connected = fsched::io::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr, 8s);
+        const int server = fsched::io::accept(listener, nullptr, nullptr, 5s);
+        REQUIRE(server >= 0);
+        got = read_after_park(client, &c, 8s, [&] { CHECK(::write(server, "s", 1) == 1); });
+        repairs = fsched::detail::io_sweep_repairs() - repairs0;
+        ::close(server);
+        ::close(client);
+        ::close(listener);
+    });
+    s.stop();
+    CHECK(same_number);
+    CHECK(connected == 0);
+    CHECK(got == 1);
+    CHECK(c == 's');
+    CHECK(repairs == 0);
+}
+
+TEST_CASE("io reliability: sweeps stop once no waiter is unverified, and an idle scheduler makes none") {
+    Scheduler s(2, false);
+    s.start();
+    // No waiter at all.
+    long sweeps0 = fsched::detail::io_sweeps();
+    std::this_thread::sleep_for(200ms);
+    CHECK(fsched::detail::io_sweeps() - sweeps0 == 0);
+    // A reader parked long on a known socket: checked by a sweep once, then left alone.
+    Sockets pair;
+    std::atomic<bool> known{false};
+    std::atomic<ssize_t> got{0};
+    const long checks0 = fsched::detail::io_sweep_checks();
+    s.schedule([&] {
+        make_known(pair.a, pair.b);
+        known = true;
+        char c = 0;
+        got = fsched::io::read(pair.a, &c, 1, 20s);  // a trusted park: unverified
+    });
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while ((!known || fsched::detail::io_sweep_checks() == checks0 || fsched::detail::io_sweeping(s)) &&
+           std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+    }
+    CHECK(fsched::detail::io_sweep_checks() - checks0 == 1);
+    REQUIRE_FALSE(fsched::detail::io_sweeping(s));
+    sweeps0 = fsched::detail::io_sweeps();
+    std::this_thread::sleep_for(300ms);
+    CHECK(fsched::detail::io_sweeps() - sweeps0 == 0);
+    CHECK(got == 0);  // still parked
+    REQUIRE(::write(pair.b, "2", 1) == 1);
+    while (got == 0 && std::chrono::steady_clock::now() < until + 10s) std::this_thread::sleep_for(1ms);
+    CHECK(got == 1);
+    s.stop();
+}
+
+TEST_CASE("io reliability: a stale registration's reader on one worker is repaired while another sleeps polling") {
+    // Worker `poller` sleeps in epoll_wait for a reader that never gets data, with no sweep
+    // due (its wait was checked by fstat); the stale reader parks on the other worker, which
+    // then sleeps too. The park must wake the poller to bound its sleep by the next sweep.
+    Scheduler s(2, false);
+    Sockets idle_pair;
+    std::atomic<bool> idle_done{false};
+    s.start();
+    s.schedule([&] {
+        char c = 0;
+        fsched::io::read(idle_pair.a, &c, 1, 20s);
+        idle_done = true;
+    });
+    auto until = std::chrono::steady_clock::now() + 10s;
+    int poller = -1;
+    while ((poller = fsched::detail::io_poller_worker(s)) < 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(poller >= 0);
+    std::atomic<bool> done{false};
+    std::atomic<int> peer{-1};
+    ssize_t got = 0;
+    char c = 0;
+    std::chrono::steady_clock::duration took{};
+    s.schedule([&] {
+        const int number = known_socket_closed();
+        int q[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, q) == 0);
+        const int reused = move_to(q[0], number);
+        // Holds this worker so that the other one, woken by the wait above, is back asleep
+        // in epoll_wait, with no sweep due, when the read below parks.
+        std::this_thread::sleep_for(50ms);
+        peer = q[1];
+        const auto t0 = std::chrono::steady_clock::now();
+        got = fsched::io::read(reused, &c, 1, 8s);
+        took = std::chrono::steady_clock::now() - t0;
+        ::close(reused);
+        ::close(q[1]);
+        done = true;
+    }, 1 - poller);
+    // Written from this thread once the reader has parked (its park turned the sweeps on):
+    // no task of the scheduler's wakes the poller meanwhile.
+    until = std::chrono::steady_clock::now() + 20s;
+    while ((peer < 0 || !fsched::detail::io_sweeping(s)) && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(fsched::detail::io_sweeping(s));
+    REQUIRE(::write(peer, "3", 1) == 1);
+    while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    REQUIRE(done.load());
+    CHECK(got == 1);
+    CHECK(c == '3');
+    CHECK(took < 4s);
+    REQUIRE(::write(idle_pair.b, "x", 1) == 1);
+    while (!idle_done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    s.stop();
 }
 
 TEST_CASE("io reliability: a fiber the use_caller thread parked on IO is resumed by another worker") {

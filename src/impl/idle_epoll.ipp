@@ -15,8 +15,11 @@
 // epoll_wait on io_epoll_fd (which also holds poller_wake_fd, so new work still wakes it),
 // the others on their own instance. So an idle scheduler blocks in the kernel, a ready fd
 // wakes one worker, and timers bound every wait. Busy workers harvest ready fds without
-// blocking every 32 tasks (poll_io) when no one is polling. What a ready fd does is
-// fsched::io's business: io.ipp.
+// blocking every 32 tasks (poll_io) when no one is polling. While fibers wait on sockets
+// whose registration no one has checked since they parked, the poller's sleep is bounded by
+// the next sweep of those waiters, and busy workers make the sweep in poll_io; with none,
+// nothing wakes up for it. What a ready fd does, and what a sweep checks, is fsched::io's
+// business: io.ipp.
 // ---------------------------------------------------------------------------
 
 namespace fsched {
@@ -51,6 +54,9 @@ struct IoFd {
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
 bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept;
+// Checks the fds of the waiters that parked trusting their registration unverified (io.ipp,
+// "Delayed validation"), if a sweep is due; true if it woke any fiber.
+bool sweep_unverified(SchedulerIdle& idle) noexcept;
 // Makes `idle` visible to io::cancel() (io.ipp); throws std::bad_alloc.
 void add_to_io_registry(SchedulerIdle* idle);
 void remove_from_io_registry(SchedulerIdle* idle) noexcept;
@@ -130,6 +136,20 @@ struct SchedulerIdle {
     SpinLock io_lock;         // guards io_fds and each fd's registration in io_epoll_fd
     std::unordered_map<int, IoFd> io_fds;
     std::uint32_t io_registrations = 0;  // under io_lock: the source of IoFd::generation
+    // Delayed validation (io.ipp): the waiters that parked on a known socket without an
+    // fstat, oldest first, and the sweeps that check them. Lists and epoch under io_lock.
+    IoWait* unverified_head = nullptr;
+    IoWait* unverified_tail = nullptr;
+    std::uint64_t sweep_epoch = 0;  // sweeps made so far; a waiter records it when it parks
+    // Sweeps are made while this is set: set under io_lock by a park that joins the list,
+    // cleared under io_lock by a sweep that leaves it empty; read without the lock by the
+    // poller and busy workers. seq_cst with poller_unbounded: the poller stores that, then
+    // loads this before it sleeps; the park that sets this then loads poller_unbounded and,
+    // if it is set, wakes the poller, which then bounds its sleep by the next sweep.
+    std::atomic<bool> sweeping{false};
+    std::atomic<bool> poller_unbounded{false};  // the poller may sleep past the next sweep
+    // steady_clock ticks of the next sweep; written under io_lock, read as a hint without it.
+    std::atomic<std::int64_t> next_sweep{0};
     bool registered = false;  // in the io registry (register_for_cancel)
 
     // Opens the epoll instance and its eventfd. nullptr, or the name of the call that
@@ -155,10 +175,11 @@ struct SchedulerIdle {
     // not while a sleeping worker waits for them anyway.
     bool poll_io(bool unless_polled) noexcept {
         if (io_waiters.load(std::memory_order_relaxed) == 0) return false;
-        if (unless_polled && poller.load(std::memory_order_relaxed) != nullptr) return false;
+        const bool swept = sweeping.load(std::memory_order_relaxed) && sweep_unverified(*this);
+        if (unless_polled && poller.load(std::memory_order_relaxed) != nullptr) return swept;
         epoll_event events[64];
         const int n = epoll_wait(io_epoll_fd, events, 64, 0);
-        return n > 0 && dispatch_io_events(*this, events, n, false);
+        return (n > 0 && dispatch_io_events(*this, events, n, false)) || swept;
     }
 };
 
@@ -203,13 +224,29 @@ struct WorkerIdle {
     // Blocks until notify(), `deadline`, or (for the poller) an fd becoming ready.
     void wait(SchedulerIdle& shared, const TimePoint* deadline) noexcept {
         epoll_event events[64];
-        const int timeout = timeout_ms(deadline);
         if (is_poller.load(std::memory_order_relaxed)) {
-            const int n = epoll_wait(shared.io_epoll_fd, events, 64, timeout);
-            if (n > 0) dispatch_io_events(shared, events, n, true);
+            poller_wait(shared, deadline, events);
             return;
         }
-        if (epoll_wait(epoll_fd, events, 1, timeout) > 0) drain(wake_fd);
+        if (epoll_wait(epoll_fd, events, 1, timeout_ms(deadline)) > 0) drain(wake_fd);
+    }
+    // The poller's sleep: until an fd is ready, notify() or `deadline`, waking meanwhile for
+    // each due sweep of unverified waiters (and sleeping on if the sweep woke no one).
+    static void poller_wait(SchedulerIdle& shared, const TimePoint* deadline, epoll_event* events) noexcept {
+        for (;;) {
+            shared.poller_unbounded.store(true, std::memory_order_seq_cst);
+            const TimePoint* bound = deadline;
+            TimePoint sweep_at;
+            if (shared.sweeping.load(std::memory_order_seq_cst)) {
+                sweep_at = TimePoint{std::chrono::steady_clock::duration(shared.next_sweep.load(std::memory_order_relaxed))};
+                if (!deadline || sweep_at < *deadline) bound = &sweep_at;
+            }
+            const int n = epoll_wait(shared.io_epoll_fd, events, 64, timeout_ms(bound));
+            shared.poller_unbounded.store(false, std::memory_order_relaxed);
+            if (n > 0) dispatch_io_events(shared, events, n, true);
+            if (n != 0 || bound == deadline) return;
+            if (sweep_unverified(shared)) return;
+        }
     }
     // Gives up the poller role; then, if fibers wait for IO, wakes a sleeper to take it
     // (side (c)): this worker is about to run tasks, which may take long.

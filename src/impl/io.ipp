@@ -26,21 +26,55 @@
 // a level-triggered registration would): the edge is kept in IoFd::ready and nothing else.
 //
 // Closed fds and reused numbers. Nothing sees a ::close() behind our back, so the number is
-// checked against its file before each park: fstat()'s device and inode, recorded in IoFd.
-// EBADF forgets the entry; another file under the same number drops the registration (a new
-// one gets a new generation, so events of the old file, if it is still open elsewhere, are
-// stale) and its calls check the new file's flags again. One fstat per park costs less than the re-arming
-// epoll_ctl it replaces, and io::read / io::write on a known non-blocking socket skip the
-// per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a number reused by a
-// blocking socket cannot block the worker before the next park finds it out; a write that
-// finds ENOTSOCK there goes back to the check). A socket's inode number is unique among
-// live files, so for sockets the check is enough; a number reused by a socket with the same
-// device and inode as a closed one would need 2^32 sockets opened in between. Other files
-// can share an inode with a closed one (every eventfd, timerfd and epoll fd shares one; each
-// open of a FIFO, a tty or /dev/ptmx has the node's), so a non-socket re-arms its
-// registration at each park (EPOLL_CTL_MOD, ADD if the set lost it): one epoll_ctl per
-// park, as before the persistent registration, and a new generation, so the closed file's
-// events are stale.
+// checked against its file: fstat()'s device and inode, recorded in IoFd. EBADF forgets the
+// entry; another file under the same number drops the registration (a new one gets a new
+// generation, so events of the old file, if it is still open elsewhere, are stale) and its
+// calls check the new file's flags again. io::read / io::write on a known non-blocking
+// socket skip the per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a
+// number reused by a blocking socket cannot block the worker before a check finds it out; a
+// write that finds ENOTSOCK there goes back to the check). A socket's inode number is unique
+// among live files, so for sockets the check is enough; a number reused by a socket with the
+// same device and inode as a closed one would need 2^32 sockets opened in between. Other
+// files can share an inode with a closed one (every eventfd, timerfd and epoll fd shares
+// one; each open of a FIFO, a tty or /dev/ptmx has the node's), so a non-socket is checked
+// and re-arms its registration at each park (EPOLL_CTL_MOD, ADD if the set lost it): one
+// epoll_ctl per park, as before the persistent registration, and a new generation, so the
+// closed file's events are stale. A socket not yet known as a non-blocking one is checked
+// at each park too.
+//
+// Delayed validation. A known non-blocking socket (IoFd::fast_socket, registered) parks
+// without the fstat: the wait trusts the registration, which a keep-alive connection's
+// every request would otherwise pay a system call for. A registration can only be wrong if
+// the fd was closed behind our back and its number reused, and then its only harm is that
+// the waiter is never woken (the new file is not in the epoll set; the old one, if open
+// elsewhere, wakes it at worst spuriously, and the retry loop's call, on the new file, then
+// fails with EAGAIN or ENOTSOCK). So such a waiter joins SchedulerIdle's list of unverified
+// waiters, in park order, with the sweep epoch (no clock read per park), and a sweep, due
+// every sweep_interval() while the list is not empty, fstat()s the fd of each waiter that
+// parked before the previous sweep (so 1 to 2 intervals after its park; most waits end
+// sooner and cost nothing more). Same file: verified for the rest of this park. Another
+// file: registered anew under a new generation; EPOLL_CTL_ADD reports its present
+// readiness, so a file that is ready now wakes its waiter as an edge does, and its calls
+// check it again (fast_socket false). Not open: the waiters are woken with EBADF rather than
+// left asleep. Sweeps come from the poller, whose epoll_wait is bounded by the next sweep
+// while sweeps are on (SchedulerIdle::sweeping, with the handshake that wakes a poller that
+// fell asleep unbounded), and from busy workers in poll_io(); a sweep that leaves the list
+// empty turns them off, so with no unverified waiter nothing wakes up. Races, all settled
+// by io_lock, under which the list, each waiter's slot and each sweep's check are changed:
+// a waiter leaves the list when it leaves its slot (take_ready, cancel(), a sweep's wake)
+// or, timed out, in unlink_io_wait; so every waiter in the list is parked and its IoWait
+// alive. The sweep checks a waiter still in its slot; one that timed out meanwhile (its
+// claim by the timer is not under io_lock) may have its fd registered anew, which is
+// harmless, and is not woken again (claim fails). A wake or cancel before the check takes
+// the waiter out of the list first; after it, the waiter is not in the list any more. The
+// lost-edge argument is untouched: a sweep only adds a registration (whose ADD reports the
+// present state) and a wake.
+//
+// Fds born through io. accept4() returns a new socket, so whatever an entry under its number
+// said is a closed file's: io::accept records the new file (one fstat per connection),
+// registers it and marks it a known non-blocking socket, so its first park needs neither a
+// check nor a sweep. io::connect's fd is typically fresh from socket(): connect records and
+// registers it the same way, trusting nothing.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -63,8 +97,17 @@ __attribute__((noinline)) void set_errno(int error) noexcept {
 }
 
 struct IoWait {
-    Waiter waiter;           // notified (ready or cancelled) races timed_out
+    Waiter waiter;           // notified (ready or cancelled) races timed_out; the first member
     bool cancelled = false;  // written by cancel() before it wakes the waiter
+    int error = 0;           // a sweep's verdict, written before it wakes the waiter: the
+                             // wait fails with this errno (EBADF: closed); 0: ready
+    int fd = -1;             // the fd waited for, for a sweep
+    // In SchedulerIdle's list of unverified waiters (see "Delayed validation" above); all
+    // under io_lock.
+    bool unverified = false;
+    IoWait* prev_unverified = nullptr;
+    IoWait* next_unverified = nullptr;
+    std::uint64_t park_epoch = 0;  // SchedulerIdle::sweep_epoch when it parked
 };
 
 namespace {
@@ -106,8 +149,31 @@ IoRegistry& io_registry() {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 std::atomic<long> io_epoll_ctl_count{0};
 std::atomic<long> io_fd_check_count{0};
+std::atomic<long> io_fd_stat_count{0};
+std::atomic<long> io_sweep_count{0};
+std::atomic<long> io_sweep_check_count{0};
+std::atomic<long> io_sweep_repair_count{0};
+std::atomic<int> io_sweep_interval_ms{25};
 std::atomic<void (*)(int)> io_before_park{nullptr};
 #endif
+
+// How often unverified waiters are swept: a stale registration wakes its waiter one to two
+// of these after it parked.
+std::chrono::steady_clock::duration sweep_interval() noexcept {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    return std::chrono::milliseconds(io_sweep_interval_ms.load(std::memory_order_relaxed));
+#else
+    return std::chrono::milliseconds(25);
+#endif
+}
+
+// fstat() of fd by a wait, an accept or a connect (not by a sweep); counted for the tests.
+int io_fstat(int fd, struct stat& st) noexcept {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_fd_stat_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    return ::fstat(fd, &st);
+}
 
 // epoll_ctl on a waited-for fd; counted for the tests.
 int io_epoll_ctl(int epoll_fd, int op, int fd, epoll_event* ev) noexcept {
@@ -155,6 +221,36 @@ void forget_fd(SchedulerIdle& idle, int fd, bool still_open) noexcept {
     idle.io_fds.erase(it);
 }
 
+// Puts a waiter about to park on a registration it has not checked at the end of the list
+// of unverified waiters, and has sweeps made while the list is not empty (the handshake with
+// the poller is at SchedulerIdle::sweeping). Under io_lock.
+void join_unverified(SchedulerIdle& idle, IoWait& wait, int fd) noexcept {
+    wait.fd = fd;
+    wait.park_epoch = idle.sweep_epoch;
+    wait.unverified = true;
+    wait.prev_unverified = idle.unverified_tail;
+    wait.next_unverified = nullptr;
+    (idle.unverified_tail ? idle.unverified_tail->next_unverified : idle.unverified_head) = &wait;
+    idle.unverified_tail = &wait;
+    if (!idle.sweeping.load(std::memory_order_relaxed)) {
+        const auto first = std::chrono::steady_clock::now() + sweep_interval();
+        idle.next_sweep.store(first.time_since_epoch().count(), std::memory_order_relaxed);
+        idle.sweeping.store(true, std::memory_order_seq_cst);
+        if (idle.poller_unbounded.load(std::memory_order_seq_cst)) signal_eventfd(idle.poller_wake_fd);
+    }
+}
+
+// Takes a waiter out of the list of unverified waiters, if it is there. Under io_lock, by
+// whoever takes it out of its fd's slot (or finds it timed out), so that every waiter in the
+// list is still parked, its IoWait alive.
+void leave_unverified(SchedulerIdle& idle, IoWait& wait) noexcept {
+    if (!wait.unverified) return;
+    wait.unverified = false;
+    (wait.prev_unverified ? wait.prev_unverified->next_unverified : idle.unverified_head) = wait.next_unverified;
+    (wait.next_unverified ? wait.next_unverified->prev_unverified : idle.unverified_tail) = wait.prev_unverified;
+    wait.prev_unverified = wait.next_unverified = nullptr;
+}
+
 // Takes whichever of fd's waiters `revents` wakes, and keeps the edges no waiter took;
 // under io_lock. An event of an earlier registration than the entry's is ignored.
 void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint32_t revents, IoWait* woken[2],
@@ -167,11 +263,13 @@ void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint
     if (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR)) entry.ready |= write_bit;
     // A waiter that lost the race to its timer leaves the edge for the next one.
     if (entry.reader && (entry.ready & read_bit) && claim(entry.reader->waiter)) {
+        leave_unverified(idle, *entry.reader);
         woken[count++] = entry.reader;
         entry.reader = nullptr;
         entry.ready &= ~read_bit;
     }
     if (entry.writer && (entry.ready & write_bit) && claim(entry.writer->waiter)) {
+        leave_unverified(idle, *entry.writer);
         woken[count++] = entry.writer;
         entry.writer = nullptr;
         entry.ready &= ~write_bit;
@@ -187,6 +285,7 @@ struct FiberIoWait {
 void unlink_io_wait(void* context, Waiter& w) {
     auto* wait = reinterpret_cast<IoWait*>(&w);  // Waiter is IoWait's first member
     auto* where = static_cast<FiberIoWait*>(context);
+    leave_unverified(*where->idle, *wait);
     auto it = where->idle->io_fds.find(where->fd);
     if (it == where->idle->io_fds.end()) return;
     IoFd& entry = it->second;
@@ -243,7 +342,7 @@ enum class WaitKind { after_eagain, ready_only };
 // entry is then forgotten: it was closed behind our back, and the kernel dropped its
 // registration with the file (or will with the last dup of it).
 bool stat_fd(SchedulerIdle& idle, int fd, struct stat& st) noexcept {
-    if (::fstat(fd, &st) == 0) return true;
+    if (io_fstat(fd, st) == 0) return true;
     const int error = current_errno();
     idle.io_lock.lock();
     forget_fd(idle, fd, false);
@@ -252,10 +351,27 @@ bool stat_fd(SchedulerIdle& idle, int fd, struct stat& st) noexcept {
     return false;
 }
 
+// A known non-blocking socket, registered: a wait on it may park without an fstat.
+bool trusted_entry(const IoFd& entry) noexcept { return entry.checked && entry.fast_socket && entry.registered; }
+
+// Records in `entry` the file that fstat found under its number; a file it has not seen
+// drops the registration, which, if any, was the old file's. Under io_lock.
+void record_file(IoFd& entry, const struct stat& st) noexcept {
+    if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino) return;
+    entry.registered = false;
+    entry.ready = 0;
+    entry.checked = true;
+    entry.device = st.st_dev;
+    entry.inode = st.st_ino;
+    entry.fast_socket = false;
+}
+
 // `nonblocking_known`: the calling io function checked with fcntl, in this call, that fd
 // is non-blocking (usable_fd); the entry may then mark a socket as fast_socket.
+// `trusted`: the caller's call went the fast way (prepare_call), so the entry was a known
+// socket's a moment ago; fiber_wait checks that again under io_lock.
 bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline, WaitKind kind,
-                bool nonblocking_known) {
+                bool nonblocking_known, bool trusted) {
     IoWait wait;
     try {
         if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
@@ -263,44 +379,50 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         set_errno(ENOMEM);
         return false;
     }
-    struct stat st;
-    if (!stat_fd(idle, fd, st)) return false;
     const unsigned bit = static_cast<unsigned>(what);
     if (kind == WaitKind::ready_only) {
         // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
         // Readiness from after this poll comes as a new edge (see the top of this file).
         idle.io_lock.lock();
         auto it = idle.io_fds.find(fd);
-        if (it != idle.io_fds.end()) it->second.ready &= ~bit;
+        if (it != idle.io_fds.end()) {
+            it->second.ready &= ~bit;
+            trusted = trusted_entry(it->second);
+        }
         idle.io_lock.unlock();
         if (ready_now(fd, what)) return true;
         if (current_errno() == EBADF) return false;
     }
+    struct stat st;
+    bool stated = !trusted;
+    if (stated && !stat_fd(idle, fd, st)) return false;
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
 #endif
-    idle.io_lock.lock();
     IoFd* found;
-    try {
-        if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
-        found = &idle.io_fds[fd];
-    } catch (const std::bad_alloc&) {
+    for (;;) {
+        idle.io_lock.lock();
+        try {
+            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            found = &idle.io_fds[fd];
+        } catch (const std::bad_alloc&) {
+            idle.io_lock.unlock();
+            set_errno(ENOMEM);
+            return false;
+        }
+        if (stated || trusted_entry(*found)) break;
+        // No longer a known socket (cancel() forgot it, or a call found ENOTSOCK): check
+        // the file, as any other wait does.
         idle.io_lock.unlock();
-        set_errno(ENOMEM);
-        return false;
+        if (!stat_fd(idle, fd, st)) return false;
+        stated = true;
     }
     IoFd& entry = *found;
-    const bool socket = S_ISSOCK(st.st_mode);
-    if (!entry.checked || entry.device != st.st_dev || entry.inode != st.st_ino) {
-        // A file this entry has not seen: the registration, if any, was the old file's.
-        entry.registered = false;
-        entry.ready = 0;
-        entry.checked = true;
-        entry.device = st.st_dev;
-        entry.inode = st.st_ino;
-        entry.fast_socket = false;
+    const bool socket = !stated || S_ISSOCK(st.st_mode);
+    if (stated) {
+        record_file(entry, st);
+        if (socket && nonblocking_known) entry.fast_socket = true;
     }
-    if (socket && nonblocking_known) entry.fast_socket = true;
     IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
     if (slot) {
         idle.io_lock.unlock();
@@ -327,6 +449,8 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return true;
     }
     slot = &wait;
+    // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
+    if (!stated) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
     // must be polling for it (the caller thread that runs it may not sleep again for long).
     idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -345,7 +469,85 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         set_errno(ECANCELED);
         return false;
     }
+    if (wait.error != 0) {
+        set_errno(wait.error);
+        return false;
+    }
     return true;
+}
+
+// A new fd, or one about to be connected, in a fiber of `idle`'s scheduler: records its file
+// and, for a socket, registers it and marks it a known non-blocking socket (the callers know
+// it is non-blocking), so that its waits need no fstat. `born`: accept() made it, so an entry
+// under its number is a closed file's, whatever its device and inode say. Takes io_lock.
+void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
+    struct stat st;
+    if (io_fstat(fd, st) != 0 || !S_ISSOCK(st.st_mode)) return;
+    idle.io_lock.lock();
+    IoFd* entry = nullptr;
+    auto it = idle.io_fds.find(fd);
+    try {
+        if (it != idle.io_fds.end()) {
+            entry = &it->second;
+        } else {
+            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            entry = &idle.io_fds[fd];
+        }
+    } catch (const std::bad_alloc&) {
+        idle.io_lock.unlock();
+        return;  // no entry: its first wait checks the file and tries again
+    }
+    if (born) entry->checked = false;
+    record_file(*entry, st);
+    entry->fast_socket = true;
+    // A failure leaves it unregistered: its first wait registers it, or reports the error.
+    if (!entry->registered) register_fd(idle, fd, *entry);
+    idle.io_lock.unlock();
+}
+
+// The sweep's check of one unverified waiter's fd (see "Delayed validation" at the top of
+// this file), under io_lock: a closed fd fails its waiters with EBADF; another file under the
+// number is registered anew (its waiters then wake on its present readiness). The waiters it
+// wakes go to `woken` (room for two), to be woken once io_lock is released.
+void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
+    auto it = idle.io_fds.find(wait.fd);
+    if (it == idle.io_fds.end()) return;  // cancel() took it out; it is leaving
+    IoFd& entry = it->second;
+    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out; it is leaving
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    struct stat st;
+    int error = 0;
+    if (::fstat(wait.fd, &st) != 0) {
+        error = current_errno();
+    } else if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
+        return;  // the file it registered
+    } else {
+        record_file(entry, st);  // another file: fast_socket false, its calls check it again
+        error = register_fd(idle, wait.fd, entry);
+        if (error == 0) {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+            io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+            return;
+        }
+        if (error == EPERM) error = 0;  // a regular file: always ready
+    }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    // Not open, or not to be waited for through epoll: wake its waiters, which would
+    // otherwise sleep for good (until their timeout).
+    for (IoWait** slot : {&entry.reader, &entry.writer}) {
+        if (*slot && claim((*slot)->waiter)) {
+            (*slot)->error = error;
+            leave_unverified(idle, **slot);
+            woken[count++] = *slot;
+            *slot = nullptr;
+        }
+    }
+    if (!entry.reader && !entry.writer) idle.io_fds.erase(it);
 }
 
 // Before a read or write system call in a fiber: clears the call's readiness bit (step (a)
@@ -411,7 +613,8 @@ bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
     return poll_outcome(rc, fds[0], poll_errno);
 }
 
-bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known) {
+bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
+                bool trusted = false) {
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
     if (fd < 0) {
@@ -431,7 +634,7 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind
     }
     if (!idle) return thread_wait(fd, what, deadline);
     for (;;) {
-        if (!fiber_wait(*idle, fd, what, deadline, kind, nonblocking_known)) return false;
+        if (!fiber_wait(*idle, fd, what, deadline, kind, nonblocking_known, trusted)) return false;
         if (kind != WaitKind::ready_only || ready_now(fd, what)) return true;
         // io::wait() promises "ready", and the edge that woke it may be from data another
         // thread took between epoll_wait's return and the dispatch (the kernel drops edges
@@ -496,7 +699,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             continue;
         }
         if (error != EAGAIN && error != EWOULDBLOCK) return rc;
-        if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked)) return -1;
+        if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
     }
 }
 
@@ -546,6 +749,43 @@ bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, b
     return any;
 }
 
+bool sweep_unverified(SchedulerIdle& idle) noexcept {
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (now < idle.next_sweep.load(std::memory_order_relaxed)) return false;
+    idle.io_lock.lock();
+    if (!idle.sweeping.load(std::memory_order_relaxed) || now < idle.next_sweep.load(std::memory_order_relaxed)) {
+        idle.io_lock.unlock();  // another worker made this one
+        return false;
+    }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    idle.next_sweep.store(now + sweep_interval().count(), std::memory_order_relaxed);
+    // Due: the waiters that parked before the previous sweep (at least one interval ago).
+    const std::uint64_t due_before = idle.sweep_epoch++;
+    bool any = false;
+    for (;;) {
+        // In batches, so that io_lock is not held across many fstat calls at once.
+        IoWait* woken[2 * 16];
+        int count = 0;
+        for (int checked = 0; checked < 16; ++checked) {
+            IoWait* wait = idle.unverified_head;
+            if (!wait || wait->park_epoch >= due_before) break;
+            leave_unverified(idle, *wait);  // verified for the rest of this park, whatever follows
+            verify_waiter(idle, *wait, woken, count);
+        }
+        const IoWait* next = idle.unverified_head;
+        const bool done = !next || next->park_epoch >= due_before;
+        // No waiter left to check: no more sweeps until one parks unverified.
+        if (!next) idle.sweeping.store(false, std::memory_order_relaxed);
+        idle.io_lock.unlock();
+        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
+        any = any || count > 0;
+        if (done) return any;
+        idle.io_lock.lock();
+    }
+}
+
 void add_to_io_registry(SchedulerIdle* idle) {
     IoRegistry& registry = io_registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
@@ -562,6 +802,14 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
 long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
+long io_fd_stats() noexcept { return io_fd_stat_count.load(std::memory_order_relaxed); }
+long io_sweeps() noexcept { return io_sweep_count.load(std::memory_order_relaxed); }
+long io_sweep_checks() noexcept { return io_sweep_check_count.load(std::memory_order_relaxed); }
+long io_sweep_repairs() noexcept { return io_sweep_repair_count.load(std::memory_order_relaxed); }
+void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
+    io_sweep_interval_ms.store(static_cast<int>(interval.count()), std::memory_order_relaxed);
+}
+bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
 int io_poller_worker(Scheduler& s) noexcept {
     SchedulerCore& core = SchedulerCore::of(s);
@@ -621,12 +869,24 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
     // Never with the check skipped: accept4() has no MSG_DONTWAIT.
-    return detail::retry(fd, Ready::Read, timeout, false,
-                         [&](bool) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+    const int accepted = detail::retry(fd, Ready::Read, timeout, false,
+                                       [&](bool) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+    // A new non-blocking socket: whatever io knew under its number was a closed file's.
+    if (accepted >= 0 && detail::in_scheduler_task()) {
+        const int error = detail::current_errno();
+        detail::refresh_fd(detail::SchedulerCore::of(*detail::thread_state()->scheduler).idle, accepted, true);
+        detail::set_errno(error);
+    }
+    return accepted;
 }
 
 int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
     if (!detail::usable_fd(fd)) return -1;
+    // Typically fresh from socket(), on a number io may know as a closed file's: once per
+    // connection, look at the file now rather than trust that.
+    if (detail::in_scheduler_task()) {
+        detail::refresh_fd(detail::SchedulerCore::of(*detail::thread_state()->scheduler).idle, fd, false);
+    }
     if (::connect(fd, addr, len) == 0) return 0;
     if (detail::current_errno() != EINPROGRESS && detail::current_errno() != EINTR) return -1;
     if (!wait(fd, Ready::Write, timeout)) return -1;
@@ -660,6 +920,7 @@ void cancel(int fd) {
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {
                     (*slot)->cancelled = true;
+                    detail::leave_unverified(*idle, **slot);
                     woken[count++] = *slot;
                 }
                 *slot = nullptr;
