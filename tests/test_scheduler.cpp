@@ -749,3 +749,83 @@ TEST_CASE("run-next: a fiber the use_caller thread woke while helping runs on af
     }
     s.stop();
 }
+
+TEST_CASE("run-next: a watcher that goes off to run another task hands the watch on, so the slot's fiber is not left behind its busy waker") {
+    // Found by review: every worker asleep and unwatched; a task T pinned to worker 0 wakes
+    // F1 into its slot and runs on, so another worker takes F1 and then sleeps as the
+    // watcher; T wakes F2 into the slot (a watcher exists: no one is woken) and queues L,
+    // whose wake-up claims that watcher, which runs L for long. The third worker must be
+    // woken to take F2, not left asleep until T parks.
+    Scheduler s(3, false);
+    s.start();
+    for (int round = 0; round < 5; ++round) {
+        CAPTURE(round);
+        std::this_thread::sleep_for(50ms);  // every worker asleep, none watching
+        fsched::Channel<int> c1(0), c2(0);
+        std::atomic<int> parked{0};
+        std::atomic<bool> f1_ran{false}, f2_ran{false}, f2_while_t_ran{false};
+        fsched::WaitGroup all(4);
+        s.schedule([&] {
+            parked.fetch_add(1);
+            c1.receive();
+            f1_ran.store(true);
+            all.done();
+        });
+        s.schedule([&] {
+            parked.fetch_add(1);
+            c2.receive();
+            f2_ran.store(true);
+            all.done();
+        });
+        while (parked.load() < 2) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(20ms);  // both parked in receive()
+        s.schedule([&] {
+            c1.send(1);
+            const auto limit = std::chrono::steady_clock::now() + 10s;
+            while (!f1_ran.load() && std::chrono::steady_clock::now() < limit) {
+            }
+            const auto gap = std::chrono::steady_clock::now() + 150us;  // the watcher is asleep by now
+            while (std::chrono::steady_clock::now() < gap) {
+            }
+            c2.send(2);
+            s.schedule([&] {  // L
+                const auto l_limit = std::chrono::steady_clock::now() + 10s;
+                while (!f2_ran.load() && std::chrono::steady_clock::now() < l_limit) {
+                }
+                all.done();
+            });
+            while (!f2_ran.load() && std::chrono::steady_clock::now() < limit) {
+            }
+            f2_while_t_ran.store(f2_ran.load());
+            all.done();
+        }, 0);
+        all.wait();
+        CHECK(f2_while_t_ran.load());
+    }
+    s.stop();
+}
+
+TEST_CASE("use_caller: tasks from outside go to the other workers, not to the caller's worker 0, which runs only while the caller helps") {
+    // Found by review: with worker 1 never idle (a fiber yields in a loop), a task queued on
+    // worker 0 waited until the caller helped or stopped.
+    Scheduler s(2, true);
+    s.start();
+    std::atomic<bool> stop{false};
+    s.schedule([&] {
+        while (!stop.load()) fsched::this_fiber::yield();
+    }, 1);
+    std::atomic<int> ran{0};
+    std::thread outsider([&] {
+        for (int i = 0; i < 10; ++i) s.schedule([&] { ran.fetch_add(1); });
+        std::vector<std::function<void()>> batch(10, [&] { ran.fetch_add(1); });
+        s.schedule(batch.begin(), batch.end());
+    });
+    for (int i = 0; i < 10; ++i) s.schedule([&] { ran.fetch_add(1); });  // the caller, not helping
+    outsider.join();
+    // Plain waiting: this thread does not help.
+    const auto limit = std::chrono::steady_clock::now() + 20s;
+    while (ran.load() < 30 && std::chrono::steady_clock::now() < limit) std::this_thread::sleep_for(1ms);
+    CHECK(ran.load() == 30);
+    stop.store(true);
+    s.stop();
+}

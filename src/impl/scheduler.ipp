@@ -335,6 +335,10 @@ struct alignas(64) Worker {
     // Whether another worker's run-next slot is occupied or was set since this worker last
     // asked: the worker then sleeps for at most runnext_watch_period (sleep_until_work).
     bool runnext_activity() noexcept;
+    // This worker stops being idle (it spun, or slept, perhaps as a watcher, and now runs a
+    // task or leaves its loop): put_runnext may have counted on it to look at a slot, so if
+    // one is in use and no one else watches or spins, wake a sleeper in its place.
+    void hand_on_runnext_watch() noexcept;
 
     bool pop(QueuedTask& out, bool trust_hint) {
         if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
@@ -574,13 +578,22 @@ struct SchedulerCore {
         }
     }
 
+    // The worker an unpinned task from outside the scheduler goes to: round robin, past the
+    // use_caller thread's worker 0, which runs only while that thread helps or stops (a
+    // task queued there would wait for that, or for a worker idle enough to steal it).
+    std::size_t outside_target() noexcept {
+        const std::size_t n = workers.size();
+        const std::size_t turn = next_worker.fetch_add(1, std::memory_order_relaxed);
+        return use_caller && n > 1 ? 1 + turn % (n - 1) : turn % n;
+    }
+
     // Queues a task that is already counted in `outstanding`. Strong guarantee.
     void enqueue(QueuedTask&& task) {
         Worker* here = current_worker();
         const OutsideEnqueue guard(outside_enqueues, here == nullptr);
         Worker& target = task.worker >= 0 ? *workers[static_cast<std::size_t>(task.worker)]
                          : here          ? *here
-                                         : *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
+                                         : *workers[outside_target()];
         const bool pinned = task.worker >= 0;
         target.push(std::move(task), pinned);
         if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -702,11 +715,19 @@ inline void Worker::run_loop(const CallerWait* wait) {
     loop_wait = wait;
     QueuedTask task;
     bool finished = false;
+    bool was_idle = false;  // spun or slept since the last task (see hand_on_runnext_watch)
     while (!finished) {
         if (wait && wait->satisfied()) break;
         poll_io_now_and_then();
-        if (next_task(task) || spin_for_work(task) || sleep_until_work(task, finished, wait)) run_task(task);
+        if (next_task(task) || (was_idle = true, spin_for_work(task)) || sleep_until_work(task, finished, wait)) {
+            if (was_idle) {
+                was_idle = false;
+                hand_on_runnext_watch();
+            }
+            run_task(task);
+        }
     }
+    if (was_idle) hand_on_runnext_watch();
     direct_yield = false;
     loop_wait = nullptr;
     if (wait) stop_helping();
@@ -1342,7 +1363,12 @@ inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
 // (it will look, then watch). The set stores runnext_state (seq_cst) and then loads
 // `sleepers`; a sleeper stores `sleepers` and then loads every runnext_state
 // (runnext_activity): one of the two sees the other, so a slot is never set unseen by every
-// sleeper. A wrong guess either way costs a wake-up or a millisecond, never a fiber.
+// sleeper. The set relies on a watcher or a spinner only while it stays idle: one that
+// stops (it found another task to run, or the use_caller thread's wait ended) first
+// decrements its count (seq_cst) and then loads every runnext_state, and if a slot is in
+// use and no one else watches or spins it wakes a sleeper (hand_on_runnext_watch): against
+// the set's store-then-load of the counts, one of the two sees the other again. A wrong
+// guess either way costs a wake-up or a millisecond, never a fiber.
 inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
     bool displaced = false;
     {
@@ -1398,6 +1424,20 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
         return true;
     }
     return false;
+}
+
+inline void Worker::hand_on_runnext_watch() noexcept {
+    if (single || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    if (core.runnext_watchers.load(std::memory_order_seq_cst) != 0 || core.spinning.load(std::memory_order_seq_cst) != 0) {
+        return;  // that one looks, and hands on in turn when it stops
+    }
+    for (std::size_t v = 0; v < core.workers.size(); ++v) {
+        if (v == static_cast<std::size_t>(index) || !(core.workers[v]->runnext_state.load(std::memory_order_seq_cst) & 1)) continue;
+        for (auto& w : core.workers) {
+            if (w.get() != this && core.wake_worker(*w)) return;
+        }
+        return;
+    }
 }
 
 inline bool Worker::runnext_activity() noexcept {
@@ -1573,8 +1613,10 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     const std::size_t n = core.workers.size();
     std::vector<std::vector<detail::QueuedTask>> pinned(n), unpinned(n);
     detail::Worker* here = core.current_worker();
-    std::size_t next = here ? static_cast<std::size_t>(here->index)
-                            : core.next_worker.fetch_add(1, std::memory_order_relaxed) % n;
+    // From outside, dealt round robin past the use_caller thread's worker 0 (outside_target).
+    const std::size_t first = !here && core.use_caller && n > 1 ? 1 : 0;
+    const std::size_t slots = n - first;
+    std::size_t next = here ? static_cast<std::size_t>(here->index) : core.outside_target();
     std::size_t free_count = 0;
     std::vector<std::size_t> pinned_count(n);
     for (const ScheduleTask& task : tasks) {
@@ -1584,7 +1626,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
             ++pinned_count[static_cast<std::size_t>(task.thread)];
         }
     }
-    const std::size_t run = here ? free_count : (free_count + n - 1) / n;  // a worker's unpinned share, at most
+    const std::size_t run = here ? free_count : (free_count + slots - 1) / slots;  // a worker's unpinned share, at most
     for (std::size_t i = 0; i < n; ++i) {
         pinned[i].reserve(pinned_count[i]);
         if (!here || i == next) unpinned[i].reserve(run);
@@ -1599,7 +1641,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         unpinned[next].push_back(std::move(queued));
         if (++in_run == run) {
             in_run = 0;
-            next = (next + 1) % n;
+            next = first + (next - first + 1) % slots;
         }
     }
     const auto total = static_cast<std::int64_t>(tasks.size());
