@@ -72,6 +72,10 @@ long io_fd_checks() noexcept;
 // fstat calls by waits, accept and connect; fstat calls by the sweeps of unverified waiters,
 // the sweeps made, and the waiters whose fd a sweep found closed or naming another file.
 long io_fd_stats() noexcept;
+// io::read calls that parked without their read (the queue was empty after a short read),
+// and io::read system calls that failed with EAGAIN.
+long io_reads_skipped() noexcept;
+long io_reads_eagain() noexcept;
 long io_sweep_checks() noexcept;
 long io_sweeps() noexcept;
 long io_sweep_repairs() noexcept;

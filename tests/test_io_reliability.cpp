@@ -1076,3 +1076,118 @@ TEST_CASE("io reliability: when the poller gets a long task, an idle worker take
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL
+
+// ---------------------------------------------------------------------------------------
+// Reads that would fail: after a short read of a known stream socket, io::read parks without
+// the read that would fail with EAGAIN.
+// ---------------------------------------------------------------------------------------
+
+TEST_CASE("io reliability: request/response on a stream socket makes no read that fails with EAGAIN") {
+    // A client writes a request, the server reads it (short: the buffer is larger) and
+    // answers; the server's next read would fail with EAGAIN and is left out.
+    constexpr int rounds = 500;
+    Scheduler s(1, false);
+    Sockets pair;
+    int served = 0, answered = 0;
+    long skipped = 0, eagain = 0;
+    s.start();
+    s.schedule([&] {
+        Scheduler::current()->schedule([&] {  // the client
+            char reply[64];
+            for (int i = 0; i < rounds; ++i) {
+                if (fsched::io::write(pair.b, "GET", 3, 5s) != 3) break;
+                if (fsched::io::read(pair.b, reply, sizeof reply, 5s) != 2) break;
+                ++answered;
+            }
+            ::shutdown(pair.b, SHUT_WR);
+        });
+        const long skipped0 = fsched::detail::io_reads_skipped();
+        const long eagain0 = fsched::detail::io_reads_eagain();
+        char request[64];
+        for (;;) {
+            const ssize_t n = fsched::io::read(pair.a, request, sizeof request, 5s);
+            if (n <= 0) break;  // the client's end: 0
+            if (fsched::io::write(pair.a, "OK", 2, 5s) != 2) break;
+            ++served;
+        }
+        skipped = fsched::detail::io_reads_skipped() - skipped0;
+        eagain = fsched::detail::io_reads_eagain() - eagain0;
+    });
+    s.stop();
+    CHECK(served == rounds);
+    CHECK(answered == rounds);
+    CAPTURE(skipped);
+    CAPTURE(eagain);
+    // Both sides' reads after their first: about 2 x 500 skipped, only the very first ones
+    // (before any short read) fail with EAGAIN.
+    CHECK(skipped >= rounds);
+    CHECK(eagain <= 4);
+}
+
+TEST_CASE("io reliability: a short read then the peer's close: the next read returns 0, it does not wait for an edge that came already") {
+    for (const bool close_first : {false, true}) {  // the edges taken before the short read, or after
+        CAPTURE(close_first);
+        Scheduler s(1, false);
+        Sockets pair;
+        ssize_t first = -2, second = -2, third = -2;
+        std::chrono::steady_clock::duration took{};
+        s.start();
+        s.schedule([&] {
+            char buf[64];
+            make_known(pair.a, pair.b);
+            // Data and the end together, and their edges taken (`taken_first`) or not yet
+            // before the short read: either way no edge is left to come after it.
+            REQUIRE(::write(pair.b, "yz", 2) == 2);
+            ::shutdown(pair.b, SHUT_WR);
+            if (close_first) fsched::detail::io_poll_now();
+            second = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // short
+            const auto t0 = std::chrono::steady_clock::now();
+            third = fsched::io::read(pair.a, buf, sizeof buf, 20s);
+            took = std::chrono::steady_clock::now() - t0;
+            first = 1;
+        });
+        s.stop();
+        CHECK(took < 10s);  // at once, not at the timeout
+        CHECK(first == 1);
+        CHECK(second == 2);
+        CHECK(third == 0);
+    }
+}
+
+TEST_CASE("io reliability: a datagram socket's second queued message is read at once after a short read of the first") {
+    // One message per read: a short read does not mean the queue is empty, and no edge
+    // comes for the second message, which was there before the first read.
+    for (const int type : {SOCK_DGRAM, SOCK_SEQPACKET}) {
+        CAPTURE(type);
+        int fds[2];
+        REQUIRE(socketpair(AF_UNIX, type | SOCK_NONBLOCK, 0, fds) == 0);
+        Scheduler s(1, false);
+        ssize_t got[3] = {-2, -2, -2};
+        long skipped = -1;
+        std::chrono::steady_clock::duration took{};
+        s.start();
+        s.schedule([&] {
+            char buf[64];
+            make_known(fds[0], fds[1]);
+            REQUIRE(::write(fds[1], "a", 1) == 1);
+            REQUIRE(::write(fds[1], "bb", 2) == 2);
+            REQUIRE(::write(fds[1], "ccc", 3) == 3);
+            fsched::detail::io_poll_now();  // the messages' edges are taken: none is left to come
+            const long skipped0 = fsched::detail::io_reads_skipped();
+            got[0] = fsched::io::read(fds[0], buf, sizeof buf, 5s);  // short
+            const auto t0 = std::chrono::steady_clock::now();
+            got[1] = fsched::io::read(fds[0], buf, sizeof buf, 20s);
+            got[2] = fsched::io::read(fds[0], buf, sizeof buf, 20s);
+            took = std::chrono::steady_clock::now() - t0;
+            skipped = fsched::detail::io_reads_skipped() - skipped0;
+        });
+        s.stop();
+        close(fds[0]);
+        close(fds[1]);
+        CHECK(got[0] == 1);
+        CHECK(got[1] == 2);
+        CHECK(got[2] == 3);
+        CHECK(skipped == 0);
+        CHECK(took < 10s);
+    }
+}

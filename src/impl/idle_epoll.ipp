@@ -35,7 +35,7 @@ struct SchedulerIdle;
 struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
-    bool registered = false;  // in io_epoll_fd, for EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET
+    bool registered = false;  // in io_epoll_fd, for EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET
     // Carried in the registration's events and new with each registration: an event of an
     // earlier one (the fd was closed and its number reused, its file still open elsewhere;
     // or a worker took the event out of epoll_wait before cancel() removed the entry) is stale.
@@ -50,6 +50,15 @@ struct IoFd {
     bool fast_socket = false;
     dev_t device = 0;
     ino_t inode = 0;
+    // io::read on a known stream socket (io.ipp, "Reads that would fail"): `drained` is set
+    // when a read returned less than it asked for, and cleared by the next read edge; while
+    // it is set, and no read edge waits in `ready`, io::read parks without making the read
+    // that would fail with EAGAIN. `stream`: SO_TYPE, once asked (0: not yet, 1: stream,
+    // 2: not). `final_events`: an event said hang-up, error or urgent data, after which a
+    // short read no longer means the queue was empty: no read is skipped any more.
+    bool drained = false;
+    std::uint8_t stream = 0;
+    bool final_events = false;
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.

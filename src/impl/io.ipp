@@ -75,6 +75,20 @@
 // registers it and marks it a known non-blocking socket, so its first park needs neither a
 // check nor a sweep. io::connect's fd is typically fresh from socket(): connect records and
 // registers it the same way, trusting nothing.
+//
+// Reads that would fail. A known stream socket's io::read that returned less than it asked
+// for emptied the kernel's receive queue (a stream read with MSG_DONTWAIT copies everything
+// queued up to its length), so its next read, with no edge since, would fail with EAGAIN:
+// io::read then parks straight away (IoFd::drained, set after the short read and cleared by
+// the next read edge), saving the system call a request/response connection makes at every
+// request; nginx does the same. That park is the one after an EAGAIN, and the lost-edge
+// argument above holds as it is: the data that came after the short read is either kept in
+// `ready` (checked before the park, and before the skip) or finds the waiter. What a short
+// read does not prove is left alone: a datagram or seqpacket socket (one message per read;
+// SO_TYPE, asked once) and a socket after an event with hang-up, error or urgent data
+// (IoFd::final_events: the peer's FIN is a queued end, not data, and urgent data stops a
+// read at its mark), whose reads are all made. A number reused unseen leaves the flag of the
+// old file behind; its wait is then an unverified one, as any, and the sweep finds it.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -150,6 +164,8 @@ IoRegistry& io_registry() {
 std::atomic<long> io_epoll_ctl_count{0};
 std::atomic<long> io_fd_check_count{0};
 std::atomic<long> io_fd_stat_count{0};
+std::atomic<long> io_read_skip_count{0};
+std::atomic<long> io_read_eagain_count{0};
 std::atomic<long> io_sweep_count{0};
 std::atomic<long> io_sweep_check_count{0};
 std::atomic<long> io_sweep_repair_count{0};
@@ -192,12 +208,13 @@ constexpr unsigned write_bit = static_cast<unsigned>(io::Ready::Write);
 // unseen (not a socket: see the top of this file); MOD first, ADD if the set lost it.
 int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) noexcept {
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
     // Numbered per scheduler, not per entry: an entry erased by cancel() and made anew
     // must not repeat a number that an event still in flight carries.
     entry.generation = ++idle.io_registrations;
     ev.data.u64 = event_data(fd, entry.generation);
     entry.ready = 0;  // the kernel reports the present state at ADD and at MOD
+    entry.drained = false;
     if (rearm) {
         if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
         if (errno != ENOENT) return errno;
@@ -259,7 +276,11 @@ void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint
     if (it == idle.io_fds.end()) return;
     IoFd& entry = it->second;
     if (entry.generation != generation || !entry.registered) return;
-    if (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) entry.ready |= read_bit;
+    if (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+        entry.ready |= read_bit;
+        entry.drained = false;
+    }
+    if (revents & (EPOLLRDHUP | EPOLLHUP | EPOLLERR | EPOLLPRI)) entry.final_events = true;
     if (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR)) entry.ready |= write_bit;
     // A waiter that lost the race to its timer leaves the edge for the next one.
     if (entry.reader && (entry.ready & read_bit) && claim(entry.reader->waiter)) {
@@ -364,6 +385,9 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
     entry.device = st.st_dev;
     entry.inode = st.st_ino;
     entry.fast_socket = false;
+    entry.drained = false;
+    entry.stream = 0;
+    entry.final_events = false;
 }
 
 // `nonblocking_known`: the calling io function checked with fcntl, in this call, that fd
@@ -553,16 +577,41 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
 // Before a read or write system call in a fiber: clears the call's readiness bit (step (a)
 // at the top of this file) and says whether fd is a known non-blocking socket, whose call
 // may skip usable_fd(). Takes io_lock.
-bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what) noexcept {
+// `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
+// with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
+bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read = nullptr) noexcept {
     idle.io_lock.lock();
     bool fast = false;
     auto it = idle.io_fds.find(fd);
     if (it != idle.io_fds.end()) {
-        it->second.ready &= ~static_cast<unsigned>(what);
-        fast = it->second.checked && it->second.fast_socket;
+        IoFd& entry = it->second;
+        fast = entry.checked && entry.fast_socket;
+        if (skip_read && fast && entry.drained && !entry.final_events && !(entry.ready & read_bit)) {
+            *skip_read = true;
+        } else {
+            entry.ready &= ~static_cast<unsigned>(what);
+        }
     }
     idle.io_lock.unlock();
     return fast;
+}
+
+// io::read of a known socket returned less than it asked for: if it is a stream socket,
+// its receive queue was empty then (see the top of this file). Takes io_lock.
+void read_came_short(SchedulerIdle& idle, int fd) noexcept {
+    idle.io_lock.lock();
+    auto it = idle.io_fds.find(fd);
+    if (it != idle.io_fds.end() && it->second.fast_socket && !it->second.final_events) {
+        IoFd& entry = it->second;
+        if (entry.stream == 0) {
+            int type = 0;
+            socklen_t size = sizeof type;
+            entry.stream = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) == 0 && type == SOCK_STREAM ? 1 : 2;
+        }
+        // An edge already kept in `ready` says more came since: the bit is checked first.
+        entry.drained = entry.stream == 1;
+    }
+    idle.io_lock.unlock();
 }
 
 // A known socket's call failed with ENOTSOCK: the number names another file now. Its next
@@ -679,18 +728,30 @@ struct Deadline {
 // with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
 // now; see the top of this file).
 template <class Call>
-auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call)
-    -> decltype(call(false)) {
+auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
+           bool may_skip_read = false) -> decltype(call(false, nullptr)) {
     SchedulerIdle* idle = in_scheduler_task() ? &SchedulerCore::of(*thread_state()->scheduler).idle : nullptr;
     bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
     for (;;) {
-        const bool fast = idle && prepare_call(*idle, fd, what) && may_skip_check;
+        bool skip_read = false;
+        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr) && may_skip_check;
+        if (fast && skip_read) {
+            // The read would fail with EAGAIN: wait for the edge first, as after one. Once:
+            // whatever ended the wait (an edge, or a timeout with the fd ready), the read is
+            // made next, so a queue that was not empty after all is read, not waited on again.
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+            io_read_skip_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+            may_skip_read = false;
+            if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+            continue;
+        }
         if (!fast && !checked) {
             if (!usable_fd(fd)) return -1;
             checked = true;
         }
-        const auto rc = call(fast);
+        const auto rc = call(fast, idle);
         if (rc >= 0) return rc;
         const int error = current_errno();  // not `errno`: its address may be from before a move
         if (error == EINTR) continue;
@@ -803,6 +864,8 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
 long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
 long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
 long io_fd_stats() noexcept { return io_fd_stat_count.load(std::memory_order_relaxed); }
+long io_reads_skipped() noexcept { return io_read_skip_count.load(std::memory_order_relaxed); }
+long io_reads_eagain() noexcept { return io_read_eagain_count.load(std::memory_order_relaxed); }
 long io_sweeps() noexcept { return io_sweep_count.load(std::memory_order_relaxed); }
 long io_sweep_checks() noexcept { return io_sweep_check_count.load(std::memory_order_relaxed); }
 long io_sweep_repairs() noexcept { return io_sweep_repair_count.load(std::memory_order_relaxed); }
@@ -845,9 +908,15 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
-    return detail::retry(fd, Ready::Read, timeout, true, [&](bool fast) {
-        return fast ? ::recv(fd, buf, n, MSG_DONTWAIT) : ::read(fd, buf, n);
-    });
+    return detail::retry(fd, Ready::Read, timeout, true, [&](bool fast, detail::SchedulerIdle* idle) -> ssize_t {
+        if (!fast) return ::read(fd, buf, n);
+        const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
+        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd);
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+        if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+        return rc;
+    }, true);
 }
 
 ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds timeout) {
@@ -857,7 +926,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
     // retry(), which checks the file the number names now: a plain write() here could block
     // the worker on a blocking file that took the number over.
     bool is_socket = true;
-    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast) -> ssize_t {
+    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast, detail::SchedulerIdle*) -> ssize_t {
         if (is_socket) {
             const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (rc >= 0 || detail::current_errno() != ENOTSOCK || fast) return rc;
@@ -870,7 +939,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
     // Never with the check skipped: accept4() has no MSG_DONTWAIT.
     const int accepted = detail::retry(fd, Ready::Read, timeout, false,
-                                       [&](bool) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+                                       [&](bool, detail::SchedulerIdle*) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
     // A new non-blocking socket: whatever io knew under its number was a closed file's.
     if (accepted >= 0 && detail::in_scheduler_task()) {
         const int error = detail::current_errno();
