@@ -1075,7 +1075,6 @@ TEST_CASE("io reliability: when the poller gets a long task, an idle worker take
     CHECK(read_during_busy.load());
 }
 
-#endif  // FIBER_SCHED_HAVE_EPOLL
 
 // ---------------------------------------------------------------------------------------
 // Reads that would fail: after a short read of a known stream socket, io::read parks without
@@ -1191,3 +1190,5 @@ TEST_CASE("io reliability: a datagram socket's second queued message is read at 
         CHECK(took < 10s);
     }
 }
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
