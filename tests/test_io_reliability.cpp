@@ -1191,4 +1191,52 @@ TEST_CASE("io reliability: a datagram socket's second queued message is read at 
     }
 }
 
+TEST_CASE("io reliability: after urgent data a short read stops at its mark, and the data behind it is read at once") {
+    // TCP urgent data (MSG_OOB, not inline): a read stops at the mark, short, with data
+    // still queued behind it and no edge left to come for that data.
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listener >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 1) == 0);
+    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    const int server = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK);
+    REQUIRE(server >= 0);
+    Scheduler s(1, false);
+    ssize_t got[2] = {-2, -2};
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(server, client);
+        REQUIRE(::send(client, "ab", 2, 0) == 2);
+        REQUIRE(::send(client, "!", 1, MSG_OOB) == 1);
+        REQUIRE(::send(client, "cd", 2, 0) == 2);
+        // Everything has arrived once the urgent byte can be read; then take the edges.
+        const auto limit = std::chrono::steady_clock::now() + 10s;
+        char urgent = 0;
+        while (::recv(server, &urgent, 1, MSG_OOB | MSG_PEEK) != 1 && std::chrono::steady_clock::now() < limit) {
+            fsched::this_fiber::sleep_for(1ms);
+        }
+        fsched::this_fiber::sleep_for(5ms);  // "cd" behind it
+        fsched::detail::io_poll_now();
+        got[0] = fsched::io::read(server, buf, sizeof buf, 5s);  // "ab": short, at the mark
+        const auto t0 = std::chrono::steady_clock::now();
+        got[1] = fsched::io::read(server, buf, sizeof buf, 20s);  // "cd"
+        took = std::chrono::steady_clock::now() - t0;
+    });
+    s.stop();
+    ::close(server);
+    ::close(client);
+    ::close(listener);
+    CHECK(got[0] == 2);
+    CHECK(got[1] == 2);
+    CHECK(took < 10s);
+}
+
 #endif  // FIBER_SCHED_HAVE_EPOLL
