@@ -2,6 +2,7 @@
 // half-close and EOF, cancel, bad fds; at 1, 2 and 4 workers.
 #include "fiber_sched.hpp"
 #include "helpers.hpp"
+#include "listener.hpp"
 
 #include <doctest/doctest.h>
 
@@ -23,6 +24,7 @@
 
 using fsched::Scheduler;
 using fsched::io::Ready;
+using test::Listener;
 using namespace std::chrono_literals;
 
 namespace {
@@ -50,24 +52,6 @@ struct SocketPair {
         if (a >= 0) close(a);
         if (b >= 0) close(b);
     }
-};
-
-// A non-blocking listening TCP socket on 127.0.0.1 and an ephemeral port.
-struct Listener {
-    int fd = -1;
-    sockaddr_in addr{};
-    Listener() {
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        REQUIRE(fd >= 0);
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        addr.sin_port = 0;
-        REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-        socklen_t len = sizeof addr;
-        REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-        REQUIRE(listen(fd, 1024) == 0);
-    }
-    ~Listener() { close(fd); }
 };
 
 // Writes all of `n` bytes, or fails.

@@ -5,6 +5,7 @@
 // known, an edge that lands before the park, numbers closed and reused behind its back.
 #include "fiber_sched.hpp"
 #include "helpers.hpp"
+#include "listener.hpp"
 
 #include <doctest/doctest.h>
 
@@ -809,15 +810,9 @@ TEST_CASE("io reliability: an accepted fd on a known socket's closed number is w
     long repairs = 0, stats = 0;
     s.start();
     s.schedule([&] {
-        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        REQUIRE(listener >= 0);
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof addr;
-        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-        REQUIRE(listen(listener, 4) == 0);
+        test::Listener tcp;
+        const int listener = tcp.fd;
+        sockaddr_in& addr = tcp.addr;
         const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // blocking: loopback connects at once
         REQUIRE(client >= 0);
         REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
@@ -832,7 +827,6 @@ TEST_CASE("io reliability: an accepted fd on a known socket's closed number is w
         stats = fsched::detail::io_fd_stats() - stats0;
         ::close(server);
         ::close(client);
-        ::close(listener);
     });
     s.stop();
     CHECK(same_number);  // accept took the lowest free number
@@ -848,15 +842,9 @@ TEST_CASE("io reliability: an accept that cannot record its new fd still returns
     char c = 0;
     s.start();
     s.schedule([&] {
-        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        REQUIRE(listener >= 0);
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof addr;
-        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-        REQUIRE(listen(listener, 4) == 0);
+        test::Listener tcp;
+        const int listener = tcp.fd;
+        sockaddr_in& addr = tcp.addr;
         const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         REQUIRE(client >= 0);
         REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
@@ -869,7 +857,6 @@ TEST_CASE("io reliability: an accept that cannot record its new fd still returns
         CHECK(fsched::detail::io_fd_stats() - stats0 == 1);  // unrecorded: its park checks it
         ::close(server);
         ::close(client);
-        ::close(listener);
     });
     s.stop();
     CHECK(got == 1);
@@ -887,15 +874,9 @@ TEST_CASE("io reliability: a connected fd on a known socket's closed number is r
     long repairs = 0;
     s.start();
     s.schedule([&] {
-        const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        REQUIRE(listener >= 0);
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof addr;
-        REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-        REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-        REQUIRE(listen(listener, 4) == 0);
+        test::Listener tcp;
+        const int listener = tcp.fd;
+        sockaddr_in& addr = tcp.addr;
         const int number = known_socket_closed();
         const int client = move_to(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), number);
         same_number = client == number;
@@ -907,7 +888,6 @@ TEST_CASE("io reliability: a connected fd on a known socket's closed number is r
         repairs = fsched::detail::io_sweep_repairs() - repairs0;
         ::close(server);
         ::close(client);
-        ::close(listener);
     });
     s.stop();
     CHECK(same_number);
@@ -1194,18 +1174,10 @@ TEST_CASE("io reliability: a datagram socket's second queued message is read at 
 TEST_CASE("io reliability: after urgent data a short read stops at its mark, and the data behind it is read at once") {
     // TCP urgent data (MSG_OOB, not inline): a read stops at the mark, short, with data
     // still queued behind it and no edge left to come for that data.
-    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(listener >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listener, 1) == 0);
-    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    test::Listener tcp;
     const int client = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    const int server = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK);
+    REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&tcp.addr), sizeof tcp.addr) == 0);
+    const int server = ::accept4(tcp.fd, nullptr, nullptr, SOCK_NONBLOCK);  // connected at once on loopback
     REQUIRE(server >= 0);
     Scheduler s(1, false);
     ssize_t got[2] = {-2, -2};
@@ -1233,7 +1205,6 @@ TEST_CASE("io reliability: after urgent data a short read stops at its mark, and
     s.stop();
     ::close(server);
     ::close(client);
-    ::close(listener);
     CHECK(got[0] == 2);
     CHECK(got[1] == 2);
     CHECK(took < 10s);
