@@ -4354,6 +4354,9 @@ struct alignas(64) Worker {
     // task or leaves its loop): put_runnext may have counted on it to look at a slot, so if
     // one is in use and no one else watches or spins, wake a sleeper in its place.
     void hand_on_runnext_watch() noexcept;
+    // A slot is in use: unless a watcher or a spinner will look at it, or no one sleeps,
+    // wake a sleeping worker other than this one to look (put_runnext, hand_on_runnext_watch).
+    void wake_runnext_looker() noexcept;
 
     bool pop(QueuedTask& out, bool trust_hint) {
         if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
@@ -5407,14 +5410,20 @@ inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
     }
     if (displaced) {
         core.after_push(*this, false, 1);  // a stealable task now, as any wake-up
-    } else if (core.sleepers.load(std::memory_order_seq_cst) != 0 &&
-               core.runnext_watchers.load(std::memory_order_seq_cst) == 0 &&
-               core.spinning.load(std::memory_order_seq_cst) == 0) {
-        for (auto& w : core.workers) {
-            if (w.get() != this && core.wake_worker(*w)) break;
-        }
+    } else {
+        wake_runnext_looker();
     }
     return true;
+}
+
+inline void Worker::wake_runnext_looker() noexcept {
+    if (core.sleepers.load(std::memory_order_seq_cst) == 0) return;  // all awake: each looks before it sleeps
+    if (core.runnext_watchers.load(std::memory_order_seq_cst) != 0 || core.spinning.load(std::memory_order_seq_cst) != 0) {
+        return;  // that one looks, and hands on in turn when it stops
+    }
+    for (auto& w : core.workers) {
+        if (w.get() != this && core.wake_worker(*w)) return;
+    }
 }
 
 inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
@@ -5442,16 +5451,12 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
 }
 
 inline void Worker::hand_on_runnext_watch() noexcept {
-    if (single || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
-    if (core.runnext_watchers.load(std::memory_order_seq_cst) != 0 || core.spinning.load(std::memory_order_seq_cst) != 0) {
-        return;  // that one looks, and hands on in turn when it stops
-    }
+    if (single || core.sleepers.load(std::memory_order_seq_cst) == 0) return;  // the cheap test first
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
-        if (v == static_cast<std::size_t>(index) || !(core.workers[v]->runnext_state.load(std::memory_order_seq_cst) & 1)) continue;
-        for (auto& w : core.workers) {
-            if (w.get() != this && core.wake_worker(*w)) return;
+        if (v != static_cast<std::size_t>(index) && (core.workers[v]->runnext_state.load(std::memory_order_seq_cst) & 1)) {
+            wake_runnext_looker();
+            return;
         }
-        return;
     }
 }
 
