@@ -1611,6 +1611,9 @@ bool io_sweeping(Scheduler& s) noexcept;
 // When set, called by a fiber's wait after its read or write failed with EAGAIN, just
 // before it looks at the fd's readiness and parks: a test lands an edge there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
+// When set, called by io::read of a known socket just after its system call returned data,
+// before a short read is recorded: a test lands an edge while the read is under way.
+void set_io_after_read_hook(void (*hook)(int fd)) noexcept;
 // In a scheduler task: takes the ready events out of its scheduler's epoll instance now and
 // hands them out as the workers would; returns how many were for waited-for fds.
 int io_poll_now() noexcept;
@@ -3736,11 +3739,12 @@ struct IoFd {
     dev_t device = 0;
     ino_t inode = 0;
     // io::read on a known stream socket (io.ipp, "Reads that would fail"): `drained` is set
-    // when a read returned less than it asked for, and cleared by the next read edge; while
-    // it is set, and no read edge waits in `ready`, io::read parks without making the read
-    // that would fail with EAGAIN. `stream`: SO_TYPE, once asked (0: not yet, 1: stream,
-    // 2: not). `final_events`: an event said hang-up, error or urgent data, after which a
-    // short read no longer means the queue was empty: no read is skipped any more.
+    // when a read returned less than it asked for with no read edge since it began, and
+    // cleared by the next read edge and the next read; while it is set, io::read parks
+    // without making the read that would fail with EAGAIN. `stream`: SO_TYPE, once asked
+    // (0: not yet, 1: stream, 2: not). `final_events`: an event said hang-up, error or
+    // urgent data, after which a short read no longer means the queue was empty: no read is
+    // skipped any more.
     bool drained = false;
     std::uint8_t stream = 0;
     bool final_events = false;
@@ -6137,11 +6141,16 @@ void WaitGroup::wait() {
 // Reads that would fail. A known stream socket's io::read that returned less than it asked
 // for emptied the kernel's receive queue (a stream read with MSG_DONTWAIT copies everything
 // queued up to its length), so its next read, with no edge since, would fail with EAGAIN:
-// io::read then parks straight away (IoFd::drained, set after the short read and cleared by
-// the next read edge), saving the system call a request/response connection makes at every
-// request; nginx does the same. That park is the one after an EAGAIN, and the lost-edge
-// argument above holds as it is: the data that came after the short read is either kept in
-// `ready` (checked before the park, and before the skip) or finds the waiter. What a short
+// io::read then parks straight away (IoFd::drained), saving the system call a
+// request/response connection makes at every request; nginx does the same. `drained` speaks
+// of the latest read only: every read that is made clears it with the `ready` bit before its
+// system call (prepare_call), and a short one sets it only if no read edge has come since
+// then (read_came_short); the next read edge clears it. So a skipped read is always one
+// whose previous read came short with no edge after it: a full read leaves data queued, and
+// an edge taken while the short read was under way may be for more, and neither is followed
+// by a skip. That park is the one after an EAGAIN, and the lost-edge argument above holds as
+// it is: the data that came after the short read is either kept in `ready` (checked before
+// the park, and before the skip) or finds the waiter. What a short
 // read does not prove is left alone: a datagram or seqpacket socket (one message per read;
 // SO_TYPE, asked once) and a socket after an event with hang-up, error or urgent data
 // (IoFd::final_events: the peer's FIN is a queued end, not data, and urgent data stops a
@@ -6229,6 +6238,7 @@ std::atomic<long> io_sweep_check_count{0};
 std::atomic<long> io_sweep_repair_count{0};
 std::atomic<int> io_sweep_interval_ms{25};
 std::atomic<void (*)(int)> io_before_park{nullptr};
+std::atomic<void (*)(int)> io_after_read{nullptr};
 #endif
 
 // How often unverified waiters are swept: a stale registration wakes its waiter one to two
@@ -6648,6 +6658,7 @@ bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read =
             *skip_read = true;
         } else {
             entry.ready &= ~static_cast<unsigned>(what);
+            if (what == io::Ready::Read) entry.drained = false;  // this read says anew
         }
     }
     idle.io_lock.unlock();
@@ -6666,8 +6677,9 @@ void read_came_short(SchedulerIdle& idle, int fd) noexcept {
             socklen_t size = sizeof type;
             entry.stream = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) == 0 && type == SOCK_STREAM ? 1 : 2;
         }
-        // An edge already kept in `ready` says more came since: the bit is checked first.
-        entry.drained = entry.stream == 1;
+        // A read edge kept in `ready` came after this read's prepare_call: more may be
+        // queued behind what it read, so the next read is made.
+        entry.drained = entry.stream == 1 && !(entry.ready & read_bit);
     }
     idle.io_lock.unlock();
 }
@@ -6932,6 +6944,7 @@ void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
 }
 bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+void set_io_after_read_hook(void (*hook)(int fd)) noexcept { io_after_read.store(hook, std::memory_order_relaxed); }
 int io_poller_worker(Scheduler& s) noexcept {
     SchedulerCore& core = SchedulerCore::of(s);
     const WorkerIdle* poller = core.idle.poller.load(std::memory_order_acquire);
@@ -6969,6 +6982,9 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
     return detail::retry(fd, Ready::Read, timeout, true, [&](bool fast, detail::SchedulerIdle* idle) -> ssize_t {
         if (!fast) return ::read(fd, buf, n);
         const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+        if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
+#endif
         if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);

@@ -86,6 +86,9 @@ bool io_sweeping(Scheduler& s) noexcept;
 // When set, called by a fiber's wait after its read or write failed with EAGAIN, just
 // before it looks at the fd's readiness and parks: a test lands an edge there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
+// When set, called by io::read of a known socket just after its system call returned data,
+// before a short read is recorded: a test lands an edge while the read is under way.
+void set_io_after_read_hook(void (*hook)(int fd)) noexcept;
 // In a scheduler task: takes the ready events out of its scheduler's epoll instance now and
 // hands them out as the workers would; returns how many were for waited-for fds.
 int io_poll_now() noexcept;

@@ -1133,6 +1133,130 @@ TEST_CASE("io reliability: a short read then the peer's close: the next read ret
     }
 }
 
+// The after-read hook of the test below: once, while the first read is under way, more data
+// comes and its edge is taken (as another worker would take it), before the short read is
+// recorded. It writes to edge_peer, as land_edge_before_park does.
+int edge_hook_calls = 0;
+void land_edge_during_read(int) {
+    if (edge_hook_calls++ != 0) return;
+    CHECK(::write(edge_peer, "cdefghij", 8) == 8);
+    CHECK(fsched::detail::io_poll_now() == 1);
+}
+
+TEST_CASE("io reliability: an edge taken while a short read is under way: the read after a full read is made, not skipped") {
+    // The first read comes short ("ab"), but the edge for the 8 bytes written behind it is
+    // taken before it records that: the queue is not empty. The second read takes 4 of them
+    // (a full read, which empties nothing); the third must read the other 4 at once. No edge
+    // is left to come for them: parking there waited for the timeout (a soak run saw a
+    // reader and a writer of a socketpair wait for each other that way).
+    Scheduler s(1, false);
+    Sockets pair;
+    ssize_t first = -2, second = -2, third = -2;
+    long skipped = -1;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        REQUIRE(::write(pair.b, "ab", 2) == 2);
+        CHECK(fsched::detail::io_poll_now() == 1);  // its edge, before the read
+        edge_peer = pair.b;
+        edge_hook_calls = 0;
+        fsched::detail::set_io_after_read_hook(&land_edge_during_read);
+        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
+        fsched::detail::set_io_after_read_hook(nullptr);
+        second = fsched::io::read(pair.a, buf, 4, 5s);
+        const long skipped_before = fsched::detail::io_reads_skipped();
+        const auto t0 = std::chrono::steady_clock::now();
+        third = fsched::io::read(pair.a, buf, sizeof buf, 20s);
+        took = std::chrono::steady_clock::now() - t0;
+        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+        CHECK(std::string(buf, third > 0 ? static_cast<std::size_t>(third) : 0) == "ghij");
+    });
+    s.stop();
+    CHECK(edge_hook_calls >= 1);
+    CHECK(first == 2);
+    CHECK(second == 4);
+    CHECK(third == 4);
+    CHECK(skipped == 0);
+    CHECK(took < 10s);  // at once, not at the timeout
+}
+
+TEST_CASE("io reliability: an edge taken while a short read is under way, then io::wait: the next read is made, not skipped") {
+    // As above, but io::wait() takes the edge kept for the 8 bytes: the read after it must
+    // still be made, since no edge is left to come for them.
+    Scheduler s(1, false);
+    Sockets pair;
+    ssize_t first = -2, second = -2;
+    bool waited = false;
+    long skipped = -1;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        REQUIRE(::write(pair.b, "ab", 2) == 2);
+        CHECK(fsched::detail::io_poll_now() == 1);
+        edge_peer = pair.b;
+        edge_hook_calls = 0;
+        fsched::detail::set_io_after_read_hook(&land_edge_during_read);
+        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
+        fsched::detail::set_io_after_read_hook(nullptr);
+        waited = fsched::io::wait(pair.a, fsched::io::Ready::Read, 5s);
+        const long skipped_before = fsched::detail::io_reads_skipped();
+        const auto t0 = std::chrono::steady_clock::now();
+        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);
+        took = std::chrono::steady_clock::now() - t0;
+        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+    });
+    s.stop();
+    CHECK(edge_hook_calls >= 1);
+    CHECK(first == 2);
+    CHECK(waited);
+    CHECK(second == 8);
+    CHECK(skipped == 0);
+    CHECK(took < 10s);
+}
+
+TEST_CASE("io reliability: the read made after a skipped read's wait timed out says anew whether the next may be skipped") {
+    // A short read, then a read that skips its system call and parks with a short timeout.
+    // Data comes while the only worker is busy, so its edge stays in epoll: the timer ends
+    // the wait, the fd is ready, and the read is made (a full one, leaving 4 bytes). The
+    // read after that must be made too: the short read is no longer the latest.
+    Scheduler s(1, false);
+    Sockets pair;
+    ssize_t first = -2, second = -2, third = -2;
+    long skipped_second = -1, skipped_third = -1;
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        REQUIRE(::write(pair.b, "ab", 2) == 2);
+        CHECK(fsched::detail::io_poll_now() == 1);
+        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // short
+        // Queued behind this fiber, it runs once the read below has parked, and outlasts
+        // that read's timeout by far.
+        Scheduler::current()->schedule([&pair] {
+            CHECK(::write(pair.b, "cdefghij", 8) == 8);
+            const auto until = std::chrono::steady_clock::now() + 300ms;
+            while (std::chrono::steady_clock::now() < until) {
+            }
+        });
+        long before = fsched::detail::io_reads_skipped();
+        second = fsched::io::read(pair.a, buf, 4, 20ms);
+        skipped_second = fsched::detail::io_reads_skipped() - before;
+        before = fsched::detail::io_reads_skipped();
+        third = fsched::io::read(pair.a, buf, sizeof buf, 20s);
+        skipped_third = fsched::detail::io_reads_skipped() - before;
+    });
+    s.stop();
+    CHECK(first == 2);
+    CHECK(second == 4);
+    CHECK(skipped_second == 1);
+    CHECK(third == 4);
+    CHECK(skipped_third == 0);
+}
+
 TEST_CASE("io reliability: a datagram socket's second queued message is read at once after a short read of the first") {
     // One message per read: a short read does not mean the queue is empty, and no edge
     // comes for the second message, which was there before the first read.

@@ -79,11 +79,16 @@
 // Reads that would fail. A known stream socket's io::read that returned less than it asked
 // for emptied the kernel's receive queue (a stream read with MSG_DONTWAIT copies everything
 // queued up to its length), so its next read, with no edge since, would fail with EAGAIN:
-// io::read then parks straight away (IoFd::drained, set after the short read and cleared by
-// the next read edge), saving the system call a request/response connection makes at every
-// request; nginx does the same. That park is the one after an EAGAIN, and the lost-edge
-// argument above holds as it is: the data that came after the short read is either kept in
-// `ready` (checked before the park, and before the skip) or finds the waiter. What a short
+// io::read then parks straight away (IoFd::drained), saving the system call a
+// request/response connection makes at every request; nginx does the same. `drained` speaks
+// of the latest read only: every read that is made clears it with the `ready` bit before its
+// system call (prepare_call), and a short one sets it only if no read edge has come since
+// then (read_came_short); the next read edge clears it. So a skipped read is always one
+// whose previous read came short with no edge after it: a full read leaves data queued, and
+// an edge taken while the short read was under way may be for more, and neither is followed
+// by a skip. That park is the one after an EAGAIN, and the lost-edge argument above holds as
+// it is: the data that came after the short read is either kept in `ready` (checked before
+// the park, and before the skip) or finds the waiter. What a short
 // read does not prove is left alone: a datagram or seqpacket socket (one message per read;
 // SO_TYPE, asked once) and a socket after an event with hang-up, error or urgent data
 // (IoFd::final_events: the peer's FIN is a queued end, not data, and urgent data stops a
@@ -171,6 +176,7 @@ std::atomic<long> io_sweep_check_count{0};
 std::atomic<long> io_sweep_repair_count{0};
 std::atomic<int> io_sweep_interval_ms{25};
 std::atomic<void (*)(int)> io_before_park{nullptr};
+std::atomic<void (*)(int)> io_after_read{nullptr};
 #endif
 
 // How often unverified waiters are swept: a stale registration wakes its waiter one to two
@@ -590,6 +596,7 @@ bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read =
             *skip_read = true;
         } else {
             entry.ready &= ~static_cast<unsigned>(what);
+            if (what == io::Ready::Read) entry.drained = false;  // this read says anew
         }
     }
     idle.io_lock.unlock();
@@ -608,8 +615,9 @@ void read_came_short(SchedulerIdle& idle, int fd) noexcept {
             socklen_t size = sizeof type;
             entry.stream = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) == 0 && type == SOCK_STREAM ? 1 : 2;
         }
-        // An edge already kept in `ready` says more came since: the bit is checked first.
-        entry.drained = entry.stream == 1;
+        // A read edge kept in `ready` came after this read's prepare_call: more may be
+        // queued behind what it read, so the next read is made.
+        entry.drained = entry.stream == 1 && !(entry.ready & read_bit);
     }
     idle.io_lock.unlock();
 }
@@ -874,6 +882,7 @@ void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
 }
 bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+void set_io_after_read_hook(void (*hook)(int fd)) noexcept { io_after_read.store(hook, std::memory_order_relaxed); }
 int io_poller_worker(Scheduler& s) noexcept {
     SchedulerCore& core = SchedulerCore::of(s);
     const WorkerIdle* poller = core.idle.poller.load(std::memory_order_acquire);
@@ -911,6 +920,9 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
     return detail::retry(fd, Ready::Read, timeout, true, [&](bool fast, detail::SchedulerIdle* idle) -> ssize_t {
         if (!fast) return ::read(fd, buf, n);
         const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+        if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
+#endif
         if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
