@@ -120,7 +120,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #ifndef FIBER_SCHED_STACK_TRIM_MS
 // How long a Scheduler stays idle before it gives back the memory of the freed stacks
-// kept beyond FIBER_SCHED_STACK_POOL_MAX (after a burst of fibers).
+// kept beyond FIBER_SCHED_STACK_POOL_MAX (after a burst of fibers); also how long such
+// stacks may sit in the pool unused before they go back with no scheduler idle.
 #define FIBER_SCHED_STACK_TRIM_MS 1000
 #endif
 
@@ -3093,6 +3094,16 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 namespace fsched {
 namespace detail {
 
+// How long surplus stacks sit unused before their memory goes back: an idle scheduler's
+// wait (scheduler.ipp), or the pool's decay (StackPool::decay_locked).
+// FIBER_SCHED_STACK_TRIM_MS; tests change it. Relaxed: a setting.
+std::atomic<long> stack_trim_delay_ms{FIBER_SCHED_STACK_TRIM_MS};
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept {
+    stack_trim_delay_ms.store(static_cast<long>(delay.count()), std::memory_order_relaxed);
+}
+#endif
+
 // What acquire_stack() throws when the kernel refuses the memory (the address space limit,
 // RLIMIT_AS, or the mapping count is reached).
 class StackMapFailed : public std::bad_alloc {
@@ -3191,20 +3202,22 @@ public:
     // for reuse, beyond FIBER_SCHED_STACK_POOL_MAX of a size too: giving memory back costs a
     // system call and, on a multi-core machine, a TLB shootdown (an interrupt to every other
     // core running this process) per stack, so a burst of fibers ending at once would pay
-    // one per fiber. What is kept beyond the cap goes back in trim(), which an idle
-    // scheduler calls, or here once one size holds twice the cap (no scheduler idles).
+    // one per fiber, and the next burst a page fault per fiber to take the memory again.
+    // What is kept beyond the cap goes back in trim(), which an idle scheduler calls, or
+    // here once it has sat unused for a whole trim delay (decay_locked: no scheduler idles).
     void release(const Stack* stacks, unsigned count) noexcept {
         std::lock_guard<std::mutex> lock(mutex_);
+        std::int64_t now = 0;  // read once, if a size is over the cap
         for (unsigned i = 0; i < count; ++i) {
             const Stack& stack = stacks[i];
             SizeClass& cls = size_class(stack.size);
             std::vector<Stack>& list = stack.guard ? cls.guarded : cls.unguarded;
             list.push_back(stack);
             pooled_.fetch_add(1, std::memory_order_relaxed);
-            const std::size_t held = cls.guarded.size() + cls.unguarded.size();
-            if (held > FIBER_SCHED_STACK_POOL_MAX) {
+            if (held(cls) > FIBER_SCHED_STACK_POOL_MAX) {
                 surplus_.store(true, std::memory_order_relaxed);
-                if (held >= 2 * std::size_t{FIBER_SCHED_STACK_POOL_MAX}) trim_locked(cls);
+                if (now == 0) now = std::chrono::steady_clock::now().time_since_epoch().count();
+                decay_locked(cls, now);
             }
         }
     }
@@ -3223,7 +3236,7 @@ public:
     void trim() noexcept {
         std::lock_guard<std::mutex> lock(mutex_);
         surplus_.store(false, std::memory_order_relaxed);
-        for (SizeClass& cls : classes_) trim_locked(cls);
+        for (SizeClass& cls : classes_) trim_locked(cls, FIBER_SCHED_STACK_POOL_MAX);
     }
 
     void register_thread(ThreadState* ts) {
@@ -3263,7 +3276,31 @@ private:
         std::vector<Stack> discarded;  // carved stacks whose pages went back (trim)
         char* slab_next = nullptr;
         std::size_t slab_left = 0;
+        // The decay (decay_locked): since `period_start` (steady_clock ticks), the pool held
+        // at least `low_water` of these stacks with their memory at every moment: so many sat
+        // unused all that time. 0 before the first period: nothing is known to be unused.
+        std::int64_t period_start = 0;
+        std::size_t low_water = 0;
     };
+
+    // Pooled stacks of `cls` that hold their memory.
+    static std::size_t held(const SizeClass& cls) noexcept { return cls.guarded.size() + cls.unguarded.size(); }
+
+    // Under mutex_, `cls` over the cap: once a trim delay has passed since the period began,
+    // the stacks that sat unused throughout it (low_water), beyond the cap, go back, the
+    // oldest first; a new period begins. A burst that takes the pool's stacks again within
+    // the delay (skynet, run after run) keeps them all: no system call, no page fault.
+    void decay_locked(SizeClass& cls, std::int64_t now) noexcept {
+        const long delay_ms = stack_trim_delay_ms.load(std::memory_order_relaxed);
+        const std::int64_t delay = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::milliseconds(delay_ms)).count();
+        if (now - cls.period_start < delay) return;
+        const std::size_t cap = FIBER_SCHED_STACK_POOL_MAX;
+        const std::size_t unused = std::min(cls.low_water, held(cls));
+        if (unused > cap) trim_locked(cls, held(cls) - (unused - cap));
+        cls.period_start = now;
+        cls.low_water = held(cls);
+    }
 
     static constexpr std::size_t slab_stacks = 64;
 
@@ -3276,18 +3313,19 @@ private:
                 list->pop_back();
                 pooled_.fetch_sub(1, std::memory_order_relaxed);
                 if (list == &cls.discarded) discarded_.fetch_sub(1, std::memory_order_relaxed);
+                cls.low_water = std::min(cls.low_water, held(cls));
                 return true;
             }
         }
         return false;
     }
 
-    // Under mutex_. The oldest stacks (the front) go: the back ones are the warmest.
-    void trim_locked(SizeClass& cls) noexcept {
+    // Under mutex_: gives back the memory of all but `keep` of the stacks of `cls` that hold
+    // it. The oldest stacks (the front) go: the back ones are the warmest.
+    void trim_locked(SizeClass& cls, std::size_t keep) noexcept {
         // Guarded stacks are kept first (they detect overflow); carved ones fill the rest.
-        const std::size_t cap = FIBER_SCHED_STACK_POOL_MAX;
-        const std::size_t keep_guarded = std::min(cls.guarded.size(), cap);
-        const std::size_t keep_unguarded = std::min(cls.unguarded.size(), cap - keep_guarded);
+        const std::size_t keep_guarded = std::min(cls.guarded.size(), keep);
+        const std::size_t keep_unguarded = std::min(cls.unguarded.size(), keep - keep_guarded);
         if (cls.guarded.size() > keep_guarded) {
             const std::size_t excess = cls.guarded.size() - keep_guarded;
             for (std::size_t i = 0; i < excess; ++i) unmap(cls.guarded[i]);
@@ -3312,6 +3350,7 @@ private:
             cls.unguarded.erase(cls.unguarded.begin(), cls.unguarded.begin() + static_cast<std::ptrdiff_t>(excess));
             pooled_.fetch_sub(excess - kept, std::memory_order_relaxed);
         }
+        cls.low_water = std::min(cls.low_water, held(cls));
     }
 
     static std::size_t compute_guarded_limit() noexcept {
@@ -4051,15 +4090,6 @@ struct WorkerIdle {
 
 namespace fsched {
 namespace detail {
-
-// How long a scheduler stays idle before it gives back the memory of surplus stacks
-// (FIBER_SCHED_STACK_TRIM_MS; tests change it). Relaxed: a setting, read when a worker idles.
-std::atomic<long> stack_trim_delay_ms{FIBER_SCHED_STACK_TRIM_MS};
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept {
-    stack_trim_delay_ms.store(static_cast<long>(delay.count()), std::memory_order_relaxed);
-}
-#endif
 
 // A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
 inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }

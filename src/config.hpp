@@ -18,7 +18,8 @@
 
 #ifndef FIBER_SCHED_STACK_TRIM_MS
 // How long a Scheduler stays idle before it gives back the memory of the freed stacks
-// kept beyond FIBER_SCHED_STACK_POOL_MAX (after a burst of fibers).
+// kept beyond FIBER_SCHED_STACK_POOL_MAX (after a burst of fibers); also how long such
+// stacks may sit in the pool unused before they go back with no scheduler idle.
 #define FIBER_SCHED_STACK_TRIM_MS 1000
 #endif
 

@@ -33,15 +33,6 @@
 namespace fsched {
 namespace detail {
 
-// How long a scheduler stays idle before it gives back the memory of surplus stacks
-// (FIBER_SCHED_STACK_TRIM_MS; tests change it). Relaxed: a setting, read when a worker idles.
-std::atomic<long> stack_trim_delay_ms{FIBER_SCHED_STACK_TRIM_MS};
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept {
-    stack_trim_delay_ms.store(static_cast<long>(delay.count()), std::memory_order_relaxed);
-}
-#endif
-
 // A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
 inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
 constexpr std::int64_t no_deadline = INT64_MAX;
