@@ -278,6 +278,34 @@ TEST_CASE("this_fiber::yield goes to the back of the queue") {
     CHECK(log == std::vector<std::string>{"a1", "b1", "a2", "b2", "a3", "b3"});
 }
 
+TEST_CASE("a worker's queue keeps first-in first-out order as it grows, wraps round and shrinks") {
+    // 3,000 tasks queued before start() grow the queue; each of them queues two more behind
+    // the rest while the front is taken, so the queue wraps round and grows again with its
+    // front inside the array; then it shrinks as it drains. The order the tasks run in is
+    // the order they were queued in.
+    Scheduler s(1, false);
+    std::vector<int> ran;
+    std::vector<int> queued;
+    constexpr int first = 3000;
+    int next = first;
+    std::function<void(int)> task = [&](int id) {
+        ran.push_back(id);
+        for (int k = 0; k < 2 && id < first; ++k) {
+            const int spawned = next++;
+            queued.push_back(spawned);
+            s.schedule([&task, spawned] { task(spawned); });
+        }
+    };
+    for (int i = 0; i < first; ++i) {
+        queued.push_back(i);
+        s.schedule([&task, i] { task(i); });
+    }
+    s.start();
+    s.stop();
+    CHECK(ran.size() == static_cast<std::size_t>(3 * first));
+    CHECK(ran == queued);
+}
+
 TEST_CASE("sleeping fibers wake in deadline order, not before their deadline") {
     FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);

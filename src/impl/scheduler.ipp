@@ -1,10 +1,10 @@
 // ---------------------------------------------------------------------------
 // Implementation: the scheduler.
 //
-// Each worker owns a run queue (a deque under the worker's queue_lock) and a deque of tasks
-// pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
+// Each worker owns a run queue (a TaskQueue ring under the worker's queue_lock) and a queue
+// of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
 // own queues first, highest level first, then steals from the back of the other workers'
-// run queues, the highest level its victim has; pinned deques are never stolen from. While
+// run queues, the highest level its victim has; pinned queues are never stolen from. While
 // any worker has a stealable High task (SchedulerCore::stealable_high), one looking for work
 // takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
 // an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
@@ -73,6 +73,96 @@ struct QueuedTask {
     std::uint64_t sequence = 0;
 };
 
+// A worker's queue of one kind (stealable or pinned) at one level: a ring of tasks in one
+// array, doubled when full and halved once it is an eighth full (never below
+// min_capacity), so that a queue that grew for a burst gives most of it back as it drains.
+// It replaces std::deque, which allocated a block every 7 tasks and freed it when they were
+// taken: with thieves taking from the back, workers freed each other's blocks, some 230,000
+// of them per skynet run of a million leaves (BENCHMARKS.md, "Skynet: the stack pool's decay
+// and the task ring"). Under the owning worker's queue_lock.
+class TaskQueue {
+public:
+    TaskQueue() = default;
+    TaskQueue(const TaskQueue&) = delete;
+    TaskQueue& operator=(const TaskQueue&) = delete;
+    ~TaskQueue() {
+        truncate(0);
+        release(slots_, capacity_);
+    }
+
+    bool empty() const noexcept { return size_ == 0; }
+    std::size_t size() const noexcept { return size_; }
+    QueuedTask& front() noexcept { return slots_[head_]; }
+    const QueuedTask& front() const noexcept { return slots_[head_]; }
+    QueuedTask& back() noexcept { return slots_[(head_ + size_ - 1) & (capacity_ - 1)]; }
+
+    // Strong guarantee: on std::bad_alloc nothing changed.
+    void push_back(QueuedTask&& task) {
+        if (size_ == capacity_) resize(capacity_ ? 2 * capacity_ : min_capacity);
+        new (&slots_[(head_ + size_) & (capacity_ - 1)]) QueuedTask(std::move(task));
+        ++size_;
+    }
+    void push_front(QueuedTask&& task) {
+        if (size_ == capacity_) resize(capacity_ ? 2 * capacity_ : min_capacity);
+        head_ = (head_ + capacity_ - 1) & (capacity_ - 1);
+        new (&slots_[head_]) QueuedTask(std::move(task));
+        ++size_;
+    }
+    void pop_front() noexcept {
+        slots_[head_].~QueuedTask();
+        head_ = (head_ + 1) & (capacity_ - 1);
+        --size_;
+        shrink_if_sparse();
+    }
+    void pop_back() noexcept {
+        back().~QueuedTask();
+        --size_;
+        shrink_if_sparse();
+    }
+    // Drops the tasks after the first `n` (undoing push_back calls).
+    void truncate(std::size_t n) noexcept {
+        while (size_ > n) {
+            back().~QueuedTask();
+            --size_;
+        }
+        shrink_if_sparse();
+    }
+
+private:
+    static constexpr std::size_t min_capacity = 32;  // a power of two
+
+    static void release(QueuedTask* slots, std::size_t capacity) noexcept {
+        if (slots) std::allocator<QueuedTask>().deallocate(slots, capacity);
+    }
+    // Moves the tasks, in order, to a new array of `capacity` (a power of two, >= size_).
+    void resize(std::size_t capacity) {
+        QueuedTask* slots = std::allocator<QueuedTask>().allocate(capacity);  // may throw
+        for (std::size_t i = 0; i < size_; ++i) {
+            QueuedTask& from = slots_[(head_ + i) & (capacity_ - 1)];
+            new (&slots[i]) QueuedTask(std::move(from));  // noexcept
+            from.~QueuedTask();
+        }
+        release(slots_, capacity_);
+        slots_ = slots;
+        capacity_ = capacity;
+        head_ = 0;
+    }
+    void shrink_if_sparse() noexcept {
+        if (capacity_ <= min_capacity || size_ > capacity_ / 8) return;
+        try {
+            resize(capacity_ / 2);
+        } catch (const std::bad_alloc&) {
+            // No memory for the smaller array: keep the larger one.
+        }
+    }
+
+    QueuedTask* slots_ = nullptr;
+    std::size_t capacity_ = 0;
+    std::size_t head_ = 0;
+    std::size_t size_ = 0;
+};
+static_assert(std::is_nothrow_move_constructible<QueuedTask>::value, "TaskQueue moves tasks without a throw");
+
 // What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
 // paired with Worker::sleeping, see sleep_until_work), or `deadline` passed. Either may be
 // null.
@@ -99,15 +189,15 @@ struct alignas(64) Worker {
     SpinLock queue_lock;
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
     struct Level {
-        std::deque<QueuedTask> tasks;
-        std::deque<QueuedTask> pinned;
+        TaskQueue tasks;
+        TaskQueue pinned;
         bool empty() const noexcept { return tasks.empty() && pinned.empty(); }
     };
     static constexpr int level_count = 3;
     Level levels[level_count];           // indexed by Priority; under queue_lock
     std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
     std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
-    // Orders a level's two deques (pop_locked): push_locked counts up from here, and
+    // Orders a level's two queues (pop_locked): push_locked counts up from here, and
     // push_front_locked down; under queue_lock.
     std::uint64_t next_sequence = std::uint64_t{1} << 62;
     std::uint64_t front_sequence = std::uint64_t{1} << 62;
@@ -228,7 +318,7 @@ struct alignas(64) Worker {
         if (stealable_high) high_moved(1);
     }
 
-    // Puts a Normal task at the front of its deque, as if it had come before everything
+    // Puts a Normal task at the front of its queue, as if it had come before everything
     // there (flush_local_locked), under queue_lock (held). Strong guarantee.
     void push_front_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = --front_sequence;
@@ -241,7 +331,7 @@ struct alignas(64) Worker {
     // stealable High tasks; under queue_lock. Only High tasks pay for it.
     void high_moved(long delta) noexcept;
 
-    // The deques' sizes, and taking them back to such sizes (undoing push_locked calls),
+    // The queues' sizes, and taking them back to such sizes (undoing push_locked calls),
     // under queue_lock (held).
     using Sizes = std::size_t[level_count][2];
     void sizes_locked(Sizes& out) const noexcept {
@@ -252,15 +342,15 @@ struct alignas(64) Worker {
     }
     void truncate_locked(const Sizes& sizes) noexcept {
         for (int i = 0; i < level_count; ++i) {
-            std::deque<QueuedTask>& t = levels[i].tasks;
-            std::deque<QueuedTask>& p = levels[i].pinned;
+            TaskQueue& t = levels[i].tasks;
+            TaskQueue& p = levels[i].pinned;
             stealable_count -= t.size() - sizes[i][0];
             pinned_count -= p.size() - sizes[i][1];
             if (i == static_cast<int>(Priority::High) && t.size() != sizes[i][0]) {
                 high_moved(-static_cast<long>(t.size() - sizes[i][0]));
             }
-            t.erase(t.begin() + static_cast<std::ptrdiff_t>(sizes[i][0]), t.end());
-            p.erase(p.begin() + static_cast<std::ptrdiff_t>(sizes[i][1]), p.end());
+            t.truncate(sizes[i][0]);
+            p.truncate(sizes[i][1]);
         }
     }
 
@@ -294,7 +384,7 @@ struct alignas(64) Worker {
         } else {
             from_pinned = level->pinned.front().sequence < level->tasks.front().sequence;
         }
-        std::deque<QueuedTask>& from = from_pinned ? level->pinned : level->tasks;
+        TaskQueue& from = from_pinned ? level->pinned : level->tasks;
         out = std::move(from.front());
         from.pop_front();
         runnext_streak = 0;
@@ -351,7 +441,7 @@ struct alignas(64) Worker {
             int level = 0;
             while (levels[level].tasks.empty()) ++level;  // one is not empty
             if (high_only && level != static_cast<int>(Priority::High)) return false;
-            std::deque<QueuedTask>& tasks = levels[level].tasks;
+            TaskQueue& tasks = levels[level].tasks;
             const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             for (std::size_t i = 0; i < n; ++i) {
                 taken.push_back(std::move(tasks.back()));
@@ -958,12 +1048,12 @@ inline Fiber::ptr Worker::local_pop() noexcept {
 }
 
 inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
-    // From one deque of the Normal level only while the other is empty: otherwise the two
+    // From one queue of the Normal level only while the other is empty: otherwise the two
     // are interleaved by sequence and a prefix of one is not a prefix of the line.
     Level& level = levels[static_cast<int>(Priority::Normal)];
     const bool from_pinned = level.tasks.empty();
     if (!from_pinned && !level.pinned.empty()) return 0;
-    std::deque<QueuedTask>& from = from_pinned ? level.pinned : level.tasks;
+    TaskQueue& from = from_pinned ? level.pinned : level.tasks;
     std::size_t moved = 0;
     while (!from.empty() && from.front().kind == TaskKind::claimed && local_reserve()) {
         local_push(from.front().fiber);
