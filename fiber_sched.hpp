@@ -4144,7 +4144,7 @@ public:
     TaskQueue(const TaskQueue&) = delete;
     TaskQueue& operator=(const TaskQueue&) = delete;
     ~TaskQueue() {
-        truncate(0);
+        for (; size_ != 0; --size_) back().~QueuedTask();
         release(slots_, capacity_);
     }
 
