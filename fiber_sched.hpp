@@ -1704,6 +1704,7 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #include <unistd.h>
 #endif
 #if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -3777,16 +3778,17 @@ struct IoFd {
     bool fast_socket = false;
     dev_t device = 0;
     ino_t inode = 0;
-    // io::read on a known stream socket (io.ipp, "Reads that would fail"): `drained` is set
-    // when a read returned less than it asked for with no read edge since it began, and
-    // cleared by the next read edge and the next read; while it is set, io::read parks
-    // without making the read that would fail with EAGAIN. `stream`: SO_TYPE, once asked
-    // (0: not yet, 1: stream, 2: not). `final_events`: an event said hang-up, error or
-    // urgent data, after which a short read no longer means the queue was empty: no read is
-    // skipped any more.
+    // io::read on a known TCP socket (io.ipp, "Reads that would fail"): `drained` is set
+    // when a read returned less than it asked for with no read edge since it began (the
+    // count `read_edges` unchanged), and cleared by the next read edge and the next read;
+    // while it is set, io::read parks without making the read that would fail with EAGAIN.
+    // `tcp`: SO_PROTOCOL, once asked (0: not yet, 1: TCP, 2: not). `final_events`: an event
+    // said hang-up, error or urgent data, after which a short read no longer means the queue
+    // was empty: no read is skipped any more.
     bool drained = false;
-    std::uint8_t stream = 0;
+    std::uint8_t tcp = 0;
     bool final_events = false;
+    std::uint32_t read_edges = 0;  // read events taken (take_ready) and registrations made
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
@@ -6258,24 +6260,27 @@ void WaitGroup::wait() {
 // check nor a sweep. io::connect's fd is typically fresh from socket(): connect records and
 // registers it the same way, trusting nothing.
 //
-// Reads that would fail. A known stream socket's io::read that returned less than it asked
-// for emptied the kernel's receive queue (a stream read with MSG_DONTWAIT copies everything
-// queued up to its length), so its next read, with no edge since, would fail with EAGAIN:
-// io::read then parks straight away (IoFd::drained), saving the system call a
-// request/response connection makes at every request; nginx does the same. `drained` speaks
-// of the latest read only: every read that is made clears it with the `ready` bit before its
-// system call (prepare_call), and a short one sets it only if no read edge has come since
-// then (read_came_short); the next read edge clears it. So a skipped read is always one
-// whose previous read came short with no edge after it: a full read leaves data queued, and
-// an edge taken while the short read was under way may be for more, and neither is followed
-// by a skip. That park is the one after an EAGAIN, and the lost-edge argument above holds as
-// it is: the data that came after the short read is either kept in `ready` (checked before
-// the park, and before the skip) or finds the waiter. What a short
-// read does not prove is left alone: a datagram or seqpacket socket (one message per read;
-// SO_TYPE, asked once) and a socket after an event with hang-up, error or urgent data
-// (IoFd::final_events: the peer's FIN is a queued end, not data, and urgent data stops a
-// read at its mark), whose reads are all made. A number reused unseen leaves the flag of the
-// old file behind; its wait is then an unverified one, as any, and the sweep finds it.
+// Reads that would fail. A known TCP socket's io::read that returned less than it asked for
+// emptied the kernel's receive queue (a TCP read with MSG_DONTWAIT copies everything queued
+// up to its length), so its next read, with no edge since, would fail with EAGAIN: io::read
+// then parks straight away (IoFd::drained), saving the system call a request/response
+// connection makes at every request; nginx does the same. `drained` speaks of the latest
+// read only: every read that is made clears it before its system call (prepare_call), and
+// takes the fd's count of read edges (IoFd::read_edges, counted by take_ready as each comes,
+// whoever takes it: a parked reader, an io::wait, or `ready`); a short read sets it only if
+// the count has not moved since (read_came_short); the next read edge clears it. So a
+// skipped read is always one whose previous read came short with no read edge since that
+// read began: a full read leaves data queued, and an edge while the short read was under
+// way may be for more, and neither is followed by a skip. That park is the one after an
+// EAGAIN, and the lost-edge argument above holds as it is: the data that came after the
+// short read is either kept in `ready` (checked before the park, and before the skip) or
+// finds the waiter. What a short read does not prove is left alone: any socket but TCP
+// (SO_PROTOCOL, asked once: a datagram or seqpacket socket reads one message per read, and
+// an AF_UNIX stream read stops at a message that carried file descriptors, or between
+// senders when SO_PASSCRED is on) and a socket after an event with hang-up, error or urgent
+// data (IoFd::final_events: the peer's FIN is a queued end, not data, and urgent data stops
+// a read at its mark), whose reads are all made. A number reused unseen leaves the flag of
+// the old file behind; its wait is then an unverified one, as any, and the sweep finds it.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -6403,6 +6408,7 @@ int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) no
     ev.data.u64 = event_data(fd, entry.generation);
     entry.ready = 0;  // the kernel reports the present state at ADD and at MOD
     entry.drained = false;
+    ++entry.read_edges;  // a read under way may be reading another file's queue
     if (rearm) {
         if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
         if (errno != ENOENT) return errno;
@@ -6467,6 +6473,7 @@ void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint
     if (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
         entry.ready |= read_bit;
         entry.drained = false;
+        ++entry.read_edges;
     }
     if (revents & (EPOLLRDHUP | EPOLLHUP | EPOLLERR | EPOLLPRI)) entry.final_events = true;
     if (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR)) entry.ready |= write_bit;
@@ -6574,7 +6581,7 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
     entry.inode = st.st_ino;
     entry.fast_socket = false;
     entry.drained = false;
-    entry.stream = 0;
+    entry.tcp = 0;
     entry.final_events = false;
 }
 
@@ -6767,7 +6774,10 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
 // may skip usable_fd(). Takes io_lock.
 // `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
 // with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
-bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read = nullptr) noexcept {
+// `read_edges` (io::read only): the fd's count of read edges as the read begins, for
+// read_came_short.
+bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read = nullptr,
+                  std::uint32_t* read_edges = nullptr) noexcept {
     idle.io_lock.lock();
     bool fast = false;
     auto it = idle.io_fds.find(fd);
@@ -6780,26 +6790,26 @@ bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read =
             entry.ready &= ~static_cast<unsigned>(what);
             if (what == io::Ready::Read) entry.drained = false;  // this read says anew
         }
+        if (read_edges) *read_edges = entry.read_edges;
     }
     idle.io_lock.unlock();
     return fast;
 }
 
-// io::read of a known socket returned less than it asked for: if it is a stream socket,
-// its receive queue was empty then (see the top of this file). Takes io_lock.
-void read_came_short(SchedulerIdle& idle, int fd) noexcept {
+// io::read of a known socket returned less than it asked for: if it is a TCP socket and no
+// read edge has come since the read began (`read_edges`, from prepare_call), its receive
+// queue was empty then (see the top of this file). Takes io_lock.
+void read_came_short(SchedulerIdle& idle, int fd, std::uint32_t read_edges) noexcept {
     idle.io_lock.lock();
     auto it = idle.io_fds.find(fd);
     if (it != idle.io_fds.end() && it->second.fast_socket && !it->second.final_events) {
         IoFd& entry = it->second;
-        if (entry.stream == 0) {
-            int type = 0;
-            socklen_t size = sizeof type;
-            entry.stream = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) == 0 && type == SOCK_STREAM ? 1 : 2;
+        if (entry.tcp == 0) {
+            int protocol = 0;
+            socklen_t size = sizeof protocol;
+            entry.tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &size) == 0 && protocol == IPPROTO_TCP ? 1 : 2;
         }
-        // A read edge kept in `ready` came after this read's prepare_call: more may be
-        // queued behind what it read, so the next read is made.
-        entry.drained = entry.stream == 1 && !(entry.ready & read_bit);
+        entry.drained = entry.tcp == 1 && entry.read_edges == read_edges;
     }
     idle.io_lock.unlock();
 }
@@ -6919,13 +6929,15 @@ struct Deadline {
 // now; see the top of this file).
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
-           bool may_skip_read = false) -> decltype(call(false, nullptr)) {
+           bool may_skip_read = false) -> decltype(call(false, nullptr, 0u)) {
     SchedulerIdle* idle = in_scheduler_task() ? &SchedulerCore::of(*thread_state()->scheduler).idle : nullptr;
     bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
     for (;;) {
         bool skip_read = false;
-        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr) && may_skip_check;
+        std::uint32_t read_edges = 0;
+        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr, &read_edges) &&
+                          may_skip_check;
         if (fast && skip_read) {
             // The read would fail with EAGAIN: wait for the edge first, as after one. Once:
             // whatever ended the wait (an edge, or a timeout with the fd ready), the read is
@@ -6941,7 +6953,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             if (!usable_fd(fd)) return -1;
             checked = true;
         }
-        const auto rc = call(fast, idle);
+        const auto rc = call(fast, idle, read_edges);
         if (rc >= 0) return rc;
         const int error = current_errno();  // not `errno`: its address may be from before a move
         if (error == EINTR) continue;
@@ -7099,13 +7111,14 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
-    return detail::retry(fd, Ready::Read, timeout, true, [&](bool fast, detail::SchedulerIdle* idle) -> ssize_t {
+    return detail::retry(fd, Ready::Read, timeout, true,
+                         [&](bool fast, detail::SchedulerIdle* idle, std::uint32_t read_edges) -> ssize_t {
         if (!fast) return ::read(fd, buf, n);
         const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
 #endif
-        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd);
+        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_edges);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
 #endif
@@ -7120,7 +7133,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
     // retry(), which checks the file the number names now: a plain write() here could block
     // the worker on a blocking file that took the number over.
     bool is_socket = true;
-    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast, detail::SchedulerIdle*) -> ssize_t {
+    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast, detail::SchedulerIdle*, std::uint32_t) -> ssize_t {
         if (is_socket) {
             const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (rc >= 0 || detail::current_errno() != ENOTSOCK || fast) return rc;
@@ -7133,7 +7146,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
     // Never with the check skipped: accept4() has no MSG_DONTWAIT.
     const int accepted = detail::retry(fd, Ready::Read, timeout, false,
-                                       [&](bool, detail::SchedulerIdle*) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+                                       [&](bool, detail::SchedulerIdle*, std::uint32_t) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
     // A new non-blocking socket: whatever io knew under its number was a closed file's.
     if (accepted >= 0 && detail::in_scheduler_task()) {
         const int error = detail::current_errno();

@@ -158,6 +158,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <unistd.h>
 #endif
 #if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>

@@ -1,9 +1,12 @@
-// Test helper (POSIX): a listening TCP socket on the loopback address, for the io tests.
+// Test helpers (POSIX): a listening TCP socket on the loopback address, and a connected pair
+// of loopback TCP sockets, for the io tests.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,6 +30,29 @@ struct Listener {
         REQUIRE(listen(fd, 1024) == 0);
     }
     ~Listener() { close(fd); }
+};
+
+// A connected pair of loopback TCP sockets, both non-blocking, TCP_NODELAY (a request/reply
+// exchange is not held back by Nagle's algorithm). `a` is the accepted end.
+struct TcpPair {
+    TcpPair(const TcpPair&) = delete;
+    TcpPair& operator=(const TcpPair&) = delete;
+    int a = -1, b = -1;
+    TcpPair() {
+        Listener listener;
+        b = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(b >= 0);
+        REQUIRE(connect(b, reinterpret_cast<sockaddr*>(&listener.addr), sizeof listener.addr) == 0);
+        a = accept4(listener.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);  // queued on loopback
+        REQUIRE(a >= 0);
+        REQUIRE(fcntl(b, F_SETFL, fcntl(b, F_GETFL) | O_NONBLOCK) == 0);
+        const int one = 1;
+        for (const int fd : {a, b}) REQUIRE(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
+    }
+    ~TcpPair() {
+        close(a);
+        close(b);
+    }
 };
 
 }  // namespace test

@@ -15,13 +15,16 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <string>
 #include <system_error>
 #include <thread>
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -1061,12 +1064,12 @@ TEST_CASE("io reliability: when the poller gets a long task, an idle worker take
 // the read that would fail with EAGAIN.
 // ---------------------------------------------------------------------------------------
 
-TEST_CASE("io reliability: request/response on a stream socket makes no read that fails with EAGAIN") {
+TEST_CASE("io reliability: request/response on a TCP socket makes no read that fails with EAGAIN") {
     // A client writes a request, the server reads it (short: the buffer is larger) and
     // answers; the server's next read would fail with EAGAIN and is left out.
     constexpr int rounds = 500;
     Scheduler s(1, false);
-    Sockets pair;
+    test::TcpPair pair;
     int served = 0, answered = 0;
     long skipped = 0, eagain = 0;
     s.start();
@@ -1107,7 +1110,7 @@ TEST_CASE("io reliability: a short read then the peer's close: the next read ret
     for (const bool close_first : {false, true}) {  // the edges taken before the short read, or after
         CAPTURE(close_first);
         Scheduler s(1, false);
-        Sockets pair;
+        test::TcpPair pair;
         ssize_t first = -2, second = -2, third = -2;
         std::chrono::steady_clock::duration took{};
         s.start();
@@ -1133,6 +1136,16 @@ TEST_CASE("io reliability: a short read then the peer's close: the next read ret
     }
 }
 
+// Takes the ready events out of epoll as a worker would, once the data written has arrived
+// (on loopback TCP it may come a moment after the write); returns how many were for
+// waited-for fds.
+int take_edges() {
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    int events = 0;
+    while (events == 0 && std::chrono::steady_clock::now() < until) events = fsched::detail::io_poll_now();
+    return events;
+}
+
 // The after-read hook of the test below: once, while the first read is under way, more data
 // comes and its edge is taken (as another worker would take it), before the short read is
 // recorded. It writes to edge_peer, as land_edge_before_park does.
@@ -1140,7 +1153,7 @@ int edge_hook_calls = 0;
 void land_edge_during_read(int) {
     if (edge_hook_calls++ != 0) return;
     CHECK(::write(edge_peer, "cdefghij", 8) == 8);
-    CHECK(fsched::detail::io_poll_now() == 1);
+    CHECK(take_edges() == 1);
 }
 
 TEST_CASE("io reliability: an edge taken while a short read is under way: the read after a full read is made, not skipped") {
@@ -1150,7 +1163,7 @@ TEST_CASE("io reliability: an edge taken while a short read is under way: the re
     // is left to come for them: parking there waited for the timeout (a soak run saw a
     // reader and a writer of a socketpair wait for each other that way).
     Scheduler s(1, false);
-    Sockets pair;
+    test::TcpPair pair;
     ssize_t first = -2, second = -2, third = -2;
     long skipped = -1;
     std::chrono::steady_clock::duration took{};
@@ -1159,7 +1172,7 @@ TEST_CASE("io reliability: an edge taken while a short read is under way: the re
         char buf[64];
         make_known(pair.a, pair.b);
         REQUIRE(::write(pair.b, "ab", 2) == 2);
-        CHECK(fsched::detail::io_poll_now() == 1);  // its edge, before the read
+        CHECK(take_edges() == 1);  // its edge, before the read
         edge_peer = pair.b;
         edge_hook_calls = 0;
         fsched::detail::set_io_after_read_hook(&land_edge_during_read);
@@ -1186,7 +1199,7 @@ TEST_CASE("io reliability: an edge taken while a short read is under way, then i
     // As above, but io::wait() takes the edge kept for the 8 bytes: the read after it must
     // still be made, since no edge is left to come for them.
     Scheduler s(1, false);
-    Sockets pair;
+    test::TcpPair pair;
     ssize_t first = -2, second = -2;
     bool waited = false;
     long skipped = -1;
@@ -1196,7 +1209,7 @@ TEST_CASE("io reliability: an edge taken while a short read is under way, then i
         char buf[64];
         make_known(pair.a, pair.b);
         REQUIRE(::write(pair.b, "ab", 2) == 2);
-        CHECK(fsched::detail::io_poll_now() == 1);
+        CHECK(take_edges() == 1);
         edge_peer = pair.b;
         edge_hook_calls = 0;
         fsched::detail::set_io_after_read_hook(&land_edge_during_read);
@@ -1224,7 +1237,7 @@ TEST_CASE("io reliability: the read made after a skipped read's wait timed out s
     // the wait, the fd is ready, and the read is made (a full one, leaving 4 bytes). The
     // read after that must be made too: the short read is no longer the latest.
     Scheduler s(1, false);
-    Sockets pair;
+    test::TcpPair pair;
     ssize_t first = -2, second = -2, third = -2;
     long skipped_second = -1, skipped_third = -1;
     s.start();
@@ -1232,7 +1245,7 @@ TEST_CASE("io reliability: the read made after a skipped read's wait timed out s
         char buf[64];
         make_known(pair.a, pair.b);
         REQUIRE(::write(pair.b, "ab", 2) == 2);
-        CHECK(fsched::detail::io_poll_now() == 1);
+        CHECK(take_edges() == 1);
         first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // short
         // Queued behind this fiber, it runs once the read below has parked, and outlasts
         // that read's timeout by far.
@@ -1255,6 +1268,94 @@ TEST_CASE("io reliability: the read made after a skipped read's wait timed out s
     CHECK(skipped_second == 1);
     CHECK(third == 4);
     CHECK(skipped_third == 0);
+}
+
+TEST_CASE("io reliability: an edge another fiber's io::wait takes while a short read is under way: the next read is made, not skipped") {
+    // W waits in io::wait for the fd R reads. R's read comes short ("ab"), and the edge for
+    // the 8 bytes written behind it goes to W while the read is under way: nothing of it is
+    // left in `ready`, yet the queue is not empty and no edge is left to come for it.
+    Scheduler s(1, false);
+    test::TcpPair pair;
+    ssize_t first = -2, second = -2;
+    bool waited = false;
+    long skipped = -1;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        Scheduler::current()->schedule([&] { waited = fsched::io::wait(pair.a, fsched::io::Ready::Read, 20s); });
+        fsched::this_fiber::yield();  // W parks in its wait
+        REQUIRE(::write(pair.b, "ab", 2) == 2);
+        pollfd arrived{pair.a, POLLIN, 0};
+        const auto limit = std::chrono::steady_clock::now() + 10s;
+        while (::poll(&arrived, 1, 0) != 1 && std::chrono::steady_clock::now() < limit) {
+        }
+        edge_peer = pair.b;
+        edge_hook_calls = 0;
+        fsched::detail::set_io_after_read_hook(&land_edge_during_read);  // its edge wakes W
+        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
+        fsched::detail::set_io_after_read_hook(nullptr);
+        const long skipped_before = fsched::detail::io_reads_skipped();
+        const auto t0 = std::chrono::steady_clock::now();
+        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);
+        took = std::chrono::steady_clock::now() - t0;
+        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+        REQUIRE(::write(pair.b, "z", 1) == 1);  // W, woken for data R took, waits again: end it
+    });
+    s.stop();
+    CHECK(edge_hook_calls >= 1);
+    CHECK(first == 2);
+    CHECK(second == 8);
+    CHECK(skipped == 0);
+    CHECK(took < 10s);
+    CHECK(waited);
+}
+
+TEST_CASE("io reliability: an AF_UNIX stream read stops after a message with file descriptors: the next read is made, not skipped") {
+    // "AA" carries a file descriptor: the read takes it and stops there, short, with "BB"
+    // queued behind it and its edge taken already. Only TCP reads are ever skipped.
+    Scheduler s(1, false);
+    Sockets pair;
+    ssize_t first = -2, second = -2;
+    long skipped = -1;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        const int passed = ::dup(0);
+        REQUIRE(passed >= 0);
+        char data[2] = {'A', 'A'};
+        iovec iov{data, sizeof data};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+        cmsg->cmsg_level = SOL_SOCKET;
+        cmsg->cmsg_type = SCM_RIGHTS;
+        cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(cmsg), &passed, sizeof passed);
+        REQUIRE(::sendmsg(pair.b, &msg, 0) == 2);
+        ::close(passed);
+        REQUIRE(::write(pair.b, "BB", 2) == 2);
+        CHECK(take_edges() == 1);
+        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // "AA", and the fd is dropped
+        const long skipped_before = fsched::detail::io_reads_skipped();
+        const auto t0 = std::chrono::steady_clock::now();
+        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);
+        took = std::chrono::steady_clock::now() - t0;
+        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+        CHECK(std::string(buf, second > 0 ? static_cast<std::size_t>(second) : 0) == "BB");
+    });
+    s.stop();
+    CHECK(first == 2);
+    CHECK(second == 2);
+    CHECK(skipped == 0);
+    CHECK(took < 10s);
 }
 
 TEST_CASE("io reliability: a datagram socket's second queued message is read at once after a short read of the first") {

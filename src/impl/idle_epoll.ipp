@@ -50,16 +50,17 @@ struct IoFd {
     bool fast_socket = false;
     dev_t device = 0;
     ino_t inode = 0;
-    // io::read on a known stream socket (io.ipp, "Reads that would fail"): `drained` is set
-    // when a read returned less than it asked for with no read edge since it began, and
-    // cleared by the next read edge and the next read; while it is set, io::read parks
-    // without making the read that would fail with EAGAIN. `stream`: SO_TYPE, once asked
-    // (0: not yet, 1: stream, 2: not). `final_events`: an event said hang-up, error or
-    // urgent data, after which a short read no longer means the queue was empty: no read is
-    // skipped any more.
+    // io::read on a known TCP socket (io.ipp, "Reads that would fail"): `drained` is set
+    // when a read returned less than it asked for with no read edge since it began (the
+    // count `read_edges` unchanged), and cleared by the next read edge and the next read;
+    // while it is set, io::read parks without making the read that would fail with EAGAIN.
+    // `tcp`: SO_PROTOCOL, once asked (0: not yet, 1: TCP, 2: not). `final_events`: an event
+    // said hang-up, error or urgent data, after which a short read no longer means the queue
+    // was empty: no read is skipped any more.
     bool drained = false;
-    std::uint8_t stream = 0;
+    std::uint8_t tcp = 0;
     bool final_events = false;
+    std::uint32_t read_edges = 0;  // read events taken (take_ready) and registrations made
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
