@@ -52,6 +52,10 @@ std::size_t stack_reserve() noexcept;
 // burst of fibers); trim_stack_pool() then gives their memory back. An idle scheduler does.
 bool stack_pool_has_surplus() noexcept;
 void trim_stack_pool() noexcept;
+// Gives back the memory of surplus stacks that have sat unused for a trim delay (the pool's
+// decay), if a look is due; a busy scheduler's workers call it now and then. Cheap when
+// there is no surplus: one relaxed load.
+void decay_stack_pool() noexcept;
 
 }  // namespace detail
 }  // namespace fsched

@@ -325,6 +325,39 @@ TEST_CASE("a burst of fibers beyond the pool's cap keeps its stacks until a sche
     CHECK(again.back()->state() == Fiber::State::Term);
 }
 
+TEST_CASE("a busy scheduler that never idles gives back the stacks a burst left once they sit unused for the trim delay") {
+    constexpr std::size_t size = burst_stack_size + 8192;  // no other test's size
+    TrimDelay short_delay(std::chrono::milliseconds(50));
+    const std::size_t before = with_memory();
+    fsched::Scheduler scheduler(1, false);
+    scheduler.start();
+    std::size_t kept = 0, left = 0;
+    bool trimmed = false;
+    fsched::WaitGroup done;
+    done.add(1);
+    scheduler.schedule([&] {
+        {
+            std::vector<std::unique_ptr<Fiber>> burst;
+            for (std::size_t i = 0; i < burst_fibers; ++i) burst.push_back(std::make_unique<Fiber>([] {}, size));
+        }
+        kept = with_memory() - before;
+        // Busy from now on: this fiber yields in a loop, so the worker never sleeps (and so
+        // never trims), and no stack of this size is freed again.
+        const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!trimmed && std::chrono::steady_clock::now() < limit) {
+            fsched::this_fiber::yield();
+            trimmed = with_memory() <= before + FIBER_SCHED_STACK_POOL_MAX + 64;
+        }
+        left = with_memory() - before;
+        done.done();
+    });
+    done.wait();
+    scheduler.stop();
+    INFO("kept " << kept << ", left " << left);
+    CHECK(kept + fsched::detail::ThreadState::stack_cache_capacity >= burst_fibers);
+    CHECK(trimmed);
+}
+
 // Makes and frees `n` fibers of `size` at once (a burst), on this thread, no scheduler.
 void fiber_burst(std::size_t n, std::size_t size) {
     std::vector<std::unique_ptr<Fiber>> burst;

@@ -828,6 +828,8 @@ inline void Worker::poll_io_now_and_then() {
     if (++tasks_since_io_poll >= 32) {
         tasks_since_io_poll = 0;
         core.idle.poll_io(true);
+        // A busy scheduler never idles long enough to trim the stack pool: decay it instead.
+        decay_stack_pool();
     }
 }
 

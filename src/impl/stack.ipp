@@ -154,6 +154,24 @@ public:
     // True when stacks beyond FIBER_SCHED_STACK_POOL_MAX of a size are kept (a hint).
     bool has_surplus() const noexcept { return surplus_.load(std::memory_order_relaxed); }
 
+    // The decay without a release (decay_stack_pool): stacks freed into a thread's cache
+    // never reach release(), so a busy scheduler looks now and then, at most once a quarter
+    // of a trim delay, for each size over the cap. Clears the surplus hint once none is.
+    void decay() noexcept {
+        const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+        if (now < next_decay_.load(std::memory_order_relaxed)) return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (now < next_decay_.load(std::memory_order_relaxed)) return;  // another thread looked
+        next_decay_.store(now + delay_ticks() / 4, std::memory_order_relaxed);
+        bool over = false;
+        for (SizeClass& cls : classes_) {
+            if (held(cls) <= FIBER_SCHED_STACK_POOL_MAX) continue;
+            decay_locked(cls, now);
+            over = over || held(cls) > FIBER_SCHED_STACK_POOL_MAX;
+        }
+        if (!over) surplus_.store(false, std::memory_order_relaxed);
+    }
+
     // Gives back the memory of the stacks kept beyond FIBER_SCHED_STACK_POOL_MAX of each
     // size: guarded ones are unmapped; carved ones keep their address range (a slab cannot
     // be split) and lose their pages.
@@ -207,6 +225,13 @@ private:
         std::size_t low_water = 0;
     };
 
+    // The trim delay in steady_clock ticks.
+    static std::int64_t delay_ticks() noexcept {
+        return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)))
+            .count();
+    }
+
     // Pooled stacks of `cls` that hold their memory.
     static std::size_t held(const SizeClass& cls) noexcept { return cls.guarded.size() + cls.unguarded.size(); }
 
@@ -215,10 +240,7 @@ private:
     // oldest first; a new period begins. A burst that takes the pool's stacks again within
     // the delay (skynet, run after run) keeps them all: no system call, no page fault.
     void decay_locked(SizeClass& cls, std::int64_t now) noexcept {
-        const long delay_ms = stack_trim_delay_ms.load(std::memory_order_relaxed);
-        const std::int64_t delay = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                       std::chrono::milliseconds(delay_ms)).count();
-        if (now - cls.period_start < delay) return;
+        if (now - cls.period_start < delay_ticks()) return;
         const std::size_t cap = FIBER_SCHED_STACK_POOL_MAX;
         const std::size_t unused = std::min(cls.low_water, held(cls));
         if (unused > cap) trim_locked(cls, held(cls) - (unused - cap));
@@ -337,6 +359,7 @@ private:
     // Set when a size holds more than FIBER_SCHED_STACK_POOL_MAX stacks, cleared by trim();
     // relaxed: only a hint that an idle scheduler should call trim().
     std::atomic<bool> surplus_{false};
+    std::atomic<std::int64_t> next_decay_{0};  // steady_clock ticks: decay()'s next look
     std::mutex threads_mutex_;
     std::vector<ThreadState*> threads_;
     long exited_in_use_ = 0;
@@ -415,6 +438,10 @@ void release_stack(Stack& stack) noexcept {
 std::size_t stack_reserve() noexcept { return stack_pool().reserve(); }
 bool stack_pool_has_surplus() noexcept { return stack_pool().has_surplus(); }
 void trim_stack_pool() noexcept { stack_pool().trim(); }
+void decay_stack_pool() noexcept {
+    StackPool& pool = stack_pool();
+    if (pool.has_surplus()) pool.decay();
+}
 
 }  // namespace detail
 
