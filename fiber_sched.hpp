@@ -4092,7 +4092,7 @@ struct WorkerIdle {
 // ---------------------------------------------------------------------------
 // Implementation: the scheduler.
 //
-// Each worker owns a run queue (a TaskQueue ring under the worker's queue_lock) and a queue
+// Each worker owns a run queue (a TaskQueue under the worker's queue_lock) and a queue
 // of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
 // own queues first, highest level first, then steals from the back of the other workers'
 // run queues, the highest level its victim has; pinned queues are never stolen from. While
@@ -4164,95 +4164,101 @@ struct QueuedTask {
     std::uint64_t sequence = 0;
 };
 
-// A worker's queue of one kind (stealable or pinned) at one level: a ring of tasks in one
-// array, doubled when full and halved once it is an eighth full (never below
-// min_capacity), so that a queue that grew for a burst gives most of it back as it drains.
-// It replaces std::deque, which allocated a block every 7 tasks and freed it when they were
-// taken: with thieves taking from the back, workers freed each other's blocks, some 230,000
-// of them per skynet run of a million leaves (BENCHMARKS.md, "Skynet: the stack pool's decay
-// and the task ring"). Under the owning worker's queue_lock.
-class TaskQueue {
+// The blocks a TaskQueue's deque has freed, kept for its next ones (up to max_blocks), so
+// that a queue that fills and drains as tasks come and go (and thieves take them) reuses
+// its blocks instead of asking malloc each time. std::deque allocates a block for every 7
+// tasks and freed it once they were taken: with thieves taking from the back, workers freed
+// each other's blocks, some 230,000 of them per skynet run of a million leaves
+// (BENCHMARKS.md, "Skynet: the stack pool's decay and the task queues' blocks"). Under the
+// owning worker's queue_lock, as the deque is.
+class TaskBlockCache {
 public:
-    TaskQueue() = default;
-    TaskQueue(const TaskQueue&) = delete;
-    TaskQueue& operator=(const TaskQueue&) = delete;
-    ~TaskQueue() {
-        for (; size_ != 0; --size_) back().~QueuedTask();
-        release(slots_, capacity_);
-    }
-
-    bool empty() const noexcept { return size_ == 0; }
-    std::size_t size() const noexcept { return size_; }
-    QueuedTask& front() noexcept { return slots_[head_]; }
-    const QueuedTask& front() const noexcept { return slots_[head_]; }
-    QueuedTask& back() noexcept { return slots_[(head_ + size_ - 1) & (capacity_ - 1)]; }
-
-    // Strong guarantee: on std::bad_alloc nothing changed.
-    void push_back(QueuedTask&& task) {
-        if (size_ == capacity_) resize(capacity_ ? 2 * capacity_ : min_capacity);
-        new (&slots_[(head_ + size_) & (capacity_ - 1)]) QueuedTask(std::move(task));
-        ++size_;
-    }
-    void push_front(QueuedTask&& task) {
-        if (size_ == capacity_) resize(capacity_ ? 2 * capacity_ : min_capacity);
-        head_ = (head_ + capacity_ - 1) & (capacity_ - 1);
-        new (&slots_[head_]) QueuedTask(std::move(task));
-        ++size_;
-    }
-    void pop_front() noexcept {
-        slots_[head_].~QueuedTask();
-        head_ = (head_ + 1) & (capacity_ - 1);
-        --size_;
-        shrink_if_sparse();
-    }
-    void pop_back() noexcept {
-        back().~QueuedTask();
-        --size_;
-        shrink_if_sparse();
-    }
-    // Drops the tasks after the first `n` (undoing push_back calls).
-    void truncate(std::size_t n) noexcept {
-        while (size_ > n) {
-            back().~QueuedTask();
-            --size_;
+    TaskBlockCache() = default;
+    TaskBlockCache(const TaskBlockCache&) = delete;
+    TaskBlockCache& operator=(const TaskBlockCache&) = delete;
+    ~TaskBlockCache() {
+        while (head_) {
+            Free* next = head_->next;
+            ::operator delete(head_);
+            head_ = next;
         }
-        shrink_if_sparse();
+    }
+    void* allocate(std::size_t bytes) {
+        if (head_ && bytes == bytes_) {
+            Free* block = head_;
+            head_ = block->next;
+            --count_;
+            return block;
+        }
+        return ::operator new(bytes);
+    }
+    void deallocate(void* p, std::size_t bytes) noexcept {
+        if (count_ < max_blocks && (count_ == 0 || bytes == bytes_) && bytes >= sizeof(Free)) {
+            bytes_ = bytes;
+            head_ = new (p) Free{head_};
+            ++count_;
+            return;
+        }
+        ::operator delete(p);
     }
 
 private:
-    static constexpr std::size_t min_capacity = 32;  // a power of two
-
-    static void release(QueuedTask* slots, std::size_t capacity) noexcept {
-        if (slots) std::allocator<QueuedTask>().deallocate(slots, capacity);
-    }
-    // Moves the tasks, in order, to a new array of `capacity` (a power of two, >= size_).
-    void resize(std::size_t capacity) {
-        QueuedTask* slots = std::allocator<QueuedTask>().allocate(capacity);  // may throw
-        for (std::size_t i = 0; i < size_; ++i) {
-            QueuedTask& from = slots_[(head_ + i) & (capacity_ - 1)];
-            new (&slots[i]) QueuedTask(std::move(from));  // noexcept
-            from.~QueuedTask();
-        }
-        release(slots_, capacity_);
-        slots_ = slots;
-        capacity_ = capacity;
-        head_ = 0;
-    }
-    void shrink_if_sparse() noexcept {
-        if (capacity_ <= min_capacity || size_ > capacity_ / 8) return;
-        try {
-            resize(capacity_ / 2);
-        } catch (const std::bad_alloc&) {
-            // No memory for the smaller array: keep the larger one.
-        }
-    }
-
-    QueuedTask* slots_ = nullptr;
-    std::size_t capacity_ = 0;
-    std::size_t head_ = 0;
-    std::size_t size_ = 0;
+    static constexpr std::size_t max_blocks = 64;  // 64 blocks of 7 tasks: 32 KiB
+    struct Free {
+        Free* next;
+    };
+    Free* head_ = nullptr;
+    std::size_t count_ = 0;
+    std::size_t bytes_ = 0;  // the size of the blocks kept
 };
-static_assert(std::is_nothrow_move_constructible<QueuedTask>::value, "TaskQueue moves tasks without a throw");
+
+// std::deque's allocator for a TaskQueue: its blocks of tasks go through the queue's
+// TaskBlockCache; anything else (the deque's map of blocks) straight to operator new.
+template <class T>
+struct TaskBlockAllocator {
+    using value_type = T;
+    TaskBlockCache* cache;
+    explicit TaskBlockAllocator(TaskBlockCache* c) noexcept : cache(c) {}
+    template <class U>
+    TaskBlockAllocator(const TaskBlockAllocator<U>& other) noexcept : cache(other.cache) {}
+    T* allocate(std::size_t n) {
+        if (std::is_same<T, QueuedTask>::value) return static_cast<T*>(cache->allocate(n * sizeof(T)));
+        return static_cast<T*>(::operator new(n * sizeof(T)));
+    }
+    void deallocate(T* p, std::size_t n) noexcept {
+        if (std::is_same<T, QueuedTask>::value) return cache->deallocate(p, n * sizeof(T));
+        ::operator delete(p);
+    }
+    template <class U>
+    bool operator==(const TaskBlockAllocator<U>& other) const noexcept { return cache == other.cache; }
+    template <class U>
+    bool operator!=(const TaskBlockAllocator<U>& other) const noexcept { return cache != other.cache; }
+};
+
+// A worker's queue of one kind (stealable or pinned) at one level: a deque whose freed
+// blocks are kept for reuse (TaskBlockCache). Under the owning worker's queue_lock.
+class TaskQueue {
+public:
+    TaskQueue() : tasks_(TaskBlockAllocator<QueuedTask>(&cache_)) {}
+    TaskQueue(const TaskQueue&) = delete;
+    TaskQueue& operator=(const TaskQueue&) = delete;
+
+    bool empty() const noexcept { return tasks_.empty(); }
+    std::size_t size() const noexcept { return tasks_.size(); }
+    QueuedTask& front() noexcept { return tasks_.front(); }
+    QueuedTask& back() noexcept { return tasks_.back(); }
+    // Strong guarantee: on std::bad_alloc nothing changed.
+    void push_back(QueuedTask&& task) { tasks_.push_back(std::move(task)); }
+    void push_front(QueuedTask&& task) { tasks_.push_front(std::move(task)); }
+    void pop_front() noexcept { tasks_.pop_front(); }
+    void pop_back() noexcept { tasks_.pop_back(); }
+    // Drops the tasks after the first `n` (undoing push_back calls).
+    void truncate(std::size_t n) noexcept { tasks_.erase(tasks_.begin() + static_cast<std::ptrdiff_t>(n), tasks_.end()); }
+
+private:
+    TaskBlockCache cache_;  // before tasks_: built first, destroyed last
+    std::deque<QueuedTask, TaskBlockAllocator<QueuedTask>> tasks_;
+};
 
 // What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
 // paired with Worker::sleeping, see sleep_until_work), or `deadline` passed. Either may be

@@ -278,11 +278,11 @@ TEST_CASE("this_fiber::yield goes to the back of the queue") {
     CHECK(log == std::vector<std::string>{"a1", "b1", "a2", "b2", "a3", "b3"});
 }
 
-TEST_CASE("a worker's queue keeps first-in first-out order as it grows, wraps round and shrinks") {
+TEST_CASE("a worker's queue keeps first-in first-out order as it grows and drains, reusing its blocks") {
     // 3,000 tasks queued before start() grow the queue; each of them queues two more behind
-    // the rest while the front is taken, so the queue wraps round and grows again with its
-    // front inside the array; then it shrinks as it drains. The order the tasks run in is
-    // the order they were queued in.
+    // the rest while the front is taken, so blocks freed at the front are taken again at the
+    // back (TaskBlockCache); then it drains. The order the tasks run in is the order they
+    // were queued in.
     Scheduler s(1, false);
     std::vector<int> ran;
     std::vector<int> queued;
