@@ -52,7 +52,7 @@ struct IoFd {
     ino_t inode = 0;
     // io::read on a known TCP socket (io.ipp, "Reads that would fail"): `drained` is set
     // when a read returned less than it asked for with no read edge since it began (the
-    // count `read_edges` unchanged), and cleared by the next read edge and the next read;
+    // mark `read_mark` unchanged), and cleared by the next read edge and the next read;
     // while it is set, io::read parks without making the read that would fail with EAGAIN.
     // `tcp`: SO_PROTOCOL, once asked (0: not yet, 1: TCP, 2: not). `final_events`: an event
     // said hang-up, error or urgent data, after which a short read no longer means the queue
@@ -60,7 +60,9 @@ struct IoFd {
     bool drained = false;
     std::uint8_t tcp = 0;
     bool final_events = false;
-    std::uint32_t read_edges = 0;  // read events taken (take_ready) and registrations made
+    // The latest read event taken (take_ready) or registration made, numbered by
+    // SchedulerIdle::io_read_marks: unique across entries, so never repeated by a new one.
+    std::uint64_t read_mark = 0;
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
@@ -147,6 +149,7 @@ struct SchedulerIdle {
     SpinLock io_lock;         // guards io_fds and each fd's registration in io_epoll_fd
     std::unordered_map<int, IoFd> io_fds;
     std::uint32_t io_registrations = 0;  // under io_lock: the source of IoFd::generation
+    std::uint64_t io_read_marks = 0;     // under io_lock: the source of IoFd::read_mark
     // Delayed validation (io.ipp): the waiters that parked on a known socket without an
     // fstat, oldest first, and the sweeps that check them. Lists and epoch under io_lock.
     IoWait* unverified_head = nullptr;

@@ -82,9 +82,11 @@
 // then parks straight away (IoFd::drained), saving the system call a request/response
 // connection makes at every request; nginx does the same. `drained` speaks of the latest
 // read only: every read that is made clears it before its system call (prepare_call), and
-// takes the fd's count of read edges (IoFd::read_edges, counted by take_ready as each comes,
-// whoever takes it: a parked reader, an io::wait, or `ready`); a short read sets it only if
-// the count has not moved since (read_came_short); the next read edge clears it. So a
+// takes the fd's mark of its latest read edge (IoFd::read_mark, new from one counter of the
+// scheduler's at each edge take_ready takes, whoever gets it: a parked reader, an io::wait,
+// or `ready`; and at each registration); a short read sets it only if the mark is the same
+// (read_came_short): the same entry, no edge since (an entry that io::cancel forgot and one
+// made anew never share a mark). The next read edge clears it. So a
 // skipped read is always one whose previous read came short with no read edge since that
 // read began: a full read leaves data queued, and an edge while the short read was under
 // way may be for more, and neither is followed by a skip. That park is the one after an
@@ -224,7 +226,7 @@ int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) no
     ev.data.u64 = event_data(fd, entry.generation);
     entry.ready = 0;  // the kernel reports the present state at ADD and at MOD
     entry.drained = false;
-    ++entry.read_edges;  // a read under way may be reading another file's queue
+    entry.read_mark = ++idle.io_read_marks;  // a read under way may be reading another file's queue
     if (rearm) {
         if (io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
         if (errno != ENOENT) return errno;
@@ -289,7 +291,7 @@ void take_ready(SchedulerIdle& idle, int fd, std::uint32_t generation, std::uint
     if (revents & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
         entry.ready |= read_bit;
         entry.drained = false;
-        ++entry.read_edges;
+        entry.read_mark = ++idle.io_read_marks;
     }
     if (revents & (EPOLLRDHUP | EPOLLHUP | EPOLLERR | EPOLLPRI)) entry.final_events = true;
     if (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR)) entry.ready |= write_bit;
@@ -590,10 +592,10 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
 // may skip usable_fd(). Takes io_lock.
 // `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
 // with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
-// `read_edges` (io::read only): the fd's count of read edges as the read begins, for
-// read_came_short.
+// `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
+// for read_came_short.
 bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read = nullptr,
-                  std::uint32_t* read_edges = nullptr) noexcept {
+                  std::uint64_t* read_mark = nullptr) noexcept {
     idle.io_lock.lock();
     bool fast = false;
     auto it = idle.io_fds.find(fd);
@@ -606,16 +608,16 @@ bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read =
             entry.ready &= ~static_cast<unsigned>(what);
             if (what == io::Ready::Read) entry.drained = false;  // this read says anew
         }
-        if (read_edges) *read_edges = entry.read_edges;
+        if (read_mark) *read_mark = entry.read_mark;
     }
     idle.io_lock.unlock();
     return fast;
 }
 
 // io::read of a known socket returned less than it asked for: if it is a TCP socket and no
-// read edge has come since the read began (`read_edges`, from prepare_call), its receive
+// read edge has come since the read began (`read_mark`, from prepare_call), its receive
 // queue was empty then (see the top of this file). Takes io_lock.
-void read_came_short(SchedulerIdle& idle, int fd, std::uint32_t read_edges) noexcept {
+void read_came_short(SchedulerIdle& idle, int fd, std::uint64_t read_mark) noexcept {
     idle.io_lock.lock();
     auto it = idle.io_fds.find(fd);
     if (it != idle.io_fds.end() && it->second.fast_socket && !it->second.final_events) {
@@ -625,7 +627,7 @@ void read_came_short(SchedulerIdle& idle, int fd, std::uint32_t read_edges) noex
             socklen_t size = sizeof protocol;
             entry.tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &size) == 0 && protocol == IPPROTO_TCP ? 1 : 2;
         }
-        entry.drained = entry.tcp == 1 && entry.read_edges == read_edges;
+        entry.drained = entry.tcp == 1 && entry.read_mark == read_mark;
     }
     idle.io_lock.unlock();
 }
@@ -745,14 +747,14 @@ struct Deadline {
 // now; see the top of this file).
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
-           bool may_skip_read = false) -> decltype(call(false, nullptr, 0u)) {
+           bool may_skip_read = false) -> decltype(call(false, nullptr, std::uint64_t{0})) {
     SchedulerIdle* idle = in_scheduler_task() ? &SchedulerCore::of(*thread_state()->scheduler).idle : nullptr;
     bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
     for (;;) {
         bool skip_read = false;
-        std::uint32_t read_edges = 0;
-        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr, &read_edges) &&
+        std::uint64_t read_mark = 0;
+        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr, &read_mark) &&
                           may_skip_check;
         if (fast && skip_read) {
             // The read would fail with EAGAIN: wait for the edge first, as after one. Once:
@@ -769,7 +771,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             if (!usable_fd(fd)) return -1;
             checked = true;
         }
-        const auto rc = call(fast, idle, read_edges);
+        const auto rc = call(fast, idle, read_mark);
         if (rc >= 0) return rc;
         const int error = current_errno();  // not `errno`: its address may be from before a move
         if (error == EINTR) continue;
@@ -928,13 +930,13 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
     return detail::retry(fd, Ready::Read, timeout, true,
-                         [&](bool fast, detail::SchedulerIdle* idle, std::uint32_t read_edges) -> ssize_t {
+                         [&](bool fast, detail::SchedulerIdle* idle, std::uint64_t read_mark) -> ssize_t {
         if (!fast) return ::read(fd, buf, n);
         const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
 #endif
-        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_edges);
+        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_mark);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
 #endif
@@ -949,7 +951,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
     // retry(), which checks the file the number names now: a plain write() here could block
     // the worker on a blocking file that took the number over.
     bool is_socket = true;
-    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast, detail::SchedulerIdle*, std::uint32_t) -> ssize_t {
+    return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast, detail::SchedulerIdle*, std::uint64_t) -> ssize_t {
         if (is_socket) {
             const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (rc >= 0 || detail::current_errno() != ENOTSOCK || fast) return rc;
@@ -962,7 +964,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout) {
     // Never with the check skipped: accept4() has no MSG_DONTWAIT.
     const int accepted = detail::retry(fd, Ready::Read, timeout, false,
-                                       [&](bool, detail::SchedulerIdle*, std::uint32_t) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+                                       [&](bool, detail::SchedulerIdle*, std::uint64_t) { return ::accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC); });
     // A new non-blocking socket: whatever io knew under its number was a closed file's.
     if (accepted >= 0 && detail::in_scheduler_task()) {
         const int error = detail::current_errno();
