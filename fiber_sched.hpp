@@ -6312,19 +6312,19 @@ void WaitGroup::wait() {
 // scheduler's at each edge take_ready takes, whoever gets it: a parked reader, an io::wait,
 // or `ready`; and at each registration); a short read sets it only if the mark is the same
 // (read_came_short): the same entry, no edge since (an entry that io::cancel forgot and one
-// made anew never share a mark). The next read edge clears it. So a
-// skipped read is always one whose previous read came short with no read edge since that
-// read began: a full read leaves data queued, and an edge while the short read was under
-// way may be for more, and neither is followed by a skip. That park is the one after an
-// EAGAIN, and the lost-edge argument above holds as it is: the data that came after the
-// short read is either kept in `ready` (checked before the park, and before the skip) or
-// finds the waiter. What a short read does not prove is left alone: any socket but TCP
-// (SO_PROTOCOL, asked once: a datagram or seqpacket socket reads one message per read, and
-// an AF_UNIX stream read stops at a message that carried file descriptors, or between
-// senders when SO_PASSCRED is on) and a socket after an event with hang-up, error or urgent
-// data (IoFd::final_events: the peer's FIN is a queued end, not data, and urgent data stops
-// a read at its mark), whose reads are all made. A number reused unseen leaves the flag of
-// the old file behind; its wait is then an unverified one, as any, and the sweep finds it.
+// made anew never share a mark). The next read edge clears it. So a skipped read is always
+// one whose previous read came short with no read edge since that read began: a full read
+// leaves data queued, and an edge while the short read was under way may be for more, and
+// neither is followed by a skip. That park is the one after an EAGAIN, and the lost-edge
+// argument above holds as it is: the data that came after the short read is either kept in
+// `ready` (checked before the park, and before the skip) or finds the waiter. What a short
+// read does not prove is left alone: any socket but TCP (SO_PROTOCOL, asked once: a
+// datagram or seqpacket socket reads one message per read, and an AF_UNIX stream read stops
+// at a message that carried file descriptors, or between senders when SO_PASSCRED is on)
+// and a socket after an event with hang-up, error or urgent data (IoFd::final_events: the
+// peer's FIN is a queued end, not data, and urgent data stops a read at its mark), whose
+// reads are all made. A number reused unseen leaves the flag of the old file behind; its
+// wait is then an unverified one, as any, and the sweep finds it.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
