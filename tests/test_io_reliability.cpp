@@ -1156,6 +1156,36 @@ void land_edge_during_read(int) {
     CHECK(take_edges() == 1);
 }
 
+// The short read of the tests below: "ab" is queued on `fd` by its peer `peer`, its edge
+// taken, and io::read reads it with `hook` as the after-read hook (which writes to `peer`).
+ssize_t short_read_with_hook(int fd, int peer, char* buf, std::size_t size, void (*hook)(int)) {
+    REQUIRE(::write(peer, "ab", 2) == 2);
+    CHECK(take_edges() == 1);  // its edge, before the read
+    edge_peer = peer;
+    edge_hook_calls = 0;
+    fsched::detail::set_io_after_read_hook(hook);
+    const ssize_t n = fsched::io::read(fd, buf, size, 5s);
+    fsched::detail::set_io_after_read_hook(nullptr);
+    return n;
+}
+
+// An io::read of `fd` with a 20 s timeout: what it returned, whether it left out its system
+// call (and parked), and how long it took.
+struct TimedRead {
+    ssize_t n = -2;
+    long skipped = -1;
+    std::chrono::steady_clock::duration took{};
+};
+TimedRead timed_read(int fd, char* buf, std::size_t size) {
+    TimedRead r;
+    const long skipped_before = fsched::detail::io_reads_skipped();
+    const auto t0 = std::chrono::steady_clock::now();
+    r.n = fsched::io::read(fd, buf, size, 20s);
+    r.took = std::chrono::steady_clock::now() - t0;
+    r.skipped = fsched::detail::io_reads_skipped() - skipped_before;
+    return r;
+}
+
 TEST_CASE("io reliability: an edge taken while a short read is under way: the read after a full read is made, not skipped") {
     // The first read comes short ("ab"), but the edge for the 8 bytes written behind it is
     // taken before it records that: the queue is not empty. The second read takes 4 of them
@@ -1164,35 +1194,24 @@ TEST_CASE("io reliability: an edge taken while a short read is under way: the re
     // reader and a writer of a socketpair wait for each other that way).
     Scheduler s(1, false);
     test::TcpPair pair;
-    ssize_t first = -2, second = -2, third = -2;
-    long skipped = -1;
-    std::chrono::steady_clock::duration took{};
+    ssize_t first = -2, second = -2;
+    TimedRead third;
     s.start();
     s.schedule([&] {
         char buf[64];
         make_known(pair.a, pair.b);
-        REQUIRE(::write(pair.b, "ab", 2) == 2);
-        CHECK(take_edges() == 1);  // its edge, before the read
-        edge_peer = pair.b;
-        edge_hook_calls = 0;
-        fsched::detail::set_io_after_read_hook(&land_edge_during_read);
-        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
-        fsched::detail::set_io_after_read_hook(nullptr);
+        first = short_read_with_hook(pair.a, pair.b, buf, sizeof buf, &land_edge_during_read);
         second = fsched::io::read(pair.a, buf, 4, 5s);
-        const long skipped_before = fsched::detail::io_reads_skipped();
-        const auto t0 = std::chrono::steady_clock::now();
-        third = fsched::io::read(pair.a, buf, sizeof buf, 20s);
-        took = std::chrono::steady_clock::now() - t0;
-        skipped = fsched::detail::io_reads_skipped() - skipped_before;
-        CHECK(std::string(buf, third > 0 ? static_cast<std::size_t>(third) : 0) == "ghij");
+        third = timed_read(pair.a, buf, sizeof buf);
+        CHECK(std::string(buf, third.n > 0 ? static_cast<std::size_t>(third.n) : 0) == "ghij");
     });
     s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
     CHECK(second == 4);
-    CHECK(third == 4);
-    CHECK(skipped == 0);
-    CHECK(took < 10s);  // at once, not at the timeout
+    CHECK(third.n == 4);
+    CHECK(third.skipped == 0);
+    CHECK(third.took < 10s);  // at once, not at the timeout
 }
 
 TEST_CASE("io reliability: an edge taken while a short read is under way, then io::wait: the next read is made, not skipped") {
@@ -1200,35 +1219,24 @@ TEST_CASE("io reliability: an edge taken while a short read is under way, then i
     // still be made, since no edge is left to come for them.
     Scheduler s(1, false);
     test::TcpPair pair;
-    ssize_t first = -2, second = -2;
+    ssize_t first = -2;
     bool waited = false;
-    long skipped = -1;
-    std::chrono::steady_clock::duration took{};
+    TimedRead second;
     s.start();
     s.schedule([&] {
         char buf[64];
         make_known(pair.a, pair.b);
-        REQUIRE(::write(pair.b, "ab", 2) == 2);
-        CHECK(take_edges() == 1);
-        edge_peer = pair.b;
-        edge_hook_calls = 0;
-        fsched::detail::set_io_after_read_hook(&land_edge_during_read);
-        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
-        fsched::detail::set_io_after_read_hook(nullptr);
+        first = short_read_with_hook(pair.a, pair.b, buf, sizeof buf, &land_edge_during_read);
         waited = fsched::io::wait(pair.a, fsched::io::Ready::Read, 5s);
-        const long skipped_before = fsched::detail::io_reads_skipped();
-        const auto t0 = std::chrono::steady_clock::now();
-        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);
-        took = std::chrono::steady_clock::now() - t0;
-        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+        second = timed_read(pair.a, buf, sizeof buf);
     });
     s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
     CHECK(waited);
-    CHECK(second == 8);
-    CHECK(skipped == 0);
-    CHECK(took < 10s);
+    CHECK(second.n == 8);
+    CHECK(second.skipped == 0);
+    CHECK(second.took < 10s);
 }
 
 TEST_CASE("io reliability: the read made after a skipped read's wait timed out says anew whether the next may be skipped") {
@@ -1276,10 +1284,9 @@ TEST_CASE("io reliability: an edge another fiber's io::wait takes while a short 
     // left in `ready`, yet the queue is not empty and no edge is left to come for it.
     Scheduler s(1, false);
     test::TcpPair pair;
-    ssize_t first = -2, second = -2;
+    ssize_t first = -2;
     bool waited = false;
-    long skipped = -1;
-    std::chrono::steady_clock::duration took{};
+    TimedRead second;
     s.start();
     s.schedule([&] {
         char buf[64];
@@ -1296,19 +1303,15 @@ TEST_CASE("io reliability: an edge another fiber's io::wait takes while a short 
         fsched::detail::set_io_after_read_hook(&land_edge_during_read);  // its edge wakes W
         first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
         fsched::detail::set_io_after_read_hook(nullptr);
-        const long skipped_before = fsched::detail::io_reads_skipped();
-        const auto t0 = std::chrono::steady_clock::now();
-        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);
-        took = std::chrono::steady_clock::now() - t0;
-        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+        second = timed_read(pair.a, buf, sizeof buf);
         REQUIRE(::write(pair.b, "z", 1) == 1);  // W, woken for data R took, waits again: end it
     });
     s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
-    CHECK(second == 8);
-    CHECK(skipped == 0);
-    CHECK(took < 10s);
+    CHECK(second.n == 8);
+    CHECK(second.skipped == 0);
+    CHECK(second.took < 10s);
     CHECK(waited);
 }
 
@@ -1336,33 +1339,23 @@ TEST_CASE("io reliability: io::cancel() while a short read is under way: the nex
     // equal: they come from one counter of the scheduler's.
     Scheduler s(1, false);
     test::TcpPair pair;
-    ssize_t first = -2, second = -2;
-    long skipped = -1;
-    std::chrono::steady_clock::duration took{};
+    ssize_t first = -2;
+    TimedRead second;
     s.start();
     s.schedule([&] {
         char buf[64];
         make_known(pair.a, pair.b);  // a registration and the edge of its "k"
-        REQUIRE(::write(pair.b, "ab", 2) == 2);
-        CHECK(take_edges() == 1);  // a third edge
-        edge_peer = pair.b;
         known_peer = pair.b;
-        edge_hook_calls = 0;
-        fsched::detail::set_io_after_read_hook(&forget_during_read);
-        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // "ab", short
-        fsched::detail::set_io_after_read_hook(nullptr);
-        const long skipped_before = fsched::detail::io_reads_skipped();
-        const auto t0 = std::chrono::steady_clock::now();
-        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);  // "C"
-        took = std::chrono::steady_clock::now() - t0;
-        skipped = fsched::detail::io_reads_skipped() - skipped_before;
+        // "ab" and a third edge, then the read, short.
+        first = short_read_with_hook(pair.a, pair.b, buf, sizeof buf, &forget_during_read);
+        second = timed_read(pair.a, buf, sizeof buf);  // "C"
     });
     s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
-    CHECK(second == 1);
-    CHECK(skipped == 0);
-    CHECK(took < 10s);
+    CHECK(second.n == 1);
+    CHECK(second.skipped == 0);
+    CHECK(second.took < 10s);
 }
 
 TEST_CASE("io reliability: an AF_UNIX stream read stops after a message with file descriptors: the next read is made, not skipped") {
@@ -1370,9 +1363,8 @@ TEST_CASE("io reliability: an AF_UNIX stream read stops after a message with fil
     // queued behind it and its edge taken already. Only TCP reads are ever skipped.
     Scheduler s(1, false);
     Sockets pair;
-    ssize_t first = -2, second = -2;
-    long skipped = -1;
-    std::chrono::steady_clock::duration took{};
+    ssize_t first = -2;
+    TimedRead second;
     s.start();
     s.schedule([&] {
         char buf[64];
@@ -1397,18 +1389,14 @@ TEST_CASE("io reliability: an AF_UNIX stream read stops after a message with fil
         REQUIRE(::write(pair.b, "BB", 2) == 2);
         CHECK(take_edges() == 1);
         first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // "AA", and the fd is dropped
-        const long skipped_before = fsched::detail::io_reads_skipped();
-        const auto t0 = std::chrono::steady_clock::now();
-        second = fsched::io::read(pair.a, buf, sizeof buf, 20s);
-        took = std::chrono::steady_clock::now() - t0;
-        skipped = fsched::detail::io_reads_skipped() - skipped_before;
-        CHECK(std::string(buf, second > 0 ? static_cast<std::size_t>(second) : 0) == "BB");
+        second = timed_read(pair.a, buf, sizeof buf);
+        CHECK(std::string(buf, second.n > 0 ? static_cast<std::size_t>(second.n) : 0) == "BB");
     });
     s.stop();
     CHECK(first == 2);
-    CHECK(second == 2);
-    CHECK(skipped == 0);
-    CHECK(took < 10s);
+    CHECK(second.n == 2);
+    CHECK(second.skipped == 0);
+    CHECK(second.took < 10s);
 }
 
 TEST_CASE("io reliability: a datagram socket's second queued message is read at once after a short read of the first") {
