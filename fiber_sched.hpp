@@ -4225,11 +4225,11 @@ struct TaskBlockAllocator {
     template <class U>
     TaskBlockAllocator(const TaskBlockAllocator<U>& other) noexcept : cache(other.cache) {}
     T* allocate(std::size_t n) {
-        if (std::is_same<T, QueuedTask>::value) return static_cast<T*>(cache->allocate(n * sizeof(T)));
+        if constexpr (std::is_same<T, QueuedTask>::value) return static_cast<T*>(cache->allocate(n * sizeof(T)));
         return static_cast<T*>(::operator new(n * sizeof(T)));
     }
     void deallocate(T* p, std::size_t n) noexcept {
-        if (std::is_same<T, QueuedTask>::value) return cache->deallocate(p, n * sizeof(T));
+        if constexpr (std::is_same<T, QueuedTask>::value) return cache->deallocate(p, n * sizeof(T));
         ::operator delete(p);
     }
     template <class U>
@@ -7161,11 +7161,9 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
         const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
-#endif
-        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_mark);
-#if defined(FIBER_SCHED_FAULT_INJECTION)
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
 #endif
+        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_mark);
         return rc;
     }, true);
 }

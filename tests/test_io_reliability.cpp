@@ -1186,26 +1186,35 @@ TimedRead timed_read(int fd, char* buf, std::size_t size) {
     return r;
 }
 
+// Runs `body` in a task of a one-worker scheduler, with a loopback TCP pair whose end `a`
+// io knows already (make_known: a registration and the edge of its "k"); returns once the
+// scheduler has stopped, so tasks `body` queues may use the pair.
+void with_known_tcp_pair(const std::function<void(test::TcpPair&, char (&buf)[64])>& body) {
+    Scheduler s(1, false);
+    test::TcpPair pair;
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        body(pair, buf);
+    });
+    s.stop();
+}
+
 TEST_CASE("io reliability: an edge taken while a short read is under way: the read after a full read is made, not skipped") {
     // The first read comes short ("ab"), but the edge for the 8 bytes written behind it is
     // taken before it records that: the queue is not empty. The second read takes 4 of them
     // (a full read, which empties nothing); the third must read the other 4 at once. No edge
     // is left to come for them: parking there waited for the timeout (a soak run saw a
     // reader and a writer of a socketpair wait for each other that way).
-    Scheduler s(1, false);
-    test::TcpPair pair;
     ssize_t first = -2, second = -2;
     TimedRead third;
-    s.start();
-    s.schedule([&] {
-        char buf[64];
-        make_known(pair.a, pair.b);
+    with_known_tcp_pair([&](test::TcpPair& pair, char (&buf)[64]) {
         first = short_read_with_hook(pair.a, pair.b, buf, sizeof buf, &land_edge_during_read);
         second = fsched::io::read(pair.a, buf, 4, 5s);
         third = timed_read(pair.a, buf, sizeof buf);
         CHECK(std::string(buf, third.n > 0 ? static_cast<std::size_t>(third.n) : 0) == "ghij");
     });
-    s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
     CHECK(second == 4);
@@ -1217,20 +1226,14 @@ TEST_CASE("io reliability: an edge taken while a short read is under way: the re
 TEST_CASE("io reliability: an edge taken while a short read is under way, then io::wait: the next read is made, not skipped") {
     // As above, but io::wait() takes the edge kept for the 8 bytes: the read after it must
     // still be made, since no edge is left to come for them.
-    Scheduler s(1, false);
-    test::TcpPair pair;
     ssize_t first = -2;
     bool waited = false;
     TimedRead second;
-    s.start();
-    s.schedule([&] {
-        char buf[64];
-        make_known(pair.a, pair.b);
+    with_known_tcp_pair([&](test::TcpPair& pair, char (&buf)[64]) {
         first = short_read_with_hook(pair.a, pair.b, buf, sizeof buf, &land_edge_during_read);
         waited = fsched::io::wait(pair.a, fsched::io::Ready::Read, 5s);
         second = timed_read(pair.a, buf, sizeof buf);
     });
-    s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
     CHECK(waited);
@@ -1244,14 +1247,9 @@ TEST_CASE("io reliability: the read made after a skipped read's wait timed out s
     // Data comes while the only worker is busy, so its edge stays in epoll: the timer ends
     // the wait, the fd is ready, and the read is made (a full one, leaving 4 bytes). The
     // read after that must be made too: the short read is no longer the latest.
-    Scheduler s(1, false);
-    test::TcpPair pair;
     ssize_t first = -2, second = -2, third = -2;
     long skipped_second = -1, skipped_third = -1;
-    s.start();
-    s.schedule([&] {
-        char buf[64];
-        make_known(pair.a, pair.b);
+    with_known_tcp_pair([&](test::TcpPair& pair, char (&buf)[64]) {
         REQUIRE(::write(pair.b, "ab", 2) == 2);
         CHECK(take_edges() == 1);
         first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // short
@@ -1270,7 +1268,6 @@ TEST_CASE("io reliability: the read made after a skipped read's wait timed out s
         third = fsched::io::read(pair.a, buf, sizeof buf, 20s);
         skipped_third = fsched::detail::io_reads_skipped() - before;
     });
-    s.stop();
     CHECK(first == 2);
     CHECK(second == 4);
     CHECK(skipped_second == 1);
@@ -1282,15 +1279,10 @@ TEST_CASE("io reliability: an edge another fiber's io::wait takes while a short 
     // W waits in io::wait for the fd R reads. R's read comes short ("ab"), and the edge for
     // the 8 bytes written behind it goes to W while the read is under way: nothing of it is
     // left in `ready`, yet the queue is not empty and no edge is left to come for it.
-    Scheduler s(1, false);
-    test::TcpPair pair;
     ssize_t first = -2;
     bool waited = false;
     TimedRead second;
-    s.start();
-    s.schedule([&] {
-        char buf[64];
-        make_known(pair.a, pair.b);
+    with_known_tcp_pair([&](test::TcpPair& pair, char (&buf)[64]) {
         Scheduler::current()->schedule([&] { waited = fsched::io::wait(pair.a, fsched::io::Ready::Read, 20s); });
         fsched::this_fiber::yield();  // W parks in its wait
         REQUIRE(::write(pair.b, "ab", 2) == 2);
@@ -1306,7 +1298,6 @@ TEST_CASE("io reliability: an edge another fiber's io::wait takes while a short 
         second = timed_read(pair.a, buf, sizeof buf);
         REQUIRE(::write(pair.b, "z", 1) == 1);  // W, woken for data R took, waits again: end it
     });
-    s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
     CHECK(second.n == 8);
@@ -1337,20 +1328,14 @@ TEST_CASE("io reliability: io::cancel() while a short read is under way: the nex
     // from before may come round again (here: a registration, the edge of "k", the edge of
     // "C"), with "C" queued and its edge gone to io::wait. Counts of two entries are never
     // equal: they come from one counter of the scheduler's.
-    Scheduler s(1, false);
-    test::TcpPair pair;
     ssize_t first = -2;
     TimedRead second;
-    s.start();
-    s.schedule([&] {
-        char buf[64];
-        make_known(pair.a, pair.b);  // a registration and the edge of its "k"
+    with_known_tcp_pair([&](test::TcpPair& pair, char (&buf)[64]) {  // a registration, an edge
         known_peer = pair.b;
         // "ab" and a third edge, then the read, short.
         first = short_read_with_hook(pair.a, pair.b, buf, sizeof buf, &forget_during_read);
         second = timed_read(pair.a, buf, sizeof buf);  // "C"
     });
-    s.stop();
     CHECK(edge_hook_calls >= 1);
     CHECK(first == 2);
     CHECK(second.n == 1);

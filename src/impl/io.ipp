@@ -935,11 +935,9 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
         const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
-#endif
-        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_mark);
-#if defined(FIBER_SCHED_FAULT_INJECTION)
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
 #endif
+        if (rc > 0 && static_cast<std::size_t>(rc) < n) detail::read_came_short(*idle, fd, read_mark);
         return rc;
     }, true);
 }

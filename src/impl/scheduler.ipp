@@ -131,11 +131,11 @@ struct TaskBlockAllocator {
     template <class U>
     TaskBlockAllocator(const TaskBlockAllocator<U>& other) noexcept : cache(other.cache) {}
     T* allocate(std::size_t n) {
-        if (std::is_same<T, QueuedTask>::value) return static_cast<T*>(cache->allocate(n * sizeof(T)));
+        if constexpr (std::is_same<T, QueuedTask>::value) return static_cast<T*>(cache->allocate(n * sizeof(T)));
         return static_cast<T*>(::operator new(n * sizeof(T)));
     }
     void deallocate(T* p, std::size_t n) noexcept {
-        if (std::is_same<T, QueuedTask>::value) return cache->deallocate(p, n * sizeof(T));
+        if constexpr (std::is_same<T, QueuedTask>::value) return cache->deallocate(p, n * sizeof(T));
         ::operator delete(p);
     }
     template <class U>
