@@ -283,16 +283,30 @@ std::size_t with_memory() {
     return s.pooled - s.discarded;
 }
 
+// Makes and frees `n` fibers of `size` at once (a burst), on the calling thread.
+void fiber_burst(std::size_t n, std::size_t size) {
+    std::vector<std::unique_ptr<Fiber>> burst;
+    for (std::size_t i = 0; i < n; ++i) burst.push_back(std::make_unique<Fiber>([] {}, size));
+}
+
+// Makes `n` fibers of `size` alive at once and runs each, touching 1 KiB of its stack (pages
+// given back fault in again); true if the last one finished.
+bool touched_burst(std::size_t n, std::size_t size) {
+    std::vector<std::unique_ptr<Fiber>> again;
+    for (std::size_t i = 0; i < n; ++i) {
+        again.push_back(std::make_unique<Fiber>([] { volatile char touch[1024] = {}; (void)touch; }, size));
+        again.back()->resume();
+    }
+    return again.back()->state() == Fiber::State::Term;
+}
+
 }  // namespace
 
 TEST_CASE("a burst of fibers beyond the pool's cap keeps its stacks until a scheduler idles, then gives them back") {
     TrimDelay no_trim(std::chrono::hours(1));
     const std::size_t pooled_before = fsched::stack_stats().pooled;
     const std::size_t with_memory_before = with_memory();
-    {
-        std::vector<std::unique_ptr<Fiber>> burst;
-        for (std::size_t i = 0; i < burst_fibers; ++i) burst.push_back(std::make_unique<Fiber>([] {}, burst_stack_size));
-    }
+    fiber_burst(burst_fibers, burst_stack_size);
     // All of them kept (a thread's cache holds a few of them outside the pool): no system
     // call per freed stack while the burst ends.
     const std::size_t kept = fsched::stack_stats().pooled - pooled_before;
@@ -317,12 +331,7 @@ TEST_CASE("a burst of fibers beyond the pool's cap keeps its stacks until a sche
     CHECK(fsched::stack_stats().discarded <= fsched::stack_stats().pooled);
 
     // Reused after the trim: the pages given back fault in again, nothing breaks.
-    std::vector<std::unique_ptr<Fiber>> again;
-    for (std::size_t i = 0; i < burst_fibers; ++i) {
-        again.push_back(std::make_unique<Fiber>([] { volatile char touch[1024] = {}; (void)touch; }, burst_stack_size));
-        again.back()->resume();
-    }
-    CHECK(again.back()->state() == Fiber::State::Term);
+    CHECK(touched_burst(burst_fibers, burst_stack_size));
 }
 
 TEST_CASE("a busy scheduler that never idles gives back the stacks a burst left once they sit unused for the trim delay") {
@@ -336,10 +345,7 @@ TEST_CASE("a busy scheduler that never idles gives back the stacks a burst left 
     fsched::WaitGroup done;
     done.add(1);
     scheduler.schedule([&] {
-        {
-            std::vector<std::unique_ptr<Fiber>> burst;
-            for (std::size_t i = 0; i < burst_fibers; ++i) burst.push_back(std::make_unique<Fiber>([] {}, size));
-        }
+        fiber_burst(burst_fibers, size);
         kept = with_memory() - before;
         // Busy from now on: this fiber yields in a loop, so the worker never sleeps (and so
         // never trims), and no stack of this size is freed again.
@@ -356,12 +362,6 @@ TEST_CASE("a busy scheduler that never idles gives back the stacks a burst left 
     INFO("kept " << kept << ", left " << left);
     CHECK(kept + fsched::detail::ThreadState::stack_cache_capacity >= burst_fibers);
     CHECK(trimmed);
-}
-
-// Makes and frees `n` fibers of `size` at once (a burst), on this thread, no scheduler.
-void fiber_burst(std::size_t n, std::size_t size) {
-    std::vector<std::unique_ptr<Fiber>> burst;
-    for (std::size_t i = 0; i < n; ++i) burst.push_back(std::make_unique<Fiber>([] {}, size));
 }
 
 TEST_CASE("without an idle scheduler, bursts within the trim delay keep the pool's stacks; ones unused for a delay go back") {
@@ -402,12 +402,7 @@ TEST_CASE("without an idle scheduler, bursts within the trim delay keep the pool
         CHECK(fsched::stack_stats().discarded >= discarded);  // carved ones keep their range
     }
     // Reused after the decay: the pages given back fault in again, nothing breaks.
-    std::vector<std::unique_ptr<Fiber>> again;
-    for (std::size_t i = 0; i < n; ++i) {
-        again.push_back(std::make_unique<Fiber>([] { volatile char touch[1024] = {}; (void)touch; }, size));
-        again.back()->resume();
-    }
-    CHECK(again.back()->state() == Fiber::State::Term);
+    CHECK(touched_burst(n, size));
 }
 #endif  // !FIBER_SCHED_TSAN
 
