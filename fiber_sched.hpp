@@ -87,11 +87,13 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -331,6 +333,132 @@ void release_context(Context& ctx) noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/context.hpp ----
+// ---- begin src/task_function.hpp ----
+// ---------------------------------------------------------------------------
+// TaskFunction: the callable a scheduled callback and a fiber's function are kept in.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// A move-only `void()` callable. Unlike std::function (16 bytes inline in libstdc++), it
+// keeps a closure of up to inline_size bytes in itself, so a callback that captures a few
+// references or numbers costs no heap allocation from schedule() to its end: it moves from
+// the queue into its fiber, which lives at the top of its own stack
+// (FiberAccess::make_in_stack). Kept inline: trivially copyable closures that fit (moved
+// with a plain copy, so no user code runs when a task changes queues under a queue lock),
+// and std::function<void()> itself. Anything else (a larger closure, one owning a string or
+// a unique_ptr) goes to the heap, as std::function would put it. An empty std::function or
+// null function pointer makes an empty TaskFunction. Move-only callables are accepted.
+class TaskFunction {
+public:
+    static constexpr std::size_t inline_size = 6 * sizeof(void*);
+
+    TaskFunction() noexcept = default;
+    TaskFunction(std::nullptr_t) noexcept {}
+    template <class F, class D = std::decay_t<F>,
+              class = std::enable_if_t<!std::is_same_v<D, TaskFunction> && !std::is_same_v<D, std::nullptr_t> &&
+                                       std::is_invocable_v<D&>>>
+    TaskFunction(F&& fn) {  // NOLINT: converts like std::function does
+        if constexpr (std::is_pointer_v<D> || std::is_same_v<D, std::function<void()>>) {
+            if (!fn) return;
+        }
+        if constexpr (stored_inline<D>) {
+            ::new (static_cast<void*>(storage_)) D(std::forward<F>(fn));
+            ops_ = &inline_ops<D>;
+        } else {
+            D* boxed = new D(std::forward<F>(fn));
+            std::memcpy(storage_, &boxed, sizeof boxed);
+            ops_ = &boxed_ops<D>;
+        }
+    }
+    TaskFunction(TaskFunction&& other) noexcept { take(other); }
+    TaskFunction& operator=(TaskFunction&& other) noexcept {
+        if (this != &other) {
+            clear();
+            take(other);
+        }
+        return *this;
+    }
+    TaskFunction& operator=(std::nullptr_t) noexcept {
+        clear();
+        return *this;
+    }
+    TaskFunction(const TaskFunction&) = delete;
+    TaskFunction& operator=(const TaskFunction&) = delete;
+    ~TaskFunction() { clear(); }
+
+    explicit operator bool() const noexcept { return ops_ != nullptr; }
+    // Precondition: not empty.
+    void operator()() { ops_->invoke(storage_); }
+
+private:
+    struct Ops {
+        void (*invoke)(void* storage);
+        void (*relocate)(void* from, void* to) noexcept;  // moves the callable over, ends `from`'s
+        void (*destroy)(void* storage) noexcept;
+    };
+
+    template <class D>
+    static constexpr bool fits = sizeof(D) <= inline_size && alignof(D) <= alignof(void*);
+    template <class D>
+    static constexpr bool stored_inline =
+        fits<D> && (std::is_trivially_copyable_v<D> || std::is_same_v<D, std::function<void()>>);
+
+    template <class D>
+    static D& inline_target(void* storage) noexcept {
+        return *std::launder(static_cast<D*>(storage));
+    }
+    template <class D>
+    static D* boxed_target(void* storage) noexcept {
+        D* boxed;
+        std::memcpy(&boxed, storage, sizeof boxed);
+        return boxed;
+    }
+
+    template <class D>
+    static constexpr Ops inline_ops = {
+        [](void* s) { static_cast<void>(std::invoke(inline_target<D>(s))); },
+        [](void* from, void* to) noexcept {
+            if constexpr (std::is_trivially_copyable_v<D>) {
+                std::memcpy(to, from, sizeof(D));
+            } else {  // std::function, moved as std::function moves
+                D& source = inline_target<D>(from);
+                ::new (to) D(std::move(source));
+                source.~D();
+            }
+        },
+        [](void* s) noexcept {
+            if constexpr (!std::is_trivially_destructible_v<D>) inline_target<D>(s).~D();
+        },
+    };
+    template <class D>
+    static constexpr Ops boxed_ops = {
+        [](void* s) { static_cast<void>(std::invoke(*boxed_target<D>(s))); },
+        [](void* from, void* to) noexcept { std::memcpy(to, from, sizeof(D*)); },
+        [](void* s) noexcept { delete boxed_target<D>(s); },
+    };
+
+    void take(TaskFunction& other) noexcept {
+        if (!other.ops_) return;
+        other.ops_->relocate(other.storage_, storage_);
+        ops_ = other.ops_;
+        other.ops_ = nullptr;
+    }
+    void clear() noexcept {
+        if (!ops_) return;
+        const Ops* ops = ops_;
+        ops_ = nullptr;  // a destructor that reaches this function again finds it empty
+        ops->destroy(storage_);
+    }
+
+    alignas(void*) unsigned char storage_[inline_size];
+    const Ops* ops_ = nullptr;
+};
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/task_function.hpp ----
 // ---- begin src/stack.hpp ----
 // ---------------------------------------------------------------------------
 // Fiber stacks: mmap'ed, a guard page below, pooled and reused.
@@ -371,6 +499,15 @@ struct Stack {
     std::size_t size = 0;
     std::size_t guard = 0;
 };
+
+// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack):
+// these many bytes hold the Fiber object and its shared_ptr control block, so a parked
+// fiber's Fiber, state and top frames share one page and it needs no heap memory.
+// From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
+// a record there for the stack's next fiber), the control block, then the Fiber object.
+constexpr std::size_t in_stack_backend_slot = 16;
+constexpr std::size_t in_stack_control_block = 64;
+constexpr std::size_t in_stack_alignment = 64;
 
 // Returns a stack of at least `size` bytes (0: FIBER_SCHED_DEFAULT_STACK_SIZE), rounded up
 // to whole pages. Throws std::length_error for a size above max_stack_size, and
@@ -732,7 +869,9 @@ public:
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
     // Usable bytes of stack: the size asked for, rounded up to pages.
-    std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve(); }
+    // (A scheduler's callback fiber keeps its Fiber object at the top of its stack, so its
+    // stack_size() is a few hundred bytes less than the default size.)
+    std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve() - top_block_; }
 
     // The fiber running on this thread; nullptr outside fibers.
     static Fiber* current() noexcept;
@@ -741,6 +880,13 @@ public:
 
 private:
     friend struct detail::FiberAccess;
+
+    // Constructs a fiber that lives in the top `top_block` bytes of `stack` (make_in_stack,
+    // impl/fiber.ipp): its frames run below them, and ~Fiber leaves the stack to whoever
+    // frees that memory.
+    struct InStackTag {};
+    Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn);
+    void reset_function(detail::TaskFunction&& fn);
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
@@ -752,7 +898,8 @@ private:
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame
     detail::Stack stack_;
-    std::function<void()> fn_;
+    std::size_t top_block_ = 0;                  // bytes at the stack's top this Fiber lives in; 0: none
+    detail::TaskFunction fn_;
     std::exception_ptr exception_;
     detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
@@ -835,7 +982,7 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #endif
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
-    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
+    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size - top_block_);
 #endif
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_resumer = __tsan_get_current_fiber();
@@ -925,6 +1072,15 @@ struct ScheduleTask {
 namespace detail {
 struct SchedulerCore;
 
+// A task on its way from schedule() to a worker's queue: ScheduleTask with the callback
+// in a TaskFunction.
+struct NewTask {
+    Fiber::ptr fiber;
+    TaskFunction cb;
+    int thread = -1;
+    Priority priority = Priority::Normal;
+};
+
 using TimePoint = std::chrono::steady_clock::time_point;
 
 // The steady_clock time `d` from now, saturated instead of overflowing for durations like
@@ -1002,14 +1158,14 @@ public:
     // The same at `priority` (it replaces a ScheduleTask's own).
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread, Priority priority) {
-        ScheduleTask task = make_task(std::move(fc), thread);
+        detail::NewTask task = make_task(std::move(fc), thread);
         task.priority = priority;
         submit(std::move(task));
     }
     // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
     template <class InputIt>
     void schedule(InputIt first, InputIt last) {
-        std::vector<ScheduleTask> batch;
+        std::vector<detail::NewTask> batch;
         for (; first != last; ++first) batch.push_back(make_task(*first, -1));
         submit_batch(batch);
     }
@@ -1040,18 +1196,24 @@ public:
 private:
     friend struct detail::SchedulerCore;
 
+    // A callable goes straight into the task's TaskFunction (no std::function on the way,
+    // so a small closure is never copied to the heap); a ScheduleTask's std::function is
+    // moved into one.
     template <class FiberOrCb>
-    static ScheduleTask make_task(FiberOrCb&& fc, int thread) {
+    static detail::NewTask make_task(FiberOrCb&& fc, int thread) {
         using T = std::decay_t<FiberOrCb>;
-        ScheduleTask task;
+        detail::NewTask task;
         if constexpr (std::is_same_v<T, ScheduleTask>) {
-            task = std::forward<FiberOrCb>(fc);
-            if (thread != -1) task.thread = thread;
+            ScheduleTask given = std::forward<FiberOrCb>(fc);
+            task.fiber = std::move(given.fiber);
+            task.cb = std::move(given.cb);
+            task.thread = thread != -1 ? thread : given.thread;
+            task.priority = given.priority;
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
         } else {
-            static_assert(std::is_convertible_v<T, std::function<void()>>,
+            static_assert(std::is_invocable_v<T&> && !std::is_same_v<T, std::nullptr_t>,
                           "schedule(): expects a Fiber::ptr, a callable void() or a ScheduleTask");
             task.cb = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -1059,8 +1221,8 @@ private:
         return task;
     }
 
-    void submit(ScheduleTask task);
-    void submit_batch(std::vector<ScheduleTask>& tasks);
+    void submit(detail::NewTask task);
+    void submit_batch(std::vector<detail::NewTask>& tasks);
 
     std::string name_;
     std::size_t thread_count_;
@@ -1094,6 +1256,8 @@ void reserve_timer();
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
 // Timers held by the scheduler's workers now, satisfied-but-unswept ones included (tests).
 std::size_t pending_timers(Scheduler& scheduler) noexcept;
+// Slabs the workers' queues have mapped for their blocks of tasks (TaskBlockSlabs; tests).
+std::size_t queue_slabs(Scheduler& scheduler) noexcept;
 // Run-next fibers another worker took because they sat too long (take_stuck_runnext; tests).
 std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept;
 }  // namespace detail
@@ -1844,9 +2008,14 @@ struct FiberAccess {
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
+    // A Ready fiber for `fn` with the default stack size that lives at the top of its own
+    // stack (fiber.ipp): a parked one costs its touched stack pages and no heap memory.
+    // Throws what acquire_stack() throws.
+    static Fiber::ptr make_in_stack(TaskFunction&& fn);
+
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
-    static void reuse(Fiber& f, std::function<void()>&& fn) {
-        f.reset(std::move(fn));
+    static void reuse(Fiber& f, TaskFunction&& fn) {
+        f.reset_function(std::move(fn));
         f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
     }
 
@@ -2556,6 +2725,12 @@ static_assert(offsetof(Win64SwitchFrame, rbp) == 256, "first push");
 static_assert(offsetof(Win64SwitchFrame, return_address) == 264, "return address slot");
 static_assert(sizeof(Win64SwitchFrame) == 272, "the switch routine pops 264 bytes and the return address");
 
+// The end of the stack that ends at or a little above `top`: stacks are whole pages.
+inline std::uintptr_t stack_record_end(std::uintptr_t top) noexcept {
+    const std::uintptr_t page = os::page_size();
+    return (top + page - 1) / page * page;
+}
+
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto top = (lo + size) & ~std::uintptr_t{15};
@@ -2577,7 +2752,9 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     // the stack's lowest byte on a slab's stack, committed whole. A pooled stack keeps the
     // pages it committed: its last fiber's StackLimit is kept in the top slot (the
     // stack_record), with bit 0 set for a guarded stack; a new stack asks the OS.
-    auto* record = reinterpret_cast<std::uintptr_t*>(top - 8);
+    // The record is at the stack's own top, above a Fiber that lives in the stack (those
+    // pass a size up to a page short of it: FiberAccess::make_in_stack leaves that slot).
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(lo + size) - 8);
     const std::uintptr_t kept = *record & ~std::uintptr_t{1};
     if (kept >= lo && kept < top && kept % os::page_size() == 0) {
         const bool guarded = (*record & 1) != 0;
@@ -2603,7 +2780,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 void release_context(Context& ctx) noexcept {
     if (!ctx.sp) return;
     const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
-    auto* record = reinterpret_cast<std::uintptr_t*>(reinterpret_cast<std::uintptr_t>(frame->stack_base) - 8);
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(reinterpret_cast<std::uintptr_t>(frame->stack_base)) - 8);
     *record = reinterpret_cast<std::uintptr_t>(frame->stack_limit) | (*record & 1);
     ctx.sp = nullptr;
 }
@@ -3684,20 +3861,88 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
 #endif
 }
 
+Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn)
+    : stack_(stack),
+      top_block_(top_block),
+      fn_(std::move(fn)),
+      id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
+    FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
+    prepare_context();  // the stack is freed by make_in_stack if this throws
+#if defined(FIBER_SCHED_TSAN)
+    shadow_.tsan_fiber = __tsan_create_fiber(0);
+#endif
+}
+
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
 #if defined(FIBER_SCHED_TSAN)
     __tsan_destroy_fiber(shadow_.tsan_fiber);
 #endif
     detail::release_context(context_);
-    detail::release_stack(stack_);
+    if (top_block_ == 0) detail::release_stack(stack_);  // else InStackAllocator frees it, last
 }
 
 void Fiber::prepare_context() {
     returned_ = false;
     detail::release_context(context_);
-    detail::make_context(context_, stack_.base, stack_.size, &Fiber::entry, this);
+    detail::make_context(context_, stack_.base, stack_.size - top_block_, &Fiber::entry, this);
 }
+
+namespace detail {
+
+// A fiber in its own stack's top (make_in_stack): below the backend's slot at the very top,
+// the shared_ptr's control block, then the Fiber object, and its frames run below that. The deleter only destroys the Fiber; the control block's allocator gives the stack
+// back once the last weak_ptr is gone too, after the control block has been destroyed.
+struct InStackDeleter {
+    void operator()(Fiber* fiber) const noexcept { fiber->~Fiber(); }
+};
+
+template <class T>
+struct InStackAllocator {
+    using value_type = T;
+    Stack stack;
+
+    explicit InStackAllocator(const Stack& s) noexcept : stack(s) {}
+    template <class U>
+    InStackAllocator(const InStackAllocator<U>& other) noexcept : stack(other.stack) {}
+
+    T* allocate(std::size_t n) {
+        static_assert(sizeof(T) <= in_stack_control_block && alignof(T) <= in_stack_backend_slot,
+                      "the shared_ptr control block fits the room at the stack's top");
+        FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
+        (void)n;
+        return reinterpret_cast<T*>(stack.base + stack.size - in_stack_backend_slot - in_stack_control_block);
+    }
+    void deallocate(T*, std::size_t) noexcept { release_stack(stack); }
+
+    template <class U>
+    bool operator==(const InStackAllocator<U>& other) const noexcept { return stack.base == other.stack.base; }
+    template <class U>
+    bool operator!=(const InStackAllocator<U>& other) const noexcept { return !(*this == other); }
+};
+
+// The room a Fiber takes at the top of its stack, control block included.
+constexpr std::size_t in_stack_block =
+    (in_stack_backend_slot + in_stack_control_block + sizeof(Fiber) + in_stack_alignment - 1) / in_stack_alignment *
+    in_stack_alignment;
+
+Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn) {
+    Stack stack = acquire_stack(0);
+    static_assert(in_stack_block <= 1024 && alignof(Fiber) <= in_stack_alignment,
+                  "a Fiber leaves most of its stack's top page to its frames");
+    char* const at = stack.base + stack.size - in_stack_block;  // in_stack_alignment-aligned: pages are
+    Fiber* fiber;
+    try {
+        fiber = new (at) Fiber(Fiber::InStackTag{}, stack, in_stack_block, std::move(fn));
+    } catch (...) {
+        release_stack(stack);
+        throw;
+    }
+    // Neither allocates: the allocator hands out the top of the stack, and cannot fail.
+    return Fiber::ptr(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
+}
+
+}  // namespace detail
 
 void Fiber::entry(void* arg) noexcept {
     auto* self = static_cast<Fiber*>(arg);
@@ -3718,7 +3963,9 @@ void Fiber::entry(void* arg) noexcept {
     std::abort();
 }
 
-void Fiber::reset(std::function<void()> fn) {
+void Fiber::reset(std::function<void()> fn) { reset_function(std::move(fn)); }
+
+void Fiber::reset_function(detail::TaskFunction&& fn) {
     State state = this->state();
     FIBER_SCHED_ASSERT(state != State::Running && "reset(): fiber is running");
     FIBER_SCHED_ASSERT(state != State::Suspended &&
@@ -3728,7 +3975,7 @@ void Fiber::reset(std::function<void()> fn) {
     exception_ = nullptr;
     if (state == State::Term) {
 #if defined(FIBER_SCHED_ASAN)
-        __asan_unpoison_memory_region(stack_.base, stack_.size);
+        __asan_unpoison_memory_region(stack_.base, stack_.size - top_block_);
 #endif
 #if defined(FIBER_SCHED_TSAN)
         // A finished run's entry frame never returned, so its TSan context still holds that
@@ -4156,72 +4403,191 @@ enum class TaskKind : std::uint8_t {
 // two queues against each other (see Worker::pop).
 struct QueuedTask {
     QueuedTask() = default;
-    explicit QueuedTask(ScheduleTask&& task) noexcept
+    explicit QueuedTask(NewTask&& task) noexcept
         : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
 
     Fiber::ptr fiber;
-    std::function<void()> cb;
+    TaskFunction cb;
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::fresh;
     std::uint64_t sequence = 0;
 };
 
-// The blocks a TaskQueue's deque has freed, kept for its next ones (up to max_blocks), so
-// that a queue that fills and drains as tasks come and go (and thieves take them) reuses
-// its blocks instead of asking malloc each time. std::deque allocates a block for every 7
-// tasks and freed it once they were taken: with thieves taking from the back, workers freed
-// each other's blocks, some 230,000 of them per skynet run of a million leaves
-// (BENCHMARKS.md, "Skynet: the stack pool's decay and the task queues' blocks"). Under the
-// owning worker's queue_lock, as the deque is.
-class TaskBlockCache {
+// Where a TaskQueue's deque gets its blocks of tasks: slabs of slab_bytes that the queue maps
+// itself, each block carrying its slab's address in the 16 bytes before it. Two things
+// came from malloc before. std::deque allocates a block for every few tasks and frees it
+// once they are taken; with thieves taking from the back, workers freed each other's
+// blocks, some 230,000 of them per skynet run of a million leaves (BENCHMARKS.md, "Skynet:
+// the stack pool's decay and the task queues' blocks"). And a burst of tasks queued at once
+// (100,000 from outside, say) left its blocks in malloc's heap once drained, pinned there by
+// whatever was allocated after them: 9 MB, 92 bytes per task, still resident while the
+// burst's fibers were parked (BENCHMARKS.md, "Memory per parked fiber"). Here a drained slab
+// is kept for the queue's next blocks while the worker is busy, so a queue that fills and
+// drains maps nothing, and a burst's slabs go back to the OS, all but one, once the worker
+// has slept for queue_trim_delay (Worker::sleep_until_work). Blocks of another size (none
+// with libstdc++ or libc++) go to operator new. Under the owning worker's queue_lock, as
+// the deque is.
+class TaskBlockSlabs {
 public:
-    TaskBlockCache() = default;
-    TaskBlockCache(const TaskBlockCache&) = delete;
-    TaskBlockCache& operator=(const TaskBlockCache&) = delete;
-    ~TaskBlockCache() {
-        while (head_) {
-            Free* next = head_->next;
-            ::operator delete(head_);
-            head_ = next;
+    TaskBlockSlabs() = default;
+    TaskBlockSlabs(const TaskBlockSlabs&) = delete;
+    TaskBlockSlabs& operator=(const TaskBlockSlabs&) = delete;
+    ~TaskBlockSlabs() {
+        // The deque is gone (declared after this), so every block is back: only the spare
+        // is left. (A full slab would be in no list; none is.)
+        while (partial_) {
+            Slab* slab = partial_;
+            unlink(slab);
+            unmap(slab);
         }
+        release_empty(0);
     }
+
     void* allocate(std::size_t bytes) {
-        if (head_ && bytes == bytes_) {
-            Free* block = head_;
-            head_ = block->next;
-            --count_;
-            return block;
+        if (block_bytes_ == 0 && stride_for(bytes) <= slab_bytes - slab_header) block_bytes_ = bytes;
+        if (bytes != block_bytes_) return ::operator new(bytes);
+        Slab* slab = partial_;
+        if (!slab) {
+            if (empty_) {
+                slab = empty_;
+                empty_ = slab->next;
+                --empty_count_;
+            } else {
+                slab = map_slab();
+            }
+            link(slab);
         }
-        return ::operator new(bytes);
+        char* block;
+        if (slab->free) {
+            block = slab->free;
+            std::memcpy(&slab->free, block, sizeof(char*));
+        } else {
+            block = reinterpret_cast<char*>(slab) + slab_header + slab->carved * stride_ + 16;
+            std::memcpy(block - 16, &slab, sizeof slab);
+            ++slab->carved;
+        }
+        if (++slab->used == capacity_) unlink(slab);  // full: no longer a place to allocate
+#if defined(FIBER_SCHED_ASAN)
+        __asan_unpoison_memory_region(block, bytes);
+#endif
+        return block;
     }
+
     void deallocate(void* p, std::size_t bytes) noexcept {
-        if (count_ < max_blocks && (count_ == 0 || bytes == bytes_) && bytes >= sizeof(Free)) {
-            bytes_ = bytes;
-            head_ = new (p) Free{head_};
-            ++count_;
-            return;
+        if (bytes != block_bytes_) return ::operator delete(p);
+        char* const block = static_cast<char*>(p);
+        Slab* slab;
+        std::memcpy(&slab, block - 16, sizeof slab);
+        if (slab->used-- == capacity_) link(slab);  // was full: room again
+        std::memcpy(block, &slab->free, sizeof(char*));
+        slab->free = block;
+#if defined(FIBER_SCHED_ASAN)
+        __asan_poison_memory_region(block + sizeof(char*), bytes - sizeof(char*));  // a stale task read is caught
+#endif
+        if (slab->used == 0) {  // kept for the next blocks, until release_empty()
+            unlink(slab);
+            slab->next = empty_;
+            empty_ = slab;
+            ++empty_count_;
         }
-        ::operator delete(p);
     }
+
+    // Slabs with no block handed out, kept for the next ones.
+    std::size_t empty_slabs() const noexcept { return empty_count_; }
+    // Gives all but `keep` of them back to the OS.
+    void release_empty(std::size_t keep) noexcept { unmap_detached(detach_empty(keep)); }
+    // Takes all but `keep` of them out, linked through their first word, for
+    // unmap_detached(), which needs no lock.
+    void* detach_empty(std::size_t keep) noexcept {
+        Slab* detached = nullptr;
+        while (empty_count_ > keep) {
+            Slab* slab = empty_;
+            empty_ = slab->next;
+            --empty_count_;
+            --mapped_;
+            slab->prev = detached;
+            detached = slab;
+        }
+        return detached;
+    }
+    static void unmap_detached(void* detached) noexcept {
+        for (Slab* slab = static_cast<Slab*>(detached); slab;) {
+            Slab* const next = slab->prev;
+            unmap_memory(slab);
+            slab = next;
+        }
+    }
+    // Slabs mapped now (tests).
+    std::size_t slabs() const noexcept { return mapped_; }
+
+    static constexpr std::size_t slab_bytes = 64 * 1024;
 
 private:
-    static constexpr std::size_t max_blocks = 64;  // 64 blocks of 7 tasks: 32 KiB
-    struct Free {
-        Free* next;
+    struct Slab {
+        Slab* prev;
+        Slab* next;
+        char* free;        // freed blocks, each linking the next in its first word
+        std::size_t used;  // blocks handed out
+        std::size_t carved;  // blocks handed out at least once (the rest never touched)
     };
-    Free* head_ = nullptr;
-    std::size_t count_ = 0;
-    std::size_t bytes_ = 0;  // the size of the blocks kept
+    static constexpr std::size_t slab_header = (sizeof(Slab) + 15) / 16 * 16;
+
+    static std::size_t stride_for(std::size_t bytes) noexcept { return 16 + (bytes + 15) / 16 * 16; }
+
+    Slab* map_slab() {
+        void* memory = os::map_stack_memory(slab_bytes);
+        if (!memory) throw std::bad_alloc();
+        if (capacity_ == 0) {
+            stride_ = stride_for(block_bytes_);
+            capacity_ = (slab_bytes - slab_header) / stride_;
+        }
+        ++mapped_;
+        return new (memory) Slab{nullptr, nullptr, nullptr, 0, 0};
+    }
+    void unmap(Slab* slab) noexcept {
+        unmap_memory(slab);
+        --mapped_;
+    }
+    static void unmap_memory(Slab* slab) noexcept {
+#if defined(FIBER_SCHED_ASAN)
+        __asan_unpoison_memory_region(slab, slab_bytes);
+#endif
+        os::unmap_memory(slab, slab_bytes);
+    }
+    // The slabs with room (partial_ first) are a doubly linked list.
+    void link(Slab* slab) noexcept {
+        slab->prev = nullptr;
+        slab->next = partial_;
+        if (partial_) partial_->prev = slab;
+        partial_ = slab;
+    }
+    void unlink(Slab* slab) noexcept {
+        if (slab->prev) {
+            slab->prev->next = slab->next;
+        } else {
+            partial_ = slab->next;
+        }
+        if (slab->next) slab->next->prev = slab->prev;
+        slab->prev = slab->next = nullptr;
+    }
+
+    Slab* partial_ = nullptr;  // slabs with blocks handed out and room for more
+    Slab* empty_ = nullptr;    // slabs with none, linked through `next`
+    std::size_t empty_count_ = 0;
+    std::size_t block_bytes_ = 0;  // the deque's block size, set by its first block
+    std::size_t stride_ = 0;
+    std::size_t capacity_ = 0;  // blocks per slab
+    std::size_t mapped_ = 0;
 };
 
-// std::deque's allocator for a TaskQueue: its blocks of tasks go through the queue's
-// TaskBlockCache; anything else (the deque's map of blocks) straight to operator new.
+// std::deque's allocator for a TaskQueue: its blocks of tasks come from the queue's
+// TaskBlockSlabs; anything else (the deque's map of blocks) straight from operator new.
 template <class T>
 struct TaskBlockAllocator {
     using value_type = T;
-    TaskBlockCache* cache;
-    explicit TaskBlockAllocator(TaskBlockCache* c) noexcept : cache(c) {}
+    TaskBlockSlabs* cache;
+    explicit TaskBlockAllocator(TaskBlockSlabs* c) noexcept : cache(c) {}
     template <class U>
     TaskBlockAllocator(const TaskBlockAllocator<U>& other) noexcept : cache(other.cache) {}
     T* allocate(std::size_t n) {
@@ -4239,7 +4605,7 @@ struct TaskBlockAllocator {
 };
 
 // A worker's queue of one kind (stealable or pinned) at one level: a deque whose freed
-// blocks are kept for reuse (TaskBlockCache). Under the owning worker's queue_lock.
+// blocks come from slabs of its own (TaskBlockSlabs). Under the owning worker's queue_lock.
 class TaskQueue {
 public:
     TaskQueue() : tasks_(TaskBlockAllocator<QueuedTask>(&cache_)) {}
@@ -4251,16 +4617,52 @@ public:
     QueuedTask& front() noexcept { return tasks_.front(); }
     QueuedTask& back() noexcept { return tasks_.back(); }
     // Strong guarantee: on std::bad_alloc nothing changed.
-    void push_back(QueuedTask&& task) { tasks_.push_back(std::move(task)); }
-    void push_front(QueuedTask&& task) { tasks_.push_front(std::move(task)); }
-    void pop_front() noexcept { tasks_.pop_front(); }
-    void pop_back() noexcept { tasks_.pop_back(); }
+    void push_back(QueuedTask&& task) {
+        tasks_.push_back(std::move(task));
+        grown();
+    }
+    void push_front(QueuedTask&& task) {
+        tasks_.push_front(std::move(task));
+        grown();
+    }
+    void pop_front() noexcept {
+        tasks_.pop_front();
+        if (tasks_.empty()) drained();
+    }
+    void pop_back() noexcept {
+        tasks_.pop_back();
+        if (tasks_.empty()) drained();
+    }
     // Drops the tasks after the first `n` (undoing push_back calls).
     void truncate(std::size_t n) noexcept { tasks_.erase(tasks_.begin() + static_cast<std::ptrdiff_t>(n), tasks_.end()); }
 
+    // Slabs of blocks mapped now (tests), and how many of them hold no task.
+    std::size_t slabs() const noexcept { return cache_.slabs(); }
+    std::size_t empty_slabs() const noexcept { return cache_.empty_slabs(); }
+    // Takes out all but one of the empty slabs, for TaskBlockSlabs::unmap_detached() (an
+    // idle worker's trim, which unmaps them without holding the queue lock).
+    void* detach_empty_slabs() noexcept { return cache_.detach_empty(1); }
+
+    // A deque's map of blocks never shrinks by itself: after a burst of 100,000 tasks it
+    // kept 256 KiB. Once a queue that held this many drains, it starts again small.
+    static constexpr std::size_t shrink_after = 8192;
+
 private:
-    TaskBlockCache cache_;  // before tasks_: built first, destroyed last
+    void grown() noexcept {
+        if (tasks_.size() > high_water_) high_water_ = tasks_.size();
+    }
+    void drained() noexcept {
+        if (high_water_ < shrink_after) return;
+        high_water_ = 0;
+        try {
+            tasks_.shrink_to_fit();
+        } catch (...) {  // no memory for the small one: keep the large one
+        }
+    }
+
+    TaskBlockSlabs cache_;  // before tasks_: built first, destroyed last
     std::deque<QueuedTask, TaskBlockAllocator<QueuedTask>> tasks_;
+    std::size_t high_water_ = 0;  // the most tasks held since it last started small
 };
 
 // What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
@@ -4588,6 +4990,11 @@ struct alignas(64) Worker {
     void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
+    // Whether this worker's queues keep more than one empty slab each (a burst's), and
+    // giving those back: after queue_trim_delay asleep.
+    bool has_surplus_slabs() noexcept;
+    void release_surplus_slabs() noexcept;
+    static constexpr std::chrono::milliseconds queue_trim_delay{10};
     // The use_caller thread outside stop(), as worker 0: runs up to `max_tasks` ready tasks
     // while `until` has not passed, never sleeping; returns how many ran.
     std::size_t run_ready(std::size_t max_tasks, TimePoint until);
@@ -4615,7 +5022,7 @@ struct alignas(64) Worker {
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
     bool direct_yield_next(Fiber::ptr& fiber);
-    Fiber::ptr fiber_for(std::function<void()>&& cb);
+    Fiber::ptr fiber_for(TaskFunction&& cb);
 };
 
 struct SchedulerCore {
@@ -4869,7 +5276,7 @@ struct SchedulerCore {
         std::terminate();
     }
 
-    void check_task(const ScheduleTask& task) const {
+    void check_task(const NewTask& task) const {
         FIBER_SCHED_ASSERT((task.fiber || task.cb) && "schedule(): the task has neither a fiber nor a callback");
         FIBER_SCHED_ASSERT(!(task.fiber && task.cb) && "schedule(): the task has both a fiber and a callback");
         FIBER_SCHED_ASSERT(task.thread >= -1 && task.thread < static_cast<int>(workers.size()) &&
@@ -5025,18 +5432,45 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
     const TimePoint trim_at =
         trim_stacks ? deadline_after(std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)))
                     : TimePoint::max();
-    if (deadline_ticks == no_deadline && !trim_stacks) {
+    // Likewise the slabs a burst of tasks left in this worker's queues (TaskBlockSlabs),
+    // sooner: they cost a page fault per 4 KiB to take again, not a stack's worth.
+    const bool trim_queues = has_surplus_slabs();
+    const TimePoint queue_trim_at = trim_queues ? deadline_after(queue_trim_delay) : TimePoint::max();
+    if (deadline_ticks == no_deadline && !trim_stacks && !trim_queues) {
         idle.wait(core.idle, nullptr);
     } else {
-        const TimePoint deadline = std::min(TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at);
+        const TimePoint deadline =
+            std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at, queue_trim_at});
         idle.wait(core.idle, &deadline);
     }
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
-    if (trim_stacks && std::chrono::steady_clock::now() >= trim_at) trim_stack_pool();
+    const TimePoint now = trim_stacks || trim_queues ? std::chrono::steady_clock::now() : TimePoint{};
+    if (trim_stacks && now >= trim_at) trim_stack_pool();
+    if (trim_queues && now >= queue_trim_at) release_surplus_slabs();
     return false;
+}
+
+inline bool Worker::has_surplus_slabs() noexcept {
+    std::lock_guard<SpinLock> lock(queue_lock);
+    for (const Level& level : levels) {
+        if (level.tasks.empty_slabs() > 1 || level.pinned.empty_slabs() > 1) return true;
+    }
+    return false;
+}
+
+inline void Worker::release_surplus_slabs() noexcept {
+    void* detached[2 * level_count];
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        for (int i = 0; i < level_count; ++i) {
+            detached[2 * i] = levels[i].tasks.detach_empty_slabs();
+            detached[2 * i + 1] = levels[i].pinned.detach_empty_slabs();
+        }
+    }
+    for (void* slabs : detached) TaskBlockSlabs::unmap_detached(slabs);  // a system call each
 }
 
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
@@ -5437,7 +5871,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     return n > 1 && take_stuck_runnext(out);
 }
 
-inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
+inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
     if (FIBER_SCHED_FAULT(fiber_alloc)) throw std::bad_alloc();
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
@@ -5445,7 +5879,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
         FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
-    return std::make_shared<Fiber>(std::move(cb));
+    return FiberAccess::make_in_stack(std::move(cb));
 }
 
 inline void Worker::run_task(QueuedTask& task) {
@@ -5692,6 +6126,15 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
     return n;
 }
 
+std::size_t queue_slabs(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->queue_lock);
+        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+    }
+    return n;
+}
+
 std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
     return SchedulerCore::of(scheduler).runnext_stuck_taken.load(std::memory_order_relaxed);
 }
@@ -5778,7 +6221,7 @@ void Scheduler::stop() {
     while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
-void Scheduler::submit(ScheduleTask task) {
+void Scheduler::submit(detail::NewTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
     detail::QueuedTask queued(std::move(task));
@@ -5792,10 +6235,10 @@ void Scheduler::submit(ScheduleTask task) {
     }
 }
 
-void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
+void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
-    for (const ScheduleTask& task : tasks) core.check_task(task);
+    for (const detail::NewTask& task : tasks) core.check_task(task);
     // One lock per worker: group pinned tasks by worker, deal the rest out in runs. Built
     // before anything is counted, so running out of memory here changes nothing.
     const std::size_t n = core.workers.size();
@@ -5807,7 +6250,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     std::size_t next = here ? static_cast<std::size_t>(here->index) : core.outside_target();
     std::size_t free_count = 0;
     std::vector<std::size_t> pinned_count(n);
-    for (const ScheduleTask& task : tasks) {
+    for (const detail::NewTask& task : tasks) {
         if (task.thread < 0) {
             ++free_count;
         } else {
@@ -5820,7 +6263,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         if (!here || i == next) unpinned[i].reserve(run);
     }
     std::size_t in_run = 0;
-    for (ScheduleTask& task : tasks) {
+    for (detail::NewTask& task : tasks) {
         detail::QueuedTask queued(std::move(task));
         if (queued.worker >= 0) {
             pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));

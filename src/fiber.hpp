@@ -112,7 +112,9 @@ public:
     // Unique, non-zero, increasing in creation order.
     std::uint64_t id() const noexcept { return id_; }
     // Usable bytes of stack: the size asked for, rounded up to pages.
-    std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve(); }
+    // (A scheduler's callback fiber keeps its Fiber object at the top of its stack, so its
+    // stack_size() is a few hundred bytes less than the default size.)
+    std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve() - top_block_; }
 
     // The fiber running on this thread; nullptr outside fibers.
     static Fiber* current() noexcept;
@@ -121,6 +123,13 @@ public:
 
 private:
     friend struct detail::FiberAccess;
+
+    // Constructs a fiber that lives in the top `top_block` bytes of `stack` (make_in_stack,
+    // impl/fiber.ipp): its frames run below them, and ~Fiber leaves the stack to whoever
+    // frees that memory.
+    struct InStackTag {};
+    Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn);
+    void reset_function(detail::TaskFunction&& fn);
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
@@ -132,7 +141,8 @@ private:
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame
     detail::Stack stack_;
-    std::function<void()> fn_;
+    std::size_t top_block_ = 0;                  // bytes at the stack's top this Fiber lives in; 0: none
+    detail::TaskFunction fn_;
     std::exception_ptr exception_;
     detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final

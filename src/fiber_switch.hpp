@@ -61,7 +61,7 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #endif
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
-    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size);
+    __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size - top_block_);
 #endif
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_resumer = __tsan_get_current_fiber();

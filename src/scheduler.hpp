@@ -17,6 +17,15 @@ struct ScheduleTask {
 namespace detail {
 struct SchedulerCore;
 
+// A task on its way from schedule() to a worker's queue: ScheduleTask with the callback
+// in a TaskFunction.
+struct NewTask {
+    Fiber::ptr fiber;
+    TaskFunction cb;
+    int thread = -1;
+    Priority priority = Priority::Normal;
+};
+
 using TimePoint = std::chrono::steady_clock::time_point;
 
 // The steady_clock time `d` from now, saturated instead of overflowing for durations like
@@ -94,14 +103,14 @@ public:
     // The same at `priority` (it replaces a ScheduleTask's own).
     template <class FiberOrCb>
     void schedule(FiberOrCb fc, int thread, Priority priority) {
-        ScheduleTask task = make_task(std::move(fc), thread);
+        detail::NewTask task = make_task(std::move(fc), thread);
         task.priority = priority;
         submit(std::move(task));
     }
     // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
     template <class InputIt>
     void schedule(InputIt first, InputIt last) {
-        std::vector<ScheduleTask> batch;
+        std::vector<detail::NewTask> batch;
         for (; first != last; ++first) batch.push_back(make_task(*first, -1));
         submit_batch(batch);
     }
@@ -132,18 +141,24 @@ public:
 private:
     friend struct detail::SchedulerCore;
 
+    // A callable goes straight into the task's TaskFunction (no std::function on the way,
+    // so a small closure is never copied to the heap); a ScheduleTask's std::function is
+    // moved into one.
     template <class FiberOrCb>
-    static ScheduleTask make_task(FiberOrCb&& fc, int thread) {
+    static detail::NewTask make_task(FiberOrCb&& fc, int thread) {
         using T = std::decay_t<FiberOrCb>;
-        ScheduleTask task;
+        detail::NewTask task;
         if constexpr (std::is_same_v<T, ScheduleTask>) {
-            task = std::forward<FiberOrCb>(fc);
-            if (thread != -1) task.thread = thread;
+            ScheduleTask given = std::forward<FiberOrCb>(fc);
+            task.fiber = std::move(given.fiber);
+            task.cb = std::move(given.cb);
+            task.thread = thread != -1 ? thread : given.thread;
+            task.priority = given.priority;
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
         } else {
-            static_assert(std::is_convertible_v<T, std::function<void()>>,
+            static_assert(std::is_invocable_v<T&> && !std::is_same_v<T, std::nullptr_t>,
                           "schedule(): expects a Fiber::ptr, a callable void() or a ScheduleTask");
             task.cb = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -151,8 +166,8 @@ private:
         return task;
     }
 
-    void submit(ScheduleTask task);
-    void submit_batch(std::vector<ScheduleTask>& tasks);
+    void submit(detail::NewTask task);
+    void submit_batch(std::vector<detail::NewTask>& tasks);
 
     std::string name_;
     std::size_t thread_count_;
@@ -186,6 +201,8 @@ void reserve_timer();
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline);
 // Timers held by the scheduler's workers now, satisfied-but-unswept ones included (tests).
 std::size_t pending_timers(Scheduler& scheduler) noexcept;
+// Slabs the workers' queues have mapped for their blocks of tasks (TaskBlockSlabs; tests).
+std::size_t queue_slabs(Scheduler& scheduler) noexcept;
 // Run-next fibers another worker took because they sat too long (take_stuck_runnext; tests).
 std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept;
 }  // namespace detail

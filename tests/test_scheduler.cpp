@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -15,6 +18,9 @@
 #include <thread>
 #include <vector>
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // mallinfo2(): heap bytes in use
+#endif
 
 using fsched::Fiber;
 using fsched::ScheduleTask;
@@ -281,7 +287,7 @@ TEST_CASE("this_fiber::yield goes to the back of the queue") {
 TEST_CASE("a worker's queue keeps first-in first-out order as it grows and drains, reusing its blocks") {
     // 3,000 tasks queued before start() grow the queue; each of them queues two more behind
     // the rest while the front is taken, so blocks freed at the front are taken again at the
-    // back (TaskBlockCache); then it drains. The order the tasks run in is the order they
+    // back (TaskBlockSlabs); then it drains. The order the tasks run in is the order they
     // were queued in.
     Scheduler s(1, false);
     std::vector<int> ran;
@@ -304,6 +310,35 @@ TEST_CASE("a worker's queue keeps first-in first-out order as it grows and drain
     s.stop();
     CHECK(ran.size() == static_cast<std::size_t>(3 * first));
     CHECK(ran == queued);
+}
+
+TEST_CASE("a queue that held a burst of tasks gives its memory back once drained, and keeps its order after") {
+    Scheduler s(1, false);
+    const std::size_t idle_slabs = fsched::detail::queue_slabs(s);  // a first block per queue
+    constexpr int burst = 20000;  // more than TaskQueue::shrink_after
+    std::vector<int> ran;
+    for (int i = 0; i < burst; ++i) s.schedule([&ran, i] { ran.push_back(i); });
+    const std::size_t burst_slabs = fsched::detail::queue_slabs(s);
+    s.start();
+    fsched::WaitGroup wg(1);
+    s.schedule([&] { wg.done(); });
+    wg.wait();
+    // Drained, and once the worker has slept a while (10 ms) the queue keeps the slab of its
+    // current block and one spare; the limit is generous for a loaded machine.
+    const auto limit = std::chrono::steady_clock::now() + 10s;
+    while (fsched::detail::queue_slabs(s) > idle_slabs + 1 && std::chrono::steady_clock::now() < limit) {
+        std::this_thread::sleep_for(5ms);
+    }
+    const std::size_t drained_slabs = fsched::detail::queue_slabs(s);
+    for (int i = burst; i < burst + 3000; ++i) s.schedule([&ran, i] { ran.push_back(i); });
+    s.stop();
+    INFO("slabs: idle " << idle_slabs << ", with the burst queued " << burst_slabs << ", drained " << drained_slabs);
+    CHECK(burst_slabs >= idle_slabs + 10);
+    CHECK(drained_slabs <= idle_slabs + 1);
+    REQUIRE(ran.size() == static_cast<std::size_t>(burst + 3000));
+    bool in_order = true;
+    for (int i = 0; i < burst + 3000; ++i) in_order = in_order && ran[static_cast<std::size_t>(i)] == i;
+    CHECK(in_order);
 }
 
 TEST_CASE("sleeping fibers wake in deadline order, not before their deadline") {
@@ -600,6 +635,10 @@ TEST_CASE("misuse of the Scheduler is a FIBER_SCHED_ASSERT naming the rule") {
             Scheduler s(1, false);
             s.schedule(std::function<void()>{});
         }, "schedule(): the task has neither a fiber nor a callback");
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(1, false);
+            s.schedule(static_cast<void (*)()>(nullptr));
+        }, "schedule(): the task has neither a fiber nor a callback");
     }
     SUBCASE("zero threads") {
         FSCHED_CHECK_ABORTS_WITH([] { Scheduler s(0, false); }, "Scheduler(): threads must be at least 1");
@@ -857,3 +896,163 @@ TEST_CASE("use_caller: tasks from outside go to the other workers, not to the ca
     stop.store(true);
     s.stop();
 }
+
+// ---------------------------------------------------------------------------------------
+// Callbacks: kept in a TaskFunction from schedule() to their end, no std::function between.
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+// A trivially copyable callable that notes where it is when it runs.
+struct WhereAmI {
+    const void** seen;
+    void operator()() const { *seen = this; }
+};
+
+// Counts its live copies; not trivially copyable, so a TaskFunction boxes it.
+struct Counted {
+    static inline std::atomic<int> alive{0};
+    static inline std::atomic<int> runs{0};
+    Counted() { ++alive; }
+    Counted(const Counted&) { ++alive; }
+    Counted(Counted&&) noexcept { ++alive; }
+    ~Counted() { --alive; }
+    void operator()() const { ++runs; }
+};
+
+bool inside(const void* p, const void* object, std::size_t size) {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    const auto begin = reinterpret_cast<std::uintptr_t>(object);
+    return at >= begin && at < begin + size;
+}
+
+}  // namespace
+
+TEST_CASE("TaskFunction: small trivially copyable closures and std::function inline, others boxed, each destroyed once") {
+    using fsched::detail::TaskFunction;
+    SUBCASE("a small trivially copyable closure is held inline and moves with its TaskFunction") {
+        const void* seen = nullptr;
+        TaskFunction a(WhereAmI{&seen});
+        a();
+        CHECK(inside(seen, &a, sizeof a));
+        TaskFunction b(std::move(a));
+        CHECK_FALSE(a);
+        REQUIRE(b);
+        b();
+        CHECK(inside(seen, &b, sizeof b));
+    }
+    SUBCASE("a closure larger than inline_size is boxed: moves keep it where it is") {
+        struct Big {
+            const void** seen;
+            char pad[TaskFunction::inline_size];
+            void operator()() const { *seen = this; }
+        };
+        const void* seen = nullptr;
+        TaskFunction a(Big{&seen, {}});
+        a();
+        const void* first = seen;
+        CHECK_FALSE(inside(first, &a, sizeof a));
+        TaskFunction b(std::move(a));
+        b();
+        CHECK(seen == first);
+    }
+    SUBCASE("a closure with a destructor is boxed and destroyed exactly once, after any number of moves") {
+        const int before = Counted::alive.load();
+        {
+            TaskFunction a{Counted{}};
+            CHECK(Counted::alive.load() == before + 1);
+            TaskFunction b(std::move(a));
+            TaskFunction c;
+            c = std::move(b);
+            c();
+            TaskFunction& same = c;
+            c = std::move(same);  // self-move: still holds it
+            c();
+            CHECK(Counted::alive.load() == before + 1);
+            c = nullptr;
+            CHECK_FALSE(c);
+            CHECK(Counted::alive.load() == before);
+            TaskFunction d{Counted{}};
+            TaskFunction e{Counted{}};
+            d = std::move(e);  // d's own callable goes first
+            CHECK(Counted::alive.load() == before + 1);
+        }
+        CHECK(Counted::alive.load() == before);
+    }
+    SUBCASE("a std::function is held inline; empty ones and null pointers make an empty TaskFunction") {
+        int runs = 0;
+        std::function<void()> f = [&runs] { ++runs; };
+        TaskFunction a(f);
+        TaskFunction b(std::move(a));
+        b();
+        CHECK(runs == 1);
+        CHECK_FALSE(TaskFunction(std::function<void()>{}));
+        CHECK_FALSE(TaskFunction(static_cast<void (*)()>(nullptr)));
+        CHECK_FALSE(TaskFunction(nullptr));
+        CHECK(TaskFunction([] {}));
+    }
+    SUBCASE("what the callable throws comes out of operator()") {
+        TaskFunction a([] { throw std::runtime_error("from the callable"); });
+        CHECK_THROWS_WITH(a(), "from the callable");
+    }
+}
+
+TEST_CASE("schedule() takes move-only callables, and each task's captures are destroyed once it has run") {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        s.start();
+        std::atomic<int> sum{0};
+        auto shared = std::make_shared<int>(3);
+        const int before = Counted::runs.load();
+        const int alive_before = Counted::alive.load();
+        for (int i = 0; i < 200; ++i) {
+            s.schedule([p = std::make_unique<int>(i), &sum] { sum += *p; });  // move-only
+            s.schedule([shared, &sum] { sum += *shared; });                   // boxed: owns a shared_ptr
+            s.schedule(Counted{}, -1, i % 2 ? fsched::Priority::High : fsched::Priority::Low);
+        }
+        s.stop();
+        CHECK(sum.load() == 199 * 200 / 2 + 3 * 200);
+        CHECK(shared.use_count() == 1);
+        CHECK(Counted::runs.load() == before + 200);
+        CHECK(Counted::alive.load() == alive_before);
+    });
+}
+
+#if defined(__GLIBC__) && !defined(FIBER_SCHED_ASAN) && !defined(FIBER_SCHED_TSAN)
+TEST_CASE("a parked callback task holds no heap memory: its closure and its Fiber live at the top of its stack") {
+    constexpr std::size_t fibers = 5000;
+    Scheduler s(2, false);
+    s.start();
+    {
+        fsched::WaitGroup warm(2);  // both workers set up first (thread state, arenas)
+        for (int w = 0; w < 2; ++w) s.schedule([&] { warm.done(); }, w);
+        warm.wait();
+    }
+    std::vector<const void*> marks(fibers);
+    fsched::WaitGroup arrived(static_cast<std::int64_t>(fibers));
+    fsched::WaitGroup gate(1);
+    std::atomic<std::size_t> finished{0};
+    std::atomic<std::uint64_t> sink{0};
+    const std::size_t heap_before = mallinfo2().uordblks;
+    for (std::size_t i = 0; i < fibers; ++i) {
+        // Six captures, 48 bytes: std::function would put them on the heap.
+        s.schedule([&marks, &arrived, &gate, &finished, &sink, i] {
+            int local = 0;
+            marks[i] = &local;
+            arrived.done();
+            gate.wait();
+            sink += static_cast<std::uint64_t>(local);
+            finished.fetch_add(1);
+        });
+    }
+    arrived.wait();
+    const std::size_t heap_parked = mallinfo2().uordblks;
+    gate.done();
+    s.stop();
+    CHECK(finished.load() == fibers);
+    const double per_fiber =
+        (static_cast<double>(heap_parked) - static_cast<double>(heap_before)) / static_cast<double>(fibers);
+    INFO("heap bytes in use per parked fiber: " << per_fiber);
+    CHECK(per_fiber < 24.0);  // a Fiber on the heap was 256 B, a boxed closure 64 B
+}
+#endif

@@ -127,9 +127,14 @@ struct FiberAccess {
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
+    // A Ready fiber for `fn` with the default stack size that lives at the top of its own
+    // stack (fiber.ipp): a parked one costs its touched stack pages and no heap memory.
+    // Throws what acquire_stack() throws.
+    static Fiber::ptr make_in_stack(TaskFunction&& fn);
+
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
-    static void reuse(Fiber& f, std::function<void()>&& fn) {
-        f.reset(std::move(fn));
+    static void reuse(Fiber& f, TaskFunction&& fn) {
+        f.reset_function(std::move(fn));
         f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
     }
 

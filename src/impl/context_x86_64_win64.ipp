@@ -174,6 +174,12 @@ static_assert(offsetof(Win64SwitchFrame, rbp) == 256, "first push");
 static_assert(offsetof(Win64SwitchFrame, return_address) == 264, "return address slot");
 static_assert(sizeof(Win64SwitchFrame) == 272, "the switch routine pops 264 bytes and the return address");
 
+// The end of the stack that ends at or a little above `top`: stacks are whole pages.
+inline std::uintptr_t stack_record_end(std::uintptr_t top) noexcept {
+    const std::uintptr_t page = os::page_size();
+    return (top + page - 1) / page * page;
+}
+
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto top = (lo + size) & ~std::uintptr_t{15};
@@ -195,7 +201,9 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     // the stack's lowest byte on a slab's stack, committed whole. A pooled stack keeps the
     // pages it committed: its last fiber's StackLimit is kept in the top slot (the
     // stack_record), with bit 0 set for a guarded stack; a new stack asks the OS.
-    auto* record = reinterpret_cast<std::uintptr_t*>(top - 8);
+    // The record is at the stack's own top, above a Fiber that lives in the stack (those
+    // pass a size up to a page short of it: FiberAccess::make_in_stack leaves that slot).
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(lo + size) - 8);
     const std::uintptr_t kept = *record & ~std::uintptr_t{1};
     if (kept >= lo && kept < top && kept % os::page_size() == 0) {
         const bool guarded = (*record & 1) != 0;
@@ -221,7 +229,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 void release_context(Context& ctx) noexcept {
     if (!ctx.sp) return;
     const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
-    auto* record = reinterpret_cast<std::uintptr_t*>(reinterpret_cast<std::uintptr_t>(frame->stack_base) - 8);
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(reinterpret_cast<std::uintptr_t>(frame->stack_base)) - 8);
     *record = reinterpret_cast<std::uintptr_t>(frame->stack_limit) | (*record & 1);
     ctx.sp = nullptr;
 }

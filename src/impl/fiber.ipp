@@ -22,20 +22,88 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
 #endif
 }
 
+Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn)
+    : stack_(stack),
+      top_block_(top_block),
+      fn_(std::move(fn)),
+      id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
+    FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
+    prepare_context();  // the stack is freed by make_in_stack if this throws
+#if defined(FIBER_SCHED_TSAN)
+    shadow_.tsan_fiber = __tsan_create_fiber(0);
+#endif
+}
+
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
 #if defined(FIBER_SCHED_TSAN)
     __tsan_destroy_fiber(shadow_.tsan_fiber);
 #endif
     detail::release_context(context_);
-    detail::release_stack(stack_);
+    if (top_block_ == 0) detail::release_stack(stack_);  // else InStackAllocator frees it, last
 }
 
 void Fiber::prepare_context() {
     returned_ = false;
     detail::release_context(context_);
-    detail::make_context(context_, stack_.base, stack_.size, &Fiber::entry, this);
+    detail::make_context(context_, stack_.base, stack_.size - top_block_, &Fiber::entry, this);
 }
+
+namespace detail {
+
+// A fiber in its own stack's top (make_in_stack): below the backend's slot at the very top,
+// the shared_ptr's control block, then the Fiber object, and its frames run below that. The deleter only destroys the Fiber; the control block's allocator gives the stack
+// back once the last weak_ptr is gone too, after the control block has been destroyed.
+struct InStackDeleter {
+    void operator()(Fiber* fiber) const noexcept { fiber->~Fiber(); }
+};
+
+template <class T>
+struct InStackAllocator {
+    using value_type = T;
+    Stack stack;
+
+    explicit InStackAllocator(const Stack& s) noexcept : stack(s) {}
+    template <class U>
+    InStackAllocator(const InStackAllocator<U>& other) noexcept : stack(other.stack) {}
+
+    T* allocate(std::size_t n) {
+        static_assert(sizeof(T) <= in_stack_control_block && alignof(T) <= in_stack_backend_slot,
+                      "the shared_ptr control block fits the room at the stack's top");
+        FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
+        (void)n;
+        return reinterpret_cast<T*>(stack.base + stack.size - in_stack_backend_slot - in_stack_control_block);
+    }
+    void deallocate(T*, std::size_t) noexcept { release_stack(stack); }
+
+    template <class U>
+    bool operator==(const InStackAllocator<U>& other) const noexcept { return stack.base == other.stack.base; }
+    template <class U>
+    bool operator!=(const InStackAllocator<U>& other) const noexcept { return !(*this == other); }
+};
+
+// The room a Fiber takes at the top of its stack, control block included.
+constexpr std::size_t in_stack_block =
+    (in_stack_backend_slot + in_stack_control_block + sizeof(Fiber) + in_stack_alignment - 1) / in_stack_alignment *
+    in_stack_alignment;
+
+Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn) {
+    Stack stack = acquire_stack(0);
+    static_assert(in_stack_block <= 1024 && alignof(Fiber) <= in_stack_alignment,
+                  "a Fiber leaves most of its stack's top page to its frames");
+    char* const at = stack.base + stack.size - in_stack_block;  // in_stack_alignment-aligned: pages are
+    Fiber* fiber;
+    try {
+        fiber = new (at) Fiber(Fiber::InStackTag{}, stack, in_stack_block, std::move(fn));
+    } catch (...) {
+        release_stack(stack);
+        throw;
+    }
+    // Neither allocates: the allocator hands out the top of the stack, and cannot fail.
+    return Fiber::ptr(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
+}
+
+}  // namespace detail
 
 void Fiber::entry(void* arg) noexcept {
     auto* self = static_cast<Fiber*>(arg);
@@ -56,7 +124,9 @@ void Fiber::entry(void* arg) noexcept {
     std::abort();
 }
 
-void Fiber::reset(std::function<void()> fn) {
+void Fiber::reset(std::function<void()> fn) { reset_function(std::move(fn)); }
+
+void Fiber::reset_function(detail::TaskFunction&& fn) {
     State state = this->state();
     FIBER_SCHED_ASSERT(state != State::Running && "reset(): fiber is running");
     FIBER_SCHED_ASSERT(state != State::Suspended &&
@@ -66,7 +136,7 @@ void Fiber::reset(std::function<void()> fn) {
     exception_ = nullptr;
     if (state == State::Term) {
 #if defined(FIBER_SCHED_ASAN)
-        __asan_unpoison_memory_region(stack_.base, stack_.size);
+        __asan_unpoison_memory_region(stack_.base, stack_.size - top_block_);
 #endif
 #if defined(FIBER_SCHED_TSAN)
         // A finished run's entry frame never returned, so its TSan context still holds that

@@ -62,72 +62,191 @@ enum class TaskKind : std::uint8_t {
 // two queues against each other (see Worker::pop).
 struct QueuedTask {
     QueuedTask() = default;
-    explicit QueuedTask(ScheduleTask&& task) noexcept
+    explicit QueuedTask(NewTask&& task) noexcept
         : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
 
     Fiber::ptr fiber;
-    std::function<void()> cb;
+    TaskFunction cb;
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::fresh;
     std::uint64_t sequence = 0;
 };
 
-// The blocks a TaskQueue's deque has freed, kept for its next ones (up to max_blocks), so
-// that a queue that fills and drains as tasks come and go (and thieves take them) reuses
-// its blocks instead of asking malloc each time. std::deque allocates a block for every 7
-// tasks and freed it once they were taken: with thieves taking from the back, workers freed
-// each other's blocks, some 230,000 of them per skynet run of a million leaves
-// (BENCHMARKS.md, "Skynet: the stack pool's decay and the task queues' blocks"). Under the
-// owning worker's queue_lock, as the deque is.
-class TaskBlockCache {
+// Where a TaskQueue's deque gets its blocks of tasks: slabs of slab_bytes that the queue maps
+// itself, each block carrying its slab's address in the 16 bytes before it. Two things
+// came from malloc before. std::deque allocates a block for every few tasks and frees it
+// once they are taken; with thieves taking from the back, workers freed each other's
+// blocks, some 230,000 of them per skynet run of a million leaves (BENCHMARKS.md, "Skynet:
+// the stack pool's decay and the task queues' blocks"). And a burst of tasks queued at once
+// (100,000 from outside, say) left its blocks in malloc's heap once drained, pinned there by
+// whatever was allocated after them: 9 MB, 92 bytes per task, still resident while the
+// burst's fibers were parked (BENCHMARKS.md, "Memory per parked fiber"). Here a drained slab
+// is kept for the queue's next blocks while the worker is busy, so a queue that fills and
+// drains maps nothing, and a burst's slabs go back to the OS, all but one, once the worker
+// has slept for queue_trim_delay (Worker::sleep_until_work). Blocks of another size (none
+// with libstdc++ or libc++) go to operator new. Under the owning worker's queue_lock, as
+// the deque is.
+class TaskBlockSlabs {
 public:
-    TaskBlockCache() = default;
-    TaskBlockCache(const TaskBlockCache&) = delete;
-    TaskBlockCache& operator=(const TaskBlockCache&) = delete;
-    ~TaskBlockCache() {
-        while (head_) {
-            Free* next = head_->next;
-            ::operator delete(head_);
-            head_ = next;
+    TaskBlockSlabs() = default;
+    TaskBlockSlabs(const TaskBlockSlabs&) = delete;
+    TaskBlockSlabs& operator=(const TaskBlockSlabs&) = delete;
+    ~TaskBlockSlabs() {
+        // The deque is gone (declared after this), so every block is back: only the spare
+        // is left. (A full slab would be in no list; none is.)
+        while (partial_) {
+            Slab* slab = partial_;
+            unlink(slab);
+            unmap(slab);
         }
+        release_empty(0);
     }
+
     void* allocate(std::size_t bytes) {
-        if (head_ && bytes == bytes_) {
-            Free* block = head_;
-            head_ = block->next;
-            --count_;
-            return block;
+        if (block_bytes_ == 0 && stride_for(bytes) <= slab_bytes - slab_header) block_bytes_ = bytes;
+        if (bytes != block_bytes_) return ::operator new(bytes);
+        Slab* slab = partial_;
+        if (!slab) {
+            if (empty_) {
+                slab = empty_;
+                empty_ = slab->next;
+                --empty_count_;
+            } else {
+                slab = map_slab();
+            }
+            link(slab);
         }
-        return ::operator new(bytes);
+        char* block;
+        if (slab->free) {
+            block = slab->free;
+            std::memcpy(&slab->free, block, sizeof(char*));
+        } else {
+            block = reinterpret_cast<char*>(slab) + slab_header + slab->carved * stride_ + 16;
+            std::memcpy(block - 16, &slab, sizeof slab);
+            ++slab->carved;
+        }
+        if (++slab->used == capacity_) unlink(slab);  // full: no longer a place to allocate
+#if defined(FIBER_SCHED_ASAN)
+        __asan_unpoison_memory_region(block, bytes);
+#endif
+        return block;
     }
+
     void deallocate(void* p, std::size_t bytes) noexcept {
-        if (count_ < max_blocks && (count_ == 0 || bytes == bytes_) && bytes >= sizeof(Free)) {
-            bytes_ = bytes;
-            head_ = new (p) Free{head_};
-            ++count_;
-            return;
+        if (bytes != block_bytes_) return ::operator delete(p);
+        char* const block = static_cast<char*>(p);
+        Slab* slab;
+        std::memcpy(&slab, block - 16, sizeof slab);
+        if (slab->used-- == capacity_) link(slab);  // was full: room again
+        std::memcpy(block, &slab->free, sizeof(char*));
+        slab->free = block;
+#if defined(FIBER_SCHED_ASAN)
+        __asan_poison_memory_region(block + sizeof(char*), bytes - sizeof(char*));  // a stale task read is caught
+#endif
+        if (slab->used == 0) {  // kept for the next blocks, until release_empty()
+            unlink(slab);
+            slab->next = empty_;
+            empty_ = slab;
+            ++empty_count_;
         }
-        ::operator delete(p);
     }
+
+    // Slabs with no block handed out, kept for the next ones.
+    std::size_t empty_slabs() const noexcept { return empty_count_; }
+    // Gives all but `keep` of them back to the OS.
+    void release_empty(std::size_t keep) noexcept { unmap_detached(detach_empty(keep)); }
+    // Takes all but `keep` of them out, linked through their first word, for
+    // unmap_detached(), which needs no lock.
+    void* detach_empty(std::size_t keep) noexcept {
+        Slab* detached = nullptr;
+        while (empty_count_ > keep) {
+            Slab* slab = empty_;
+            empty_ = slab->next;
+            --empty_count_;
+            --mapped_;
+            slab->prev = detached;
+            detached = slab;
+        }
+        return detached;
+    }
+    static void unmap_detached(void* detached) noexcept {
+        for (Slab* slab = static_cast<Slab*>(detached); slab;) {
+            Slab* const next = slab->prev;
+            unmap_memory(slab);
+            slab = next;
+        }
+    }
+    // Slabs mapped now (tests).
+    std::size_t slabs() const noexcept { return mapped_; }
+
+    static constexpr std::size_t slab_bytes = 64 * 1024;
 
 private:
-    static constexpr std::size_t max_blocks = 64;  // 64 blocks of 7 tasks: 32 KiB
-    struct Free {
-        Free* next;
+    struct Slab {
+        Slab* prev;
+        Slab* next;
+        char* free;        // freed blocks, each linking the next in its first word
+        std::size_t used;  // blocks handed out
+        std::size_t carved;  // blocks handed out at least once (the rest never touched)
     };
-    Free* head_ = nullptr;
-    std::size_t count_ = 0;
-    std::size_t bytes_ = 0;  // the size of the blocks kept
+    static constexpr std::size_t slab_header = (sizeof(Slab) + 15) / 16 * 16;
+
+    static std::size_t stride_for(std::size_t bytes) noexcept { return 16 + (bytes + 15) / 16 * 16; }
+
+    Slab* map_slab() {
+        void* memory = os::map_stack_memory(slab_bytes);
+        if (!memory) throw std::bad_alloc();
+        if (capacity_ == 0) {
+            stride_ = stride_for(block_bytes_);
+            capacity_ = (slab_bytes - slab_header) / stride_;
+        }
+        ++mapped_;
+        return new (memory) Slab{nullptr, nullptr, nullptr, 0, 0};
+    }
+    void unmap(Slab* slab) noexcept {
+        unmap_memory(slab);
+        --mapped_;
+    }
+    static void unmap_memory(Slab* slab) noexcept {
+#if defined(FIBER_SCHED_ASAN)
+        __asan_unpoison_memory_region(slab, slab_bytes);
+#endif
+        os::unmap_memory(slab, slab_bytes);
+    }
+    // The slabs with room (partial_ first) are a doubly linked list.
+    void link(Slab* slab) noexcept {
+        slab->prev = nullptr;
+        slab->next = partial_;
+        if (partial_) partial_->prev = slab;
+        partial_ = slab;
+    }
+    void unlink(Slab* slab) noexcept {
+        if (slab->prev) {
+            slab->prev->next = slab->next;
+        } else {
+            partial_ = slab->next;
+        }
+        if (slab->next) slab->next->prev = slab->prev;
+        slab->prev = slab->next = nullptr;
+    }
+
+    Slab* partial_ = nullptr;  // slabs with blocks handed out and room for more
+    Slab* empty_ = nullptr;    // slabs with none, linked through `next`
+    std::size_t empty_count_ = 0;
+    std::size_t block_bytes_ = 0;  // the deque's block size, set by its first block
+    std::size_t stride_ = 0;
+    std::size_t capacity_ = 0;  // blocks per slab
+    std::size_t mapped_ = 0;
 };
 
-// std::deque's allocator for a TaskQueue: its blocks of tasks go through the queue's
-// TaskBlockCache; anything else (the deque's map of blocks) straight to operator new.
+// std::deque's allocator for a TaskQueue: its blocks of tasks come from the queue's
+// TaskBlockSlabs; anything else (the deque's map of blocks) straight from operator new.
 template <class T>
 struct TaskBlockAllocator {
     using value_type = T;
-    TaskBlockCache* cache;
-    explicit TaskBlockAllocator(TaskBlockCache* c) noexcept : cache(c) {}
+    TaskBlockSlabs* cache;
+    explicit TaskBlockAllocator(TaskBlockSlabs* c) noexcept : cache(c) {}
     template <class U>
     TaskBlockAllocator(const TaskBlockAllocator<U>& other) noexcept : cache(other.cache) {}
     T* allocate(std::size_t n) {
@@ -145,7 +264,7 @@ struct TaskBlockAllocator {
 };
 
 // A worker's queue of one kind (stealable or pinned) at one level: a deque whose freed
-// blocks are kept for reuse (TaskBlockCache). Under the owning worker's queue_lock.
+// blocks come from slabs of its own (TaskBlockSlabs). Under the owning worker's queue_lock.
 class TaskQueue {
 public:
     TaskQueue() : tasks_(TaskBlockAllocator<QueuedTask>(&cache_)) {}
@@ -157,16 +276,52 @@ public:
     QueuedTask& front() noexcept { return tasks_.front(); }
     QueuedTask& back() noexcept { return tasks_.back(); }
     // Strong guarantee: on std::bad_alloc nothing changed.
-    void push_back(QueuedTask&& task) { tasks_.push_back(std::move(task)); }
-    void push_front(QueuedTask&& task) { tasks_.push_front(std::move(task)); }
-    void pop_front() noexcept { tasks_.pop_front(); }
-    void pop_back() noexcept { tasks_.pop_back(); }
+    void push_back(QueuedTask&& task) {
+        tasks_.push_back(std::move(task));
+        grown();
+    }
+    void push_front(QueuedTask&& task) {
+        tasks_.push_front(std::move(task));
+        grown();
+    }
+    void pop_front() noexcept {
+        tasks_.pop_front();
+        if (tasks_.empty()) drained();
+    }
+    void pop_back() noexcept {
+        tasks_.pop_back();
+        if (tasks_.empty()) drained();
+    }
     // Drops the tasks after the first `n` (undoing push_back calls).
     void truncate(std::size_t n) noexcept { tasks_.erase(tasks_.begin() + static_cast<std::ptrdiff_t>(n), tasks_.end()); }
 
+    // Slabs of blocks mapped now (tests), and how many of them hold no task.
+    std::size_t slabs() const noexcept { return cache_.slabs(); }
+    std::size_t empty_slabs() const noexcept { return cache_.empty_slabs(); }
+    // Takes out all but one of the empty slabs, for TaskBlockSlabs::unmap_detached() (an
+    // idle worker's trim, which unmaps them without holding the queue lock).
+    void* detach_empty_slabs() noexcept { return cache_.detach_empty(1); }
+
+    // A deque's map of blocks never shrinks by itself: after a burst of 100,000 tasks it
+    // kept 256 KiB. Once a queue that held this many drains, it starts again small.
+    static constexpr std::size_t shrink_after = 8192;
+
 private:
-    TaskBlockCache cache_;  // before tasks_: built first, destroyed last
+    void grown() noexcept {
+        if (tasks_.size() > high_water_) high_water_ = tasks_.size();
+    }
+    void drained() noexcept {
+        if (high_water_ < shrink_after) return;
+        high_water_ = 0;
+        try {
+            tasks_.shrink_to_fit();
+        } catch (...) {  // no memory for the small one: keep the large one
+        }
+    }
+
+    TaskBlockSlabs cache_;  // before tasks_: built first, destroyed last
     std::deque<QueuedTask, TaskBlockAllocator<QueuedTask>> tasks_;
+    std::size_t high_water_ = 0;  // the most tasks held since it last started small
 };
 
 // What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
@@ -494,6 +649,11 @@ struct alignas(64) Worker {
     void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
+    // Whether this worker's queues keep more than one empty slab each (a burst's), and
+    // giving those back: after queue_trim_delay asleep.
+    bool has_surplus_slabs() noexcept;
+    void release_surplus_slabs() noexcept;
+    static constexpr std::chrono::milliseconds queue_trim_delay{10};
     // The use_caller thread outside stop(), as worker 0: runs up to `max_tasks` ready tasks
     // while `until` has not passed, never sleeping; returns how many ran.
     std::size_t run_ready(std::size_t max_tasks, TimePoint until);
@@ -521,7 +681,7 @@ struct alignas(64) Worker {
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
     bool direct_yield_next(Fiber::ptr& fiber);
-    Fiber::ptr fiber_for(std::function<void()>&& cb);
+    Fiber::ptr fiber_for(TaskFunction&& cb);
 };
 
 struct SchedulerCore {
@@ -775,7 +935,7 @@ struct SchedulerCore {
         std::terminate();
     }
 
-    void check_task(const ScheduleTask& task) const {
+    void check_task(const NewTask& task) const {
         FIBER_SCHED_ASSERT((task.fiber || task.cb) && "schedule(): the task has neither a fiber nor a callback");
         FIBER_SCHED_ASSERT(!(task.fiber && task.cb) && "schedule(): the task has both a fiber and a callback");
         FIBER_SCHED_ASSERT(task.thread >= -1 && task.thread < static_cast<int>(workers.size()) &&
@@ -931,18 +1091,45 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
     const TimePoint trim_at =
         trim_stacks ? deadline_after(std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)))
                     : TimePoint::max();
-    if (deadline_ticks == no_deadline && !trim_stacks) {
+    // Likewise the slabs a burst of tasks left in this worker's queues (TaskBlockSlabs),
+    // sooner: they cost a page fault per 4 KiB to take again, not a stack's worth.
+    const bool trim_queues = has_surplus_slabs();
+    const TimePoint queue_trim_at = trim_queues ? deadline_after(queue_trim_delay) : TimePoint::max();
+    if (deadline_ticks == no_deadline && !trim_stacks && !trim_queues) {
         idle.wait(core.idle, nullptr);
     } else {
-        const TimePoint deadline = std::min(TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at);
+        const TimePoint deadline =
+            std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at, queue_trim_at});
         idle.wait(core.idle, &deadline);
     }
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
-    if (trim_stacks && std::chrono::steady_clock::now() >= trim_at) trim_stack_pool();
+    const TimePoint now = trim_stacks || trim_queues ? std::chrono::steady_clock::now() : TimePoint{};
+    if (trim_stacks && now >= trim_at) trim_stack_pool();
+    if (trim_queues && now >= queue_trim_at) release_surplus_slabs();
     return false;
+}
+
+inline bool Worker::has_surplus_slabs() noexcept {
+    std::lock_guard<SpinLock> lock(queue_lock);
+    for (const Level& level : levels) {
+        if (level.tasks.empty_slabs() > 1 || level.pinned.empty_slabs() > 1) return true;
+    }
+    return false;
+}
+
+inline void Worker::release_surplus_slabs() noexcept {
+    void* detached[2 * level_count];
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        for (int i = 0; i < level_count; ++i) {
+            detached[2 * i] = levels[i].tasks.detach_empty_slabs();
+            detached[2 * i + 1] = levels[i].pinned.detach_empty_slabs();
+        }
+    }
+    for (void* slabs : detached) TaskBlockSlabs::unmap_detached(slabs);  // a system call each
 }
 
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
@@ -1343,7 +1530,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     return n > 1 && take_stuck_runnext(out);
 }
 
-inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
+inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
     if (FIBER_SCHED_FAULT(fiber_alloc)) throw std::bad_alloc();
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
@@ -1351,7 +1538,7 @@ inline Fiber::ptr Worker::fiber_for(std::function<void()>&& cb) {
         FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
-    return std::make_shared<Fiber>(std::move(cb));
+    return FiberAccess::make_in_stack(std::move(cb));
 }
 
 inline void Worker::run_task(QueuedTask& task) {
@@ -1598,6 +1785,15 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
     return n;
 }
 
+std::size_t queue_slabs(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->queue_lock);
+        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+    }
+    return n;
+}
+
 std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
     return SchedulerCore::of(scheduler).runnext_stuck_taken.load(std::memory_order_relaxed);
 }
@@ -1684,7 +1880,7 @@ void Scheduler::stop() {
     while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
-void Scheduler::submit(ScheduleTask task) {
+void Scheduler::submit(detail::NewTask task) {
     detail::SchedulerCore& core = *core_;
     core.check_task(task);
     detail::QueuedTask queued(std::move(task));
@@ -1698,10 +1894,10 @@ void Scheduler::submit(ScheduleTask task) {
     }
 }
 
-void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
+void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
-    for (const ScheduleTask& task : tasks) core.check_task(task);
+    for (const detail::NewTask& task : tasks) core.check_task(task);
     // One lock per worker: group pinned tasks by worker, deal the rest out in runs. Built
     // before anything is counted, so running out of memory here changes nothing.
     const std::size_t n = core.workers.size();
@@ -1713,7 +1909,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
     std::size_t next = here ? static_cast<std::size_t>(here->index) : core.outside_target();
     std::size_t free_count = 0;
     std::vector<std::size_t> pinned_count(n);
-    for (const ScheduleTask& task : tasks) {
+    for (const detail::NewTask& task : tasks) {
         if (task.thread < 0) {
             ++free_count;
         } else {
@@ -1726,7 +1922,7 @@ void Scheduler::submit_batch(std::vector<ScheduleTask>& tasks) {
         if (!here || i == next) unpinned[i].reserve(run);
     }
     std::size_t in_run = 0;
-    for (ScheduleTask& task : tasks) {
+    for (detail::NewTask& task : tasks) {
         detail::QueuedTask queued(std::move(task));
         if (queued.worker >= 0) {
             pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));

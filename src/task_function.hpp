@@ -1,0 +1,124 @@
+// ---------------------------------------------------------------------------
+// TaskFunction: the callable a scheduled callback and a fiber's function are kept in.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// A move-only `void()` callable. Unlike std::function (16 bytes inline in libstdc++), it
+// keeps a closure of up to inline_size bytes in itself, so a callback that captures a few
+// references or numbers costs no heap allocation from schedule() to its end: it moves from
+// the queue into its fiber, which lives at the top of its own stack
+// (FiberAccess::make_in_stack). Kept inline: trivially copyable closures that fit (moved
+// with a plain copy, so no user code runs when a task changes queues under a queue lock),
+// and std::function<void()> itself. Anything else (a larger closure, one owning a string or
+// a unique_ptr) goes to the heap, as std::function would put it. An empty std::function or
+// null function pointer makes an empty TaskFunction. Move-only callables are accepted.
+class TaskFunction {
+public:
+    static constexpr std::size_t inline_size = 6 * sizeof(void*);
+
+    TaskFunction() noexcept = default;
+    TaskFunction(std::nullptr_t) noexcept {}
+    template <class F, class D = std::decay_t<F>,
+              class = std::enable_if_t<!std::is_same_v<D, TaskFunction> && !std::is_same_v<D, std::nullptr_t> &&
+                                       std::is_invocable_v<D&>>>
+    TaskFunction(F&& fn) {  // NOLINT: converts like std::function does
+        if constexpr (std::is_pointer_v<D> || std::is_same_v<D, std::function<void()>>) {
+            if (!fn) return;
+        }
+        if constexpr (stored_inline<D>) {
+            ::new (static_cast<void*>(storage_)) D(std::forward<F>(fn));
+            ops_ = &inline_ops<D>;
+        } else {
+            D* boxed = new D(std::forward<F>(fn));
+            std::memcpy(storage_, &boxed, sizeof boxed);
+            ops_ = &boxed_ops<D>;
+        }
+    }
+    TaskFunction(TaskFunction&& other) noexcept { take(other); }
+    TaskFunction& operator=(TaskFunction&& other) noexcept {
+        if (this != &other) {
+            clear();
+            take(other);
+        }
+        return *this;
+    }
+    TaskFunction& operator=(std::nullptr_t) noexcept {
+        clear();
+        return *this;
+    }
+    TaskFunction(const TaskFunction&) = delete;
+    TaskFunction& operator=(const TaskFunction&) = delete;
+    ~TaskFunction() { clear(); }
+
+    explicit operator bool() const noexcept { return ops_ != nullptr; }
+    // Precondition: not empty.
+    void operator()() { ops_->invoke(storage_); }
+
+private:
+    struct Ops {
+        void (*invoke)(void* storage);
+        void (*relocate)(void* from, void* to) noexcept;  // moves the callable over, ends `from`'s
+        void (*destroy)(void* storage) noexcept;
+    };
+
+    template <class D>
+    static constexpr bool fits = sizeof(D) <= inline_size && alignof(D) <= alignof(void*);
+    template <class D>
+    static constexpr bool stored_inline =
+        fits<D> && (std::is_trivially_copyable_v<D> || std::is_same_v<D, std::function<void()>>);
+
+    template <class D>
+    static D& inline_target(void* storage) noexcept {
+        return *std::launder(static_cast<D*>(storage));
+    }
+    template <class D>
+    static D* boxed_target(void* storage) noexcept {
+        D* boxed;
+        std::memcpy(&boxed, storage, sizeof boxed);
+        return boxed;
+    }
+
+    template <class D>
+    static constexpr Ops inline_ops = {
+        [](void* s) { static_cast<void>(std::invoke(inline_target<D>(s))); },
+        [](void* from, void* to) noexcept {
+            if constexpr (std::is_trivially_copyable_v<D>) {
+                std::memcpy(to, from, sizeof(D));
+            } else {  // std::function, moved as std::function moves
+                D& source = inline_target<D>(from);
+                ::new (to) D(std::move(source));
+                source.~D();
+            }
+        },
+        [](void* s) noexcept {
+            if constexpr (!std::is_trivially_destructible_v<D>) inline_target<D>(s).~D();
+        },
+    };
+    template <class D>
+    static constexpr Ops boxed_ops = {
+        [](void* s) { static_cast<void>(std::invoke(*boxed_target<D>(s))); },
+        [](void* from, void* to) noexcept { std::memcpy(to, from, sizeof(D*)); },
+        [](void* s) noexcept { delete boxed_target<D>(s); },
+    };
+
+    void take(TaskFunction& other) noexcept {
+        if (!other.ops_) return;
+        other.ops_->relocate(other.storage_, storage_);
+        ops_ = other.ops_;
+        other.ops_ = nullptr;
+    }
+    void clear() noexcept {
+        if (!ops_) return;
+        const Ops* ops = ops_;
+        ops_ = nullptr;  // a destructor that reaches this function again finds it empty
+        ops->destroy(storage_);
+    }
+
+    alignas(void*) unsigned char storage_[inline_size];
+    const Ops* ops_ = nullptr;
+};
+
+}  // namespace detail
+}  // namespace fsched
