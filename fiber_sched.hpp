@@ -4422,7 +4422,8 @@ struct QueuedTask {
 // the stack pool's decay and the task queues' blocks"). And a burst of tasks queued at once
 // (100,000 from outside, say) left its blocks in malloc's heap once drained, pinned there by
 // whatever was allocated after them: 9 MB, 92 bytes per task, still resident while the
-// burst's fibers were parked (BENCHMARKS.md, "Memory per parked fiber"). Here a drained slab
+// burst's fibers were parked (BENCHMARKS.md, "Memory per parked fiber: the Fiber in its
+// stack, closures inline, queue slabs"). Here a drained slab
 // is kept for the queue's next blocks while the worker is busy, so a queue that fills and
 // drains maps nothing, and a burst's slabs go back to the OS, all but one, once the worker
 // has slept for queue_trim_delay (Worker::sleep_until_work). Blocks of another size (none
