@@ -348,8 +348,8 @@ namespace detail {
 // (FiberAccess::make_in_stack). Kept inline: trivially copyable closures that fit (moved
 // with a plain copy, so no user code runs when a task changes queues under a queue lock),
 // and std::function<void()> itself. Anything else (a larger closure, one owning a string or
-// a unique_ptr) goes to the heap, as std::function would put it. An empty std::function or
-// null function pointer makes an empty TaskFunction. Move-only callables are accepted.
+// a unique_ptr) goes to the heap, as std::function would put it. An empty std::function (of
+// any signature) or null function pointer makes an empty TaskFunction. Move-only callables are accepted.
 class TaskFunction {
 public:
     static constexpr std::size_t inline_size = 6 * sizeof(void*);
@@ -360,8 +360,8 @@ public:
               class = std::enable_if_t<!std::is_same_v<D, TaskFunction> && !std::is_same_v<D, std::nullptr_t> &&
                                        std::is_invocable_v<D&>>>
     TaskFunction(F&& fn) {  // NOLINT: converts like std::function does
-        if constexpr (std::is_pointer_v<D> || std::is_same_v<D, std::function<void()>>) {
-            if (!fn) return;
+        if constexpr (std::is_pointer_v<D> || is_std_function<D>::value) {
+            if (!fn) return;  // empty, as converting it to std::function<void()> would be
         }
         if constexpr (stored_inline<D>) {
             ::new (static_cast<void*>(storage_)) D(std::forward<F>(fn));
@@ -393,6 +393,11 @@ public:
     void operator()() { ops_->invoke(storage_); }
 
 private:
+    template <class D>
+    struct is_std_function : std::false_type {};
+    template <class Signature>
+    struct is_std_function<std::function<Signature>> : std::true_type {};
+
     struct Ops {
         void (*invoke)(void* storage);
         void (*relocate)(void* from, void* to) noexcept;  // moves the callable over, ends `from`'s
@@ -876,6 +881,9 @@ public:
     // The fiber running on this thread; nullptr outside fibers.
     static Fiber* current() noexcept;
     // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
+    // A scheduler's callback fiber handed out here is never reused for a later task, so a
+    // weak_ptr to it expires when the fiber goes; until then (the last weak_ptr included)
+    // it keeps its stack, which also holds the Fiber.
     static Fiber::ptr current_ptr();
 
 private:
@@ -912,6 +920,7 @@ private:
     // claimed (Running) while it waits there, so the switch-out and its next run need no
     // atomic read-modify-write.
     bool park_stays_running_ = false;
+    bool handed_out_ = false;  // current_ptr() gave it away: a worker must not reuse it
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };
@@ -2005,6 +2014,10 @@ struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
 
     static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
+
+    // Fiber::current_ptr() gave it to someone, who may keep a weak_ptr: a pooled fiber
+    // reused for a later task would make that weak_ptr lock onto another task's fiber.
+    static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
@@ -3995,7 +4008,9 @@ void Fiber::reset_function(detail::TaskFunction&& fn) {
 
 Fiber::ptr Fiber::current_ptr() {
     Fiber* fiber = current();
-    return fiber ? fiber->weak_from_this().lock() : nullptr;
+    if (!fiber) return nullptr;
+    fiber->handed_out_ = true;  // only the running fiber's own thread writes it
+    return fiber->weak_from_this().lock();
 }
 
 }  // namespace fsched
@@ -5939,7 +5954,8 @@ inline void Worker::run_task(QueuedTask& task) {
     ts->task_ref = nullptr;
     if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
-    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && spare_fibers.size() < 64) {
+    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
+        spare_fibers.size() < 64) {
         spare_fibers.push_back(std::move(fiber));
     }
     fiber.reset();

@@ -119,6 +119,9 @@ public:
     // The fiber running on this thread; nullptr outside fibers.
     static Fiber* current() noexcept;
     // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
+    // A scheduler's callback fiber handed out here is never reused for a later task, so a
+    // weak_ptr to it expires when the fiber goes; until then (the last weak_ptr included)
+    // it keeps its stack, which also holds the Fiber.
     static Fiber::ptr current_ptr();
 
 private:
@@ -155,6 +158,7 @@ private:
     // claimed (Running) while it waits there, so the switch-out and its next run need no
     // atomic read-modify-write.
     bool park_stays_running_ = false;
+    bool handed_out_ = false;  // current_ptr() gave it away: a worker must not reuse it
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };

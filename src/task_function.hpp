@@ -12,8 +12,8 @@ namespace detail {
 // (FiberAccess::make_in_stack). Kept inline: trivially copyable closures that fit (moved
 // with a plain copy, so no user code runs when a task changes queues under a queue lock),
 // and std::function<void()> itself. Anything else (a larger closure, one owning a string or
-// a unique_ptr) goes to the heap, as std::function would put it. An empty std::function or
-// null function pointer makes an empty TaskFunction. Move-only callables are accepted.
+// a unique_ptr) goes to the heap, as std::function would put it. An empty std::function (of
+// any signature) or null function pointer makes an empty TaskFunction. Move-only callables are accepted.
 class TaskFunction {
 public:
     static constexpr std::size_t inline_size = 6 * sizeof(void*);
@@ -24,8 +24,8 @@ public:
               class = std::enable_if_t<!std::is_same_v<D, TaskFunction> && !std::is_same_v<D, std::nullptr_t> &&
                                        std::is_invocable_v<D&>>>
     TaskFunction(F&& fn) {  // NOLINT: converts like std::function does
-        if constexpr (std::is_pointer_v<D> || std::is_same_v<D, std::function<void()>>) {
-            if (!fn) return;
+        if constexpr (std::is_pointer_v<D> || is_std_function<D>::value) {
+            if (!fn) return;  // empty, as converting it to std::function<void()> would be
         }
         if constexpr (stored_inline<D>) {
             ::new (static_cast<void*>(storage_)) D(std::forward<F>(fn));
@@ -57,6 +57,11 @@ public:
     void operator()() { ops_->invoke(storage_); }
 
 private:
+    template <class D>
+    struct is_std_function : std::false_type {};
+    template <class Signature>
+    struct is_std_function<std::function<Signature>> : std::true_type {};
+
     struct Ops {
         void (*invoke)(void* storage);
         void (*relocate)(void* from, void* to) noexcept;  // moves the callable over, ends `from`'s

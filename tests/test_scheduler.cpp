@@ -639,6 +639,10 @@ TEST_CASE("misuse of the Scheduler is a FIBER_SCHED_ASSERT naming the rule") {
             Scheduler s(1, false);
             s.schedule(static_cast<void (*)()>(nullptr));
         }, "schedule(): the task has neither a fiber nor a callback");
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(1, false);
+            s.schedule(std::function<int()>{});  // another signature, empty too
+        }, "schedule(): the task has neither a fiber nor a callback");
     }
     SUBCASE("zero threads") {
         FSCHED_CHECK_ABORTS_WITH([] { Scheduler s(0, false); }, "Scheduler(): threads must be at least 1");
@@ -987,6 +991,7 @@ TEST_CASE("TaskFunction: small trivially copyable closures and std::function inl
         b();
         CHECK(runs == 1);
         CHECK_FALSE(TaskFunction(std::function<void()>{}));
+        CHECK_FALSE(TaskFunction(std::function<int()>{}));
         CHECK_FALSE(TaskFunction(static_cast<void (*)()>(nullptr)));
         CHECK_FALSE(TaskFunction(nullptr));
         CHECK(TaskFunction([] {}));
@@ -1056,3 +1061,33 @@ TEST_CASE("a parked callback task holds no heap memory: its closure and its Fibe
     CHECK(per_fiber < 24.0);  // a Fiber on the heap was 256 B, a boxed closure 64 B
 }
 #endif
+
+TEST_CASE("a weak_ptr to a callback's fiber expires with its task, never locking onto a later task's fiber") {
+    const std::size_t in_use_before = fsched::stack_stats().in_use;
+    std::weak_ptr<Fiber> first;
+    Fiber* second = nullptr;
+    Fiber::ptr locked_in_second;
+    {
+        Scheduler s(1, false);
+        s.schedule([&] { first = Fiber::current_ptr(); });
+        s.start();
+        fsched::WaitGroup wg(1);
+        // The same worker, after the first task ended: without the rule it would reuse
+        // the first task's fiber, and `first` would lock onto it.
+        s.schedule([&] {
+            second = Fiber::current();
+            locked_in_second = first.lock();
+            wg.done();
+        });
+        wg.wait();
+        s.stop();
+        CHECK(first.expired());
+        CHECK(locked_in_second.get() != second);
+        CHECK_FALSE(locked_in_second);
+    }
+    // The expired weak_ptr still keeps that stack (its control block lives there) ...
+    CHECK(fsched::stack_stats().in_use == in_use_before + 1);
+    first.reset();
+    // ... and gives it back when it goes.
+    CHECK(fsched::stack_stats().in_use == in_use_before);
+}

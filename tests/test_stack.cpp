@@ -69,6 +69,19 @@ void check_overflow_report(const test::ChildResult& r, std::size_t stack_bytes) 
 }
 #endif
 
+// Uses about depth * 1 KiB of stack, every frame real, then returns (or throws from the
+// bottom when asked).
+int use_stack(int depth, bool throw_at_bottom) {
+    volatile char block[1024];
+    block[0] = static_cast<char>(depth);
+    block[sizeof block - 1] = 0;
+    if (depth == 0) {
+        if (throw_at_bottom) throw std::runtime_error("from the bottom of the stack");
+        return block[0];
+    }
+    return use_stack(depth - 1, throw_at_bottom) + block[0];
+}
+
 const char* stack_top_of_new_fiber(std::size_t size) {
     const char* seen = nullptr;
     Fiber fiber([&] {
@@ -459,19 +472,6 @@ const char* tib_stack_limit() {
     return *fiber;
 }
 
-// Uses about depth * 1 KiB of stack, every frame real, then returns (or throws from the
-// bottom when asked).
-int use_stack(int depth, bool throw_at_bottom) {
-    volatile char block[1024];
-    block[0] = static_cast<char>(depth);
-    block[sizeof block - 1] = 0;
-    if (depth == 0) {
-        if (throw_at_bottom) throw std::runtime_error("from the bottom of the stack");
-        return block[0];
-    }
-    return use_stack(depth - 1, throw_at_bottom) + block[0];
-}
-
 // What a fiber's stack memory is, seen from inside it: with asm-x86_64-win64 the pool's stack
 // it runs on; with winfiber the pool's stack holds only the start record, whose address is
 // the fiber's data, and the fiber runs on a stack the OS made.
@@ -686,18 +686,6 @@ TEST_CASE("Windows: the overflow handler names a fiber whose 1 MiB stack grew al
 // --- A scheduler's callback fiber lives at the top of its own stack ---------------------
 namespace {
 
-// Uses about depth * 1 KiB of stack, every frame real; throws from the bottom when asked.
-int deep_frames(int depth, bool throw_at_bottom) {
-    volatile char block[1024];
-    block[0] = static_cast<char>(depth);
-    block[sizeof block - 1] = 0;
-    if (depth == 0) {
-        if (throw_at_bottom) throw std::runtime_error("from the bottom of the stack");
-        return block[0];
-    }
-    return deep_frames(depth - 1, throw_at_bottom) + block[0];
-}
-
 // What one fiber saw of its stack: its first frame's address, and whether 150 KiB of
 // frames and an exception thrown from their bottom went through (on Windows the unwinder
 // accepts them only where the TIB's StackLimit is right: see "a pooled stack keeps what
@@ -714,7 +702,7 @@ void visit_stack(StackVisit& v) {
     v.limit_ok = limit_is_growth_point(tib_stack_limit());
 #endif
     try {
-        deep_frames(150, true);
+        use_stack(150, true);
     } catch (const std::runtime_error&) {
         v.caught = true;
     }
@@ -743,7 +731,7 @@ TEST_CASE("a scheduler's callback fiber lives at the top of its own stack, and i
         id_before = self->id();
         // Three quarters of the stack in frames (ASan's redzones make each frame larger),
         // right below the Fiber object: it must come out untouched.
-        deep_frames(static_cast<int>(usable * 3 / 4 / 1024), false);
+        use_stack(static_cast<int>(usable * 3 / 4 / 1024), false);
         id_after = Fiber::current()->id();
         running_after = Fiber::current()->state() == Fiber::State::Running;
     });

@@ -156,7 +156,9 @@ void Fiber::reset_function(detail::TaskFunction&& fn) {
 
 Fiber::ptr Fiber::current_ptr() {
     Fiber* fiber = current();
-    return fiber ? fiber->weak_from_this().lock() : nullptr;
+    if (!fiber) return nullptr;
+    fiber->handed_out_ = true;  // only the running fiber's own thread writes it
+    return fiber->weak_from_this().lock();
 }
 
 }  // namespace fsched

@@ -1598,7 +1598,8 @@ inline void Worker::run_task(QueuedTask& task) {
     ts->task_ref = nullptr;
     if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
-    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && spare_fibers.size() < 64) {
+    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
+        spare_fibers.size() < 64) {
         spare_fibers.push_back(std::move(fiber));
     }
     fiber.reset();
