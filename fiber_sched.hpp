@@ -505,10 +505,9 @@ struct Stack {
     std::size_t guard = 0;
 };
 
-// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack):
-// these many bytes hold the Fiber object and its shared_ptr control block, so a parked
-// fiber's Fiber, state and top frames share one page and it needs no heap memory.
-// From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
+// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack),
+// with its shared_ptr control block, so a parked fiber's Fiber, state and top frames share
+// one page and it needs no heap memory. From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
 // a record there for the stack's next fiber), the control block, then the Fiber object.
 constexpr std::size_t in_stack_backend_slot = 16;
 constexpr std::size_t in_stack_control_block = 64;
@@ -3904,8 +3903,9 @@ void Fiber::prepare_context() {
 namespace detail {
 
 // A fiber in its own stack's top (make_in_stack): below the backend's slot at the very top,
-// the shared_ptr's control block, then the Fiber object, and its frames run below that. The deleter only destroys the Fiber; the control block's allocator gives the stack
-// back once the last weak_ptr is gone too, after the control block has been destroyed.
+// the shared_ptr's control block, then the Fiber object, and its frames run below that.
+// The deleter only destroys the Fiber; the control block's allocator gives the stack back
+// once the last weak_ptr is gone too, after the control block has been destroyed.
 struct InStackDeleter {
     void operator()(Fiber* fiber) const noexcept { fiber->~Fiber(); }
 };

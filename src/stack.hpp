@@ -38,10 +38,9 @@ struct Stack {
     std::size_t guard = 0;
 };
 
-// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack):
-// these many bytes hold the Fiber object and its shared_ptr control block, so a parked
-// fiber's Fiber, state and top frames share one page and it needs no heap memory.
-// From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
+// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack),
+// with its shared_ptr control block, so a parked fiber's Fiber, state and top frames share
+// one page and it needs no heap memory. From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
 // a record there for the stack's next fiber), the control block, then the Fiber object.
 constexpr std::size_t in_stack_backend_slot = 16;
 constexpr std::size_t in_stack_control_block = 64;

@@ -52,8 +52,9 @@ void Fiber::prepare_context() {
 namespace detail {
 
 // A fiber in its own stack's top (make_in_stack): below the backend's slot at the very top,
-// the shared_ptr's control block, then the Fiber object, and its frames run below that. The deleter only destroys the Fiber; the control block's allocator gives the stack
-// back once the last weak_ptr is gone too, after the control block has been destroyed.
+// the shared_ptr's control block, then the Fiber object, and its frames run below that.
+// The deleter only destroys the Fiber; the control block's allocator gives the stack back
+// once the last weak_ptr is gone too, after the control block has been destroyed.
 struct InStackDeleter {
     void operator()(Fiber* fiber) const noexcept { fiber->~Fiber(); }
 };
