@@ -98,10 +98,14 @@ TEST_CASE("a freed stack is reused by the next fiber of the same size") {
     const char* first = stack_top_of_new_fiber(64 * 1024);
     const char* second = stack_top_of_new_fiber(64 * 1024);
     CHECK(first == second);
+#if !defined(FIBER_SCHED_USE_WINFIBER)
+    // (With winfiber a fiber runs on a stack the OS makes for each fiber, which it may place
+    // where the last one was: the pool's own stacks are not what the probe sees.)
     const char* other_size = stack_top_of_new_fiber(128 * 1024);
     // Not std::labs: on Windows a long is 32 bits, and two stacks may be gigabytes apart.
     const std::ptrdiff_t apart = other_size > first ? other_size - first : first - other_size;
     CHECK(apart >= 64 * 1024);
+#endif
 }
 
 TEST_CASE("stack_stats() counts stacks in use") {
