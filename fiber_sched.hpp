@@ -894,6 +894,9 @@ private:
     struct InStackTag {};
     Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn);
     void reset_function(detail::TaskFunction&& fn);
+    // Both constructors' common part, once the stack and function are in place: checks the
+    // function, makes the context (may throw; the caller frees the stack).
+    void finish_construction();
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
@@ -3861,16 +3864,12 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
     : stack_(detail::acquire_stack(stack_size)),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
-    FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
     try {
-        prepare_context();
+        finish_construction();
     } catch (...) {
         detail::release_stack(stack_);
         throw;
     }
-#if defined(FIBER_SCHED_TSAN)
-    shadow_.tsan_fiber = __tsan_create_fiber(0);
-#endif
 }
 
 Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn)
@@ -3878,8 +3877,12 @@ Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, deta
       top_block_(top_block),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
+    finish_construction();  // the stack is freed by make_in_stack if this throws
+}
+
+void Fiber::finish_construction() {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
-    prepare_context();  // the stack is freed by make_in_stack if this throws
+    prepare_context();
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
@@ -4450,8 +4453,8 @@ public:
     TaskBlockSlabs(const TaskBlockSlabs&) = delete;
     TaskBlockSlabs& operator=(const TaskBlockSlabs&) = delete;
     ~TaskBlockSlabs() {
-        // The deque is gone (declared after this), so every block is back: only the spare
-        // is left. (A full slab would be in no list; none is.)
+        // The deque is gone (declared after this), so every block is back and every slab
+        // is empty. (A full slab would be in no list; none is.)
         while (partial_) {
             Slab* slab = partial_;
             unlink(slab);
@@ -4513,23 +4516,25 @@ public:
     std::size_t empty_slabs() const noexcept { return empty_count_; }
     // Gives all but `keep` of them back to the OS.
     void release_empty(std::size_t keep) noexcept { unmap_detached(detach_empty(keep)); }
-    // Takes all but `keep` of them out, linked through their first word, for
-    // unmap_detached(), which needs no lock.
+    // Takes all but `keep` of them out, still linked through `next`, for unmap_detached(),
+    // which needs no lock.
     void* detach_empty(std::size_t keep) noexcept {
         Slab* detached = nullptr;
+        Slab** tail = &detached;
         while (empty_count_ > keep) {
             Slab* slab = empty_;
             empty_ = slab->next;
             --empty_count_;
             --mapped_;
-            slab->prev = detached;
-            detached = slab;
+            *tail = slab;
+            tail = &slab->next;
         }
+        *tail = nullptr;
         return detached;
     }
     static void unmap_detached(void* detached) noexcept {
         for (Slab* slab = static_cast<Slab*>(detached); slab;) {
-            Slab* const next = slab->prev;
+            Slab* const next = slab->next;
             unmap_memory(slab);
             slab = next;
         }

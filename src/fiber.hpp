@@ -133,6 +133,9 @@ private:
     struct InStackTag {};
     Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn);
     void reset_function(detail::TaskFunction&& fn);
+    // Both constructors' common part, once the stack and function are in place: checks the
+    // function, makes the context (may throw; the caller frees the stack).
+    void finish_construction();
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;

@@ -10,16 +10,12 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
     : stack_(detail::acquire_stack(stack_size)),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
-    FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
     try {
-        prepare_context();
+        finish_construction();
     } catch (...) {
         detail::release_stack(stack_);
         throw;
     }
-#if defined(FIBER_SCHED_TSAN)
-    shadow_.tsan_fiber = __tsan_create_fiber(0);
-#endif
 }
 
 Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn)
@@ -27,8 +23,12 @@ Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, deta
       top_block_(top_block),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
+    finish_construction();  // the stack is freed by make_in_stack if this throws
+}
+
+void Fiber::finish_construction() {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
-    prepare_context();  // the stack is freed by make_in_stack if this throws
+    prepare_context();
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif

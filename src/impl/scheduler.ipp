@@ -94,8 +94,8 @@ public:
     TaskBlockSlabs(const TaskBlockSlabs&) = delete;
     TaskBlockSlabs& operator=(const TaskBlockSlabs&) = delete;
     ~TaskBlockSlabs() {
-        // The deque is gone (declared after this), so every block is back: only the spare
-        // is left. (A full slab would be in no list; none is.)
+        // The deque is gone (declared after this), so every block is back and every slab
+        // is empty. (A full slab would be in no list; none is.)
         while (partial_) {
             Slab* slab = partial_;
             unlink(slab);
@@ -157,23 +157,25 @@ public:
     std::size_t empty_slabs() const noexcept { return empty_count_; }
     // Gives all but `keep` of them back to the OS.
     void release_empty(std::size_t keep) noexcept { unmap_detached(detach_empty(keep)); }
-    // Takes all but `keep` of them out, linked through their first word, for
-    // unmap_detached(), which needs no lock.
+    // Takes all but `keep` of them out, still linked through `next`, for unmap_detached(),
+    // which needs no lock.
     void* detach_empty(std::size_t keep) noexcept {
         Slab* detached = nullptr;
+        Slab** tail = &detached;
         while (empty_count_ > keep) {
             Slab* slab = empty_;
             empty_ = slab->next;
             --empty_count_;
             --mapped_;
-            slab->prev = detached;
-            detached = slab;
+            *tail = slab;
+            tail = &slab->next;
         }
+        *tail = nullptr;
         return detached;
     }
     static void unmap_detached(void* detached) noexcept {
         for (Slab* slab = static_cast<Slab*>(detached); slab;) {
-            Slab* const next = slab->prev;
+            Slab* const next = slab->next;
             unmap_memory(slab);
             slab = next;
         }
