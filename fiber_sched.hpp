@@ -255,6 +255,9 @@ void inject_fault(FaultSite site, long nth) noexcept;
 void set_assert_throws(bool on) noexcept;
 // Overrides FIBER_SCHED_STACK_TRIM_MS from now on.
 void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
+// When set, called by a worker in the middle of announcing its sleep (counted in the
+// scheduler's sleepers, `sleeping` not yet set) with its index: a test holds it there.
+void set_sleep_announce_hook(void (*hook)(int worker)) noexcept;
 #define FIBER_SCHED_FAULT(site) (::fsched::detail::fault_hit(::fsched::detail::FaultSite::site))
 #else
 #define FIBER_SCHED_FAULT(site) false
@@ -1924,6 +1927,11 @@ void inject_fault(FaultSite site, long nth) noexcept {
 }
 
 void set_assert_throws(bool on) noexcept { assert_throws.store(on, std::memory_order_relaxed); }
+
+std::atomic<void (*)(int)> sleep_announce_hook{nullptr};
+void set_sleep_announce_hook(void (*hook)(int worker)) noexcept {
+    sleep_announce_hook.store(hook, std::memory_order_relaxed);
+}
 #endif
 
 void assert_failed(const char* expr, const char* file, int line) {
@@ -5390,7 +5398,7 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 
 // Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
 //
-// The lost-wake-up argument: a worker going to sleep sets `sleeping`, increments `sleepers`,
+// The lost-wake-up argument: a worker going to sleep increments `sleepers`, sets `sleeping`,
 // then looks at every queue once more, taking each queue's lock (not trusting the size
 // hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
 // (SchedulerCore::after_push). The two lock the same queue in some order: if the
@@ -5417,10 +5425,24 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // polls IO.
 // Stealable High tasks (stealable_high) are a hint on top, never needed for a wake-up:
 // their push wakes workers as any push does.
+// The count. A submitter that loads `sleepers` == 0 wakes no one, so the count must never
+// be below the number of workers asleep (`sleeping` set). It is incremented by the worker
+// before it sets `sleeping`, and decremented once per successful claim of that flag, after
+// the claim's CAS (claim_worker_wake): every decrement follows the increment it matches,
+// so the count is at least the number of flags set and not yet claimed. In the other order
+// a waker could claim the flag between the worker's store and its increment and decrement
+// first: the count read 0 for a moment while another worker slept, and a push pinned to that
+// worker in that moment woke no one (a pinned io::read stayed parked with its byte queued,
+// every worker idle; tests/test_faults.cpp holds a worker in that window). Counting first
+// costs at most one needless look at the flags of a worker about to sleep.
 inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait) {
     idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
-    sleeping.store(true, std::memory_order_seq_cst);
+    // Counted before `sleeping` is set, never after: see "The count" above.
     core.sleepers.fetch_add(1, std::memory_order_seq_cst);
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (auto hook = sleep_announce_hook.load(std::memory_order_relaxed)) hook(index);
+#endif
+    sleeping.store(true, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
     if (find_task(task, true) || core.finished() || (wait && wait->satisfied())) {
         idle.end_sleep(core.idle);

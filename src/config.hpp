@@ -151,6 +151,9 @@ void inject_fault(FaultSite site, long nth) noexcept;
 void set_assert_throws(bool on) noexcept;
 // Overrides FIBER_SCHED_STACK_TRIM_MS from now on.
 void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
+// When set, called by a worker in the middle of announcing its sleep (counted in the
+// scheduler's sleepers, `sleeping` not yet set) with its index: a test holds it there.
+void set_sleep_announce_hook(void (*hook)(int worker)) noexcept;
 #define FIBER_SCHED_FAULT(site) (::fsched::detail::fault_hit(::fsched::detail::FaultSite::site))
 #else
 #define FIBER_SCHED_FAULT(site) false

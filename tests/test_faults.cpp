@@ -277,3 +277,69 @@ TEST_CASE("a thread whose wake-up is the last task does not outlive the schedule
         waker.join();
     }
 }
+
+// Holds worker 1 inside its sleep announcement until released (set_sleep_announce_hook).
+struct AnnounceGate {
+    static std::atomic<bool> held;      // worker 1 is inside the hook
+    static std::atomic<bool> released;  // let it go
+    static void hook(int worker) {
+        if (worker != 1 || released.load()) return;
+        held = true;
+        while (!released.load()) std::this_thread::sleep_for(1ms);
+    }
+};
+std::atomic<bool> AnnounceGate::held{false};
+std::atomic<bool> AnnounceGate::released{false};
+
+TEST_CASE("a fiber pinned to a sleeping worker is woken while another worker is claimed mid-announcement") {
+    // The reported lost wake-up (a pinned io::read never woke): worker 0 asleep, its fiber's
+    // wake-up queued there and no one woken, because `sleepers` read 0. A worker that set
+    // `sleeping` before counting itself could be claimed in between, and the claim's
+    // decrement came before its increment. Here worker 1 is held inside its announcement;
+    // a task pinned to it claims it (if `sleeping` is set by then), and a plain thread then
+    // wakes the fiber pinned to sleeping worker 0. It must run before worker 1 is let go.
+    AnnounceGate::held = false;
+    AnnounceGate::released = false;
+    fsched::detail::set_sleep_announce_hook(&AnnounceGate::hook);
+    struct Unhook {
+        ~Unhook() {
+            AnnounceGate::released = true;
+            fsched::detail::set_sleep_announce_hook(nullptr);
+        }
+    } unhook;
+    Scheduler s(2, false, "announce");
+    fsched::Mutex m;
+    fsched::ConditionVariable cv;
+    bool waiting = false, signalled = false;
+    std::atomic<bool> woken{false};
+    s.schedule([&] {
+        std::unique_lock<fsched::Mutex> lock(m);
+        waiting = true;
+        // Bounded, so that the test ends if the wake-up is lost (then `woken` comes late).
+        cv.wait_for(lock, 30s, [&] { return signalled; });
+        woken = true;
+    }, 0);
+    s.start();
+    for (;;) {
+        {
+            std::lock_guard<fsched::Mutex> lock(m);
+            if (waiting) break;
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+    while (!AnnounceGate::held) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(50ms);  // worker 0 goes to sleep meanwhile
+    std::atomic<bool> ran{false};
+    s.schedule([&] { ran = true; }, 1);  // claims held worker 1, if it can
+    {
+        std::lock_guard<fsched::Mutex> lock(m);
+        signalled = true;
+    }
+    cv.notify_one();
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!woken && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    CHECK(woken);  // before worker 1 was let go
+    AnnounceGate::released = true;
+    s.stop();
+    CHECK(ran);
+}

@@ -32,6 +32,11 @@ void inject_fault(FaultSite site, long nth) noexcept {
 }
 
 void set_assert_throws(bool on) noexcept { assert_throws.store(on, std::memory_order_relaxed); }
+
+std::atomic<void (*)(int)> sleep_announce_hook{nullptr};
+void set_sleep_announce_hook(void (*hook)(int worker)) noexcept {
+    sleep_announce_hook.store(hook, std::memory_order_relaxed);
+}
 #endif
 
 void assert_failed(const char* expr, const char* file, int line) {
