@@ -1138,14 +1138,18 @@ public:
     Scheduler(const Scheduler&) = delete;
     Scheduler& operator=(const Scheduler&) = delete;
 
-    // Starts the worker threads. Calling it again does nothing.
+    // Starts the worker threads. Calling it again does nothing. Throws std::system_error
+    // when a thread cannot be started (out of threads); the workers started stay, and a
+    // later start() or stop() starts the rest.
     void start();
     // Waits until every scheduled task has finished (sleeping and blocked ones, and work
     // scheduled meanwhile, from any thread, included), then joins the workers. It takes
     // effect at one instant before it returns; schedule() after that is refused with a
     // FIBER_SCHED_ASSERT. Harmless when called twice. With use_caller: call it from the
     // constructing thread (or fiber), which runs tasks meanwhile; it may be a task of another
-    // scheduler, which it is again afterwards.
+    // scheduler, which it is again afterwards. It throws nothing of its own: a worker whose
+    // thread cannot be started (out of threads) has its tasks run by the calling thread,
+    // so ~Scheduler cannot fail either.
     void stop();
 
     // Queues a Fiber::ptr, a callable `void()` or a ScheduleTask, on worker `thread`
@@ -5175,6 +5179,12 @@ struct SchedulerCore {
 
     // Starts the worker threads (all but worker 0 with use_caller). Under lifecycle_mutex.
     void launch_threads();
+    // launch_threads() for stop(), which must not throw (it runs in ~Scheduler): true if
+    // every worker that needs a thread has one now.
+    bool try_launch_threads() noexcept;
+    // stop() without a thread for some worker (out of threads: RLIMIT_NPROC, no memory):
+    // the stopping thread runs those workers' tasks itself until none is outstanding.
+    void stand_in_until_finished();
 
     bool closed() const noexcept { return (outstanding.load(std::memory_order_acquire) & closed_bit) != 0; }
 
@@ -6218,6 +6228,47 @@ void SchedulerCore::launch_threads() {
     }
 }
 
+bool SchedulerCore::try_launch_threads() noexcept {
+    try {
+        launch_threads();
+        return true;
+    } catch (...) {
+        return false;  // std::system_error (no thread to be had) or std::bad_alloc
+    }
+}
+
+// A worker without a thread is one whose start failed; its queue (pinned tasks above all)
+// has no one else to run it, and its parked fibers come back to it. So the stopping thread
+// takes each such worker's place in turn, a bounded run_ready() at a time (which also fires
+// its due timers, steals and polls IO when it finds nothing), and, while none of them has
+// anything to run, tries again to start their threads and otherwise naps a millisecond:
+// polling, but only while threads cannot be had. finished() ends it as it ends every run
+// loop, and wakes the workers that have threads to leave theirs. With use_caller, worker 0
+// is served here too (it never has a thread).
+void SchedulerCore::stand_in_until_finished() {
+    ThreadState* ts = thread_state();
+    Worker* const outer_worker = ts->worker;  // run_ready() restores only the scheduler
+    Fiber* const outer_task = ts->task_fiber;
+    std::shared_ptr<Fiber>* const outer_ref = ts->task_ref;
+    const std::size_t first_threaded = use_caller ? 1 : 0;
+    for (;;) {
+        std::size_t ran = 0;
+        for (std::size_t i = 0; i < workers.size(); ++i) {
+            if (i < first_threaded || !workers[i]->thread.joinable()) ran += workers[i]->run_ready(64, TimePoint::max());
+        }
+        ts->worker = outer_worker;
+        ts->task_fiber = outer_task;
+        ts->task_ref = outer_ref;
+        if (finished()) return;
+        if (ran != 0) continue;
+        if (try_launch_threads()) {
+            if (use_caller) workers[0]->run_loop();
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
 }  // namespace detail
 
 Scheduler::Scheduler(std::size_t threads, bool use_caller, std::string name)
@@ -6240,14 +6291,21 @@ void Scheduler::stop() {
     FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? Fiber::current() == core.caller_fiber
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
-    start();
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
+    core.started = true;  // start() after stop() does nothing
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
-        core.wake_all_workers();
-        if (core.use_caller) core.workers[0]->run_loop();
+        // Never throws, unlike start(): with a worker that has no thread (none could be
+        // started), this thread runs its tasks (stand_in_until_finished).
+        if (core.try_launch_threads()) {
+            core.wake_all_workers();
+            if (core.use_caller) core.workers[0]->run_loop();
+        } else {
+            core.wake_all_workers();
+            core.stand_in_until_finished();
+        }
         for (auto& worker : core.workers) {
             if (worker->thread.joinable()) worker->thread.join();
         }
@@ -6258,8 +6316,8 @@ void Scheduler::stop() {
                                                      std::memory_order_seq_cst)) {
             break;
         }
+        // Run what was scheduled while the workers left: the loop starts them again.
         core.outstanding.fetch_sub(detail::SchedulerCore::exit_bit, std::memory_order_seq_cst);
-        core.launch_threads();  // run what was scheduled while the workers left
     }
     // A thread that queued one of the last tasks may still be reading this scheduler.
     while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();

@@ -69,14 +69,18 @@ public:
     Scheduler(const Scheduler&) = delete;
     Scheduler& operator=(const Scheduler&) = delete;
 
-    // Starts the worker threads. Calling it again does nothing.
+    // Starts the worker threads. Calling it again does nothing. Throws std::system_error
+    // when a thread cannot be started (out of threads); the workers started stay, and a
+    // later start() or stop() starts the rest.
     void start();
     // Waits until every scheduled task has finished (sleeping and blocked ones, and work
     // scheduled meanwhile, from any thread, included), then joins the workers. It takes
     // effect at one instant before it returns; schedule() after that is refused with a
     // FIBER_SCHED_ASSERT. Harmless when called twice. With use_caller: call it from the
     // constructing thread (or fiber), which runs tasks meanwhile; it may be a task of another
-    // scheduler, which it is again afterwards.
+    // scheduler, which it is again afterwards. It throws nothing of its own: a worker whose
+    // thread cannot be started (out of threads) has its tasks run by the calling thread,
+    // so ~Scheduler cannot fail either.
     void stop();
 
     // Queues a Fiber::ptr, a callable `void()` or a ScheduleTask, on worker `thread`

@@ -242,6 +242,105 @@ TEST_CASE("a start() that cannot start every worker thread can be retried; stop(
     CHECK(ran == 3);
 }
 
+TEST_CASE("a Scheduler destroyed without threads to be had runs every task on the destroying thread") {
+    // ~Scheduler -> stop() -> starting the workers' threads, which fails here (as under
+    // RLIMIT_NPROC): stop() must neither throw out of the noexcept destructor nor strand a
+    // task. Pinned tasks, a sleep (a timer on a thread-less worker), a Mutex handed between
+    // fibers and a fiber woken from another worker all finish.
+    for (const bool use_caller : {false, true}) {
+        for (const long nth : {1L, 2L}) {  // every start fails / the second one does
+            CAPTURE(use_caller);
+            CAPTURE(nth);
+            std::atomic<int> ran{0};
+            const std::thread::id destroyer = std::this_thread::get_id();
+            std::atomic<int> on_destroyer{0};
+            {
+                Fault fault(FaultSite::thread_start, nth);
+                Scheduler s(3, use_caller, "no-threads");
+                fsched::Mutex m;
+                int shared = 0;
+                fsched::WaitGroup wg;
+                wg.add(1);
+                for (int w = 0; w < 3; ++w) {
+                    s.schedule([&] {
+                        if (std::this_thread::get_id() == destroyer) on_destroyer++;
+                        ran++;
+                    }, w);
+                }
+                for (int i = 0; i < 8; ++i) {
+                    s.schedule([&] {
+                        fsched::this_fiber::sleep_for(2ms);
+                        for (int k = 0; k < 100; ++k) {
+                            std::lock_guard<fsched::Mutex> lock(m);
+                            ++shared;
+                            fsched::this_fiber::yield();
+                        }
+                        ran++;
+                    });
+                }
+                s.schedule([&] {
+                    wg.wait();  // woken by the task below, wherever it runs
+                    ran++;
+                }, 2);
+                s.schedule([&] {
+                    fsched::this_fiber::sleep_for(5ms);
+                    wg.done();
+                    ran++;
+                }, 1);
+                // No start(): the destructor's stop() starts the threads, or runs without.
+            }
+            CHECK(ran == 3 + 8 + 2);
+            CHECK(on_destroyer >= 1);  // at least the thread-less workers' pinned tasks
+        }
+    }
+}
+
+TEST_CASE("stop() whose restart for a late task finds no thread runs that task itself") {
+    // The workers start; then every thread start fails. A plain thread schedules (a bounded
+    // number of tasks) for as long as the scheduler takes them, so some arrive while the
+    // workers leave, and stop() must start them again, which fails: the stopping thread
+    // runs those tasks instead. Every task that schedule() accepted runs, and stop()
+    // returns normally (before, it threw std::system_error, and out of ~Scheduler that
+    // terminated the program).
+    fsched::detail::set_assert_throws(true);
+    struct Restore {
+        ~Restore() { fsched::detail::set_assert_throws(false); }
+    } restore;
+    long stand_ins = 0;
+    // Until the stopping thread has stood in a few times (about one round in eight).
+    for (int round = 0; round < 400 && stand_ins < 3; ++round) {
+        std::atomic<long> accepted{0}, ran{0}, on_stopper{0};
+        std::atomic<bool> started{false};
+        const std::thread::id stopper = std::this_thread::get_id();
+        {
+            Scheduler s(2, false, "late");
+            s.start();
+            Fault fault(FaultSite::thread_start, 1);
+            std::thread feeder([&] {
+                for (int i = 0; i < 5000; ++i) {
+                    try {
+                        s.schedule([&] {
+                            if (std::this_thread::get_id() == stopper) on_stopper++;
+                            ran++;
+                        });
+                    } catch (const std::logic_error&) {
+                        return;  // "schedule(): scheduler has stopped"
+                    }
+                    accepted++;
+                    started = true;
+                    if (i % 64 == 0) std::this_thread::yield();  // let the workers drain
+                }
+            });
+            while (!started) std::this_thread::yield();
+            CHECK_NOTHROW(s.stop());
+            feeder.join();
+        }
+        CHECK(ran == accepted);
+        stand_ins += on_stopper > 0;
+    }
+    MESSAGE("rounds whose late tasks the stopping thread ran: " << stand_ins);
+}
+
 TEST_CASE("a thread whose wake-up is the last task does not outlive the scheduler it wakes") {
     // The waker pushes the woken fiber, then pauses before it wakes a worker; meanwhile the
     // fiber runs, finishes, and stop() would return: the scheduler must not be destroyed
