@@ -628,3 +628,77 @@ TEST_CASE("100,000 fibers parked at once on one WaitGroup") {
     s.stop();
     CHECK(released == fibers);
 }
+
+// ---- The internal spin lock: bounded waiting ---------------------------------------------
+
+TEST_CASE("SpinLock: a waiter is not overtaken indefinitely by a thread that retakes the lock at once") {
+    // The hog holds the lock 20 us at a time and retakes it the instant it lets go: with a
+    // plain test-and-set lock the waiter saw it free only by chance (100 locks took 18 s, or
+    // one took 46 s). With the heir token each of its locks waits about one critical section
+    // more than its spins and yields. The hog stops after 20 s whatever happens, so a failure
+    // ends the test instead of hanging it.
+    fsched::detail::SpinLock lock;
+    std::atomic<bool> stop{false};
+    std::atomic<long> hog_turns{0};
+    const auto hog_deadline = std::chrono::steady_clock::now() + 20s;
+    std::thread hog([&] {
+        // Everything but the unlock and the relock inside the critical section: the lock is
+        // free for a few nanoseconds at a time.
+        for (bool more = true; more;) {
+            lock.lock();
+            const auto now = std::chrono::steady_clock::now();
+            const auto held_until = now + 20us;
+            more = !stop.load(std::memory_order_relaxed) && now < hog_deadline;
+            while (std::chrono::steady_clock::now() < held_until) {
+            }
+            hog_turns.fetch_add(1, std::memory_order_relaxed);
+            lock.unlock();
+        }
+    });
+    while (hog_turns.load() < 10) {
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100; ++i) {
+        lock.lock();
+        lock.unlock();
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    stop = true;
+    hog.join();
+    // About 100 critical sections plus yields: milliseconds; the bound leaves room for TSan
+    // and a loaded machine.
+    CHECK(took < 5s);
+}
+
+TEST_CASE("Scheduler: schedule() from a plain thread is not starved by a worker retaking its queue lock") {
+    // One worker runs a channel ping-pong, taking its queue lock at every message; a plain
+    // thread's schedule() pushes to that queue. Each one must get the lock within a bounded
+    // wait (it took up to 23 ms with the plain test-and-set lock; here the bound is generous).
+    Scheduler s(1, false, "pingpong");
+    s.start();
+    Channel<int> ping, pong;
+    std::atomic<bool> stop{false};
+    s.schedule([&] {
+        while (!stop.load()) {
+            ping.send(1);
+            pong.receive();
+        }
+        ping.close();
+    });
+    s.schedule([&] {
+        while (ping.receive()) pong.send(1);
+    });
+    std::this_thread::sleep_for(10ms);
+    std::atomic<int> ran{0};
+    auto worst = std::chrono::steady_clock::duration::zero();
+    for (int i = 0; i < 500; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        s.schedule([&] { ran++; });
+        worst = std::max(worst, std::chrono::steady_clock::now() - t0);
+    }
+    stop = true;
+    s.stop();
+    CHECK(ran == 500);
+    MESSAGE("slowest schedule(): " << std::chrono::duration_cast<std::chrono::microseconds>(worst).count() << " us");
+    CHECK(worst < 2s);
+}
