@@ -216,7 +216,7 @@ enum class Op {
     yield, sleep, spin, spawn, spawn_batch, fan_out, suspend, put_back,
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
     send, extra_consumer, pipeline, throw_from_task, catch_across_yield,
-    io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race,
+    io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
 };
 
 struct OpWeight {
@@ -232,6 +232,7 @@ constexpr OpWeight op_weights[] = {
     {Op::catch_across_yield, 1},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
+    {Op::io_pinned_fresh, 1},
 #endif
 };
 
@@ -593,6 +594,7 @@ private:
     void io_timeout_op(Actor& a);
     void io_cancel_op(Actor& a);
     void io_cancel_race_op(Actor& a);
+    void io_pinned_fresh_op(Actor& a);
     void expect_no_stale_cancel(const char* after);
 #endif
 
@@ -791,12 +793,17 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     case Op::io_cancel_race:
         io_cancel_race_op(a);
         return 1;
+    case Op::io_pinned_fresh:
+        if (budget < 2) break;
+        io_pinned_fresh_op(a);
+        return 2;
 #else
     case Op::io_echo:
     case Op::io_bulk:
     case Op::io_timeout:
     case Op::io_cancel:
     case Op::io_cancel_race:
+    case Op::io_pinned_fresh:
         break;
 #endif
     }
@@ -1028,6 +1035,48 @@ void Soak::io_echo_op(Actor& a, unsigned count) {
     if (eof != 0) violations_.add("io echo client: no EOF once the server closed", errno_text(fsched::io::last_error()));
     server_done->wait();
     ::close(fds[0]);
+}
+
+// A fresh scheduler of 4 or 8 workers (with or without use_caller) whose fiber pinned to
+// worker 0 ping-pongs a byte with an unpinned one over a socketpair: the case where a
+// wake-up pinned to a sleeping worker was lost (the count of sleepers dipped to 0).
+void Soak::io_pinned_fresh_op(Actor& a) {
+    const std::size_t workers = a.rng.percent(50) ? 4 : 8;
+    const bool use_caller = a.rng.percent(50);
+    const int exchanges = static_cast<int>(10 + a.rng.below(40));
+    int fds[2];
+    if (!open_socketpair(fds)) {
+        violations_.add("socketpair() failed", errno_text(errno));
+        return;
+    }
+    std::atomic<int> done{0};
+    {
+        Scheduler fresh(workers, use_caller, "soak-pinned");
+        auto play = [this, exchanges, &done](int fd, bool serve) {
+            char byte = 'p';
+            for (int i = 0; i < exchanges; ++i) {
+                for (int step = 0; step < 2; ++step) {
+                    const bool reading = (step == 0) == serve;
+                    const ssize_t rc = reading ? fsched::io::read(fd, &byte, 1, must_not_take)
+                                               : fsched::io::write(fd, &byte, 1, must_not_take);
+                    if (rc == 1) continue;
+                    violations_.add(serve ? "pinned io ping-pong: the pinned fiber's io call failed"
+                                          : "pinned io ping-pong: the unpinned fiber's io call failed",
+                                    errno_text(fsched::io::last_error()));
+                    ::shutdown(fd, SHUT_RDWR);  // ends the partner's wait
+                    return;
+                }
+            }
+            done.fetch_add(1);
+        };
+        fresh.schedule([&play, &fds] { play(fds[1], true); }, 0);
+        fresh.schedule([&play, &fds] { play(fds[0], false); });
+        fresh.start();
+        fresh.stop();
+    }
+    if (done.load() != 2) violations_.add("pinned io ping-pong: a player did not finish");
+    ::close(fds[0]);
+    ::close(fds[1]);
 }
 
 void Soak::io_bulk_op(Actor& a) {
