@@ -116,12 +116,15 @@ public:
     // stack_size() is a few hundred bytes less than the default size.)
     std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve() - top_block_; }
 
-    // The fiber running on this thread; nullptr outside fibers.
+    // The fiber running on this thread; nullptr outside fibers. A scheduler's callback fiber
+    // seen here belongs to its task: it is not reused for a later task, so every shared_ptr
+    // or weak_ptr taken from it (shared_from_this(), weak_from_this(), current_ptr()) refers
+    // to that task's fiber only, and a weak_ptr expires when the task ends unless a shared_ptr
+    // is still kept (then it reaches that task's Term fiber). A weak_ptr, expired or not,
+    // keeps the fiber's stack until it goes (the control block lives there).
+    // this_fiber::id() reads the id without this, and leaves the fiber to be pooled.
     static Fiber* current() noexcept;
     // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
-    // A scheduler's callback fiber handed out here is never reused for a later task, so a
-    // weak_ptr to it expires when the fiber goes; until then (the last weak_ptr included)
-    // it keeps its stack, which also holds the Fiber.
     static Fiber::ptr current_ptr();
 
 private:
@@ -161,7 +164,7 @@ private:
     // claimed (Running) while it waits there, so the switch-out and its next run need no
     // atomic read-modify-write.
     bool park_stays_running_ = false;
-    bool handed_out_ = false;  // current_ptr() gave it away: a worker must not reuse it
+    bool handed_out_ = false;  // current() showed it to user code: a worker must not reuse it
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };

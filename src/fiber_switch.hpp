@@ -103,10 +103,29 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
     return detail::SwitchOutcome::Yielded;
 }
 
-inline Fiber* Fiber::current() noexcept { return detail::thread_state()->current; }
+// User code can name a scheduler's callback fiber only through this pointer: the scheduler
+// hands its callback fibers to no one else (its queues, timers and waiters are its own), and
+// shared_from_this(), weak_from_this() and current_ptr() all start from a Fiber. So marking
+// the fiber here is enough for a worker to know that a shared_ptr or weak_ptr to it may
+// exist (the weak count is not public, and weak_from_this() runs none of our code): it
+// does not pool it (Worker::run_task), and a fiber no one looked at is pooled as before, at
+// the cost of one plain store per call here. Only the running fiber's own code writes it,
+// and whoever reads it has resumed the fiber since (the switch orders the two).
+inline Fiber* Fiber::current() noexcept {
+    Fiber* fiber = detail::thread_state()->current;
+    if (fiber) fiber->handed_out_ = true;
+    return fiber;
+}
+
+namespace detail {
+// The fiber running on this thread, for the library's own use: unlike Fiber::current() it
+// leaves a callback's fiber poolable, which the library's own looks (a Mutex's owner, an id)
+// must, or every task that locks a Mutex would lose its pooled fiber.
+inline Fiber* running_fiber() noexcept { return thread_state()->current; }
+}  // namespace detail
 
 inline void Fiber::yield() {
-    Fiber* self = current();
+    Fiber* self = detail::running_fiber();
     FIBER_SCHED_ASSERT(self && "yield(): called outside a fiber");
     self->switch_to_resumer(false);
 }

@@ -231,7 +231,8 @@ void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
     detail::sleep_until_steady(detail::to_steady(t));
 }
 
-// Fiber::current()->id(); 0 outside fibers.
+// The running fiber's id, as Fiber::current()->id(), but a callback's fiber stays poolable
+// (see Fiber::current()); 0 outside fibers.
 std::uint64_t id();
 
 }  // namespace this_fiber

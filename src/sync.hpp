@@ -199,7 +199,7 @@ std::uint64_t thread_identity() noexcept;
 
 // Who is asking: the running fiber's id, or the thread's token (drawn from the same counter).
 inline std::uint64_t caller_identity() noexcept {
-    if (Fiber* f = Fiber::current()) return f->id();
+    if (Fiber* f = running_fiber()) return f->id();
     return thread_identity();
 }
 

@@ -130,8 +130,9 @@ struct FiberAccess {
 
     static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
 
-    // Fiber::current_ptr() gave it to someone, who may keep a weak_ptr: a pooled fiber
-    // reused for a later task would make that weak_ptr lock onto another task's fiber.
+    // Fiber::current() showed it to user code, which may keep a shared_ptr or weak_ptr to
+    // it (shared_from_this(), weak_from_this(), current_ptr()): a pooled fiber reused for a
+    // later task would make that reference lock onto another task's fiber.
     static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }

@@ -156,10 +156,8 @@ void Fiber::reset_function(detail::TaskFunction&& fn) {
 }
 
 Fiber::ptr Fiber::current_ptr() {
-    Fiber* fiber = current();
-    if (!fiber) return nullptr;
-    fiber->handed_out_ = true;  // only the running fiber's own thread writes it
-    return fiber->weak_from_this().lock();
+    Fiber* fiber = current();  // marks a callback's fiber as handed out: never pooled
+    return fiber ? fiber->weak_from_this().lock() : nullptr;
 }
 
 }  // namespace fsched

@@ -690,7 +690,7 @@ struct alignas(64) Worker {
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
-          caller_fiber(Fiber::current()) {
+          caller_fiber(running_fiber()) {
 #if defined(FIBER_SCHED_HAVE_EPOLL)
         idle.core = this;
 #endif
@@ -1620,6 +1620,13 @@ inline void Worker::run_task(QueuedTask& task) {
     ts->task_ref = nullptr;
     if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    // A fiber goes back to the pool only when nothing but this worker's reference can reach
+    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
+    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
+    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
+    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
+    // the last shared_ptr user code kept (at once when it kept none), and until then it is
+    // this task's fiber: a weak_ptr never locks onto a later task's.
     if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
         spare_fibers.size() < 64) {
         spare_fibers.push_back(std::move(fiber));
@@ -1917,7 +1924,7 @@ void Scheduler::start() {
 void Scheduler::stop() {
     detail::SchedulerCore& core = *core_;
     FIBER_SCHED_ASSERT(current() != this && "stop(): called from inside one of the scheduler's own tasks");
-    FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? Fiber::current() == core.caller_fiber
+    FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? detail::running_fiber() == core.caller_fiber
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
@@ -2096,7 +2103,7 @@ void yield() {
 }
 
 std::uint64_t id() {
-    Fiber* fiber = Fiber::current();
+    Fiber* fiber = detail::running_fiber();
     return fiber ? fiber->id() : 0;
 }
 
