@@ -62,8 +62,9 @@ void two_tasks_on_worker_0(const test::Config& config, First first, Second secon
 }
 
 // Runs two tasks as two_tasks_on_worker_0 does, each calling `look`, and returns how many
-// fibers the scheduler kept pooled at the end. 1: the second task ran on the first one's
-// pooled fiber (or there would be two) and that went back to the pool.
+// fibers the scheduler kept pooled at the end: 1 when a task that did `look` gives its fiber
+// back to the pool (2 would mean the second task did not take the first one's from there),
+// 0 when it does not.
 template <class Look>
 std::size_t fibers_pooled_after_two_tasks(const test::Config& config, Look look) {
     const std::size_t in_use_before = fsched::stack_stats().in_use;
