@@ -113,6 +113,11 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
 }
 #endif
 
+// Builds the library's process-wide objects (the stack pool, the io registry) and registers
+// every fork handler, once; before main() and in each Scheduler's constructor, so before
+// any thread of the library exists (scheduler.ipp, where it is defined, says why).
+void build_process_state();
+
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
     // Its address never changes for a thread, so it is looked up once. The runtime's

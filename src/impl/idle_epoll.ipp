@@ -70,6 +70,8 @@ bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, b
 // Checks the fds of the waiters that parked trusting their registration unverified (io.ipp,
 // "Delayed validation"), if a sweep is due; true if it woke any fiber.
 bool sweep_unverified(SchedulerIdle& idle) noexcept;
+// Builds the io registry (io.ipp) and its fork handlers unless built (build_process_state).
+void build_io_registry();
 // Makes `idle` visible to io::cancel() (io.ipp); throws std::bad_alloc.
 void add_to_io_registry(SchedulerIdle* idle);
 void remove_from_io_registry(SchedulerIdle* idle) noexcept;

@@ -152,6 +152,7 @@ struct IoRegistry {
 // Built on first use and never destroyed: a Scheduler may be constructed by another
 // translation unit's static initialiser before this one's would run (it would then be
 // wiped from a namespace-scope registry), or destroyed after this one's statics are gone.
+// build_process_state() builds it before any thread of the library exists.
 IoRegistry& io_registry() {
     static IoRegistry* const registry = [] {
         auto* r = new IoRegistry;
@@ -866,6 +867,8 @@ bool sweep_unverified(SchedulerIdle& idle) noexcept {
         idle.io_lock.lock();
     }
 }
+
+void build_io_registry() { (void)io_registry(); }
 
 void add_to_io_registry(SchedulerIdle* idle) {
     IoRegistry& registry = io_registry();

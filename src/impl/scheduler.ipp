@@ -691,6 +691,9 @@ struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
           caller_fiber(running_fiber()) {
+        // Before this scheduler can start a thread or link itself as its caller's: the fork
+        // handlers exist by then, and so does everything they guard (build_process_state).
+        build_process_state();
 #if defined(FIBER_SCHED_HAVE_EPOLL)
         idle.core = this;
 #endif
@@ -1904,6 +1907,45 @@ void SchedulerCore::stand_in_until_finished() {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
 }
+
+// Why before any thread of the library exists. The stack pool and the io registry are
+// function-local statics, built on first use (so that a Scheduler made by another
+// translation unit's global constructor finds them), and they register their own fork
+// handlers. A thread inside such a constructor when another thread forks leaves the
+// static's guard taken in the child for good: the child's first Fiber then hung in
+// __cxa_guard_acquire (a worker used to build the pool on its first idle look at it). And
+// a lock whose handlers are registered only after some thread could hold it may be
+// inherited held. Built here, the objects exist before a Scheduler starts its first thread
+// (its constructor calls this), and before main() (below) for a plain thread's first Fiber
+// or io wait; each fork handler is registered before anyone can take its lock.
+void build_process_state() {
+    static const bool built = [] {
+        (void)stack_pool();  // registers its handlers (stack.ipp)
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        build_io_registry();  // and its (io.ipp)
+#endif
+        // install_stack_overflow_handler()'s lock, which it takes only after calling this.
+        (void)overflow_install_mutex();
+        os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
+                    [] { overflow_install_mutex().unlock(); });
+        return true;
+    }();
+    (void)built;
+}
+
+namespace {
+// A dynamic initialiser of the implementation's translation unit: before main() unless
+// another unit's global constructor starts threads first. Out of memory here, the first
+// Scheduler tries again (a Fiber or an io wait meanwhile builds what it needs itself).
+struct BuildProcessStateAtStart {
+    BuildProcessStateAtStart() noexcept {
+        try {
+            build_process_state();
+        } catch (...) {
+        }
+    }
+} build_process_state_at_start;
+}  // namespace
 
 }  // namespace detail
 

@@ -367,6 +367,8 @@ private:
 
 inline StackPool& stack_pool() {
     // Never destroyed: thread-exit flushes and late fiber destructors may still use it.
+    // Built by build_process_state() before any thread of the library exists (a fork()
+    // while a thread is inside this initialiser leaves its guard taken in the child).
     static StackPool* pool = new StackPool();
     return *pool;
 }

@@ -17,6 +17,13 @@ namespace fsched {
 namespace detail {
 
 std::atomic<bool> overflow_handler_installed{false};
+// install_stack_overflow_handler()'s lock. Function-local, so that another translation
+// unit's global constructor finds it built; build_process_state() builds it, with the
+// handlers that hold it across fork(), before any thread of the library exists.
+std::mutex& overflow_install_mutex() noexcept {
+    static std::mutex mutex;
+    return mutex;
+}
 
 constexpr std::size_t altstack_bytes = 64 * 1024;
 
@@ -116,8 +123,8 @@ std::uint64_t thread_identity() noexcept {
 }  // namespace detail
 
 void install_stack_overflow_handler() {
-    static std::mutex install_mutex;
-    std::lock_guard<std::mutex> lock(install_mutex);
+    detail::build_process_state();  // the lock's fork handlers, before it is first taken
+    std::lock_guard<std::mutex> lock(detail::overflow_install_mutex());
     if (detail::overflow_handler_installed.load(std::memory_order_relaxed)) return;
     detail::os::install_fault_handler();
     detail::install_altstack(detail::thread_state());
