@@ -1,7 +1,9 @@
-// fork(): what a child may do whatever the moment it was forked at (issue 20, item 3).
+// fork(): what a child may do whatever the moment it was forked at (issue 20, items 3 and 4).
 // The child of a process that had just started its first Scheduler makes fibers and
 // schedulers (the library's process-wide state and its fork handlers existed before any of
-// its threads). Each case fails without its fix.
+// its threads); a child forked on a use_caller thread, or inside a scheduler task, is a
+// plain thread: its waits are poll()s and plain sleeps, never its parent's epoll instance,
+// queues or eventfds, and its parent misses nothing. Each case fails without its fix.
 #include "fiber_sched.hpp"
 #include "helpers.hpp"
 
@@ -21,6 +23,7 @@
 #if !defined(_WIN32)
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #endif
@@ -59,6 +62,15 @@ namespace {
 [[maybe_unused]] constexpr bool asan_unsafe_fork = false;
 #endif
 
+// In a forked child doctest's checks are lost: report a failure on stderr and exit 1.
+#define FSCHED_FORK_CHILD_REQUIRE(cond)                                                       \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            std::fprintf(stderr, "line %d: failed: %s (errno %d)\n", __LINE__, #cond, errno); \
+            _exit(1);                                                                         \
+        }                                                                                     \
+    } while (0)
+
 // Waits for `pid`; how it ended, in words, and whether it exited with 0.
 [[maybe_unused]] bool child_succeeded(pid_t pid, std::string& how) {
     int status = 0;
@@ -85,6 +97,34 @@ namespace {
 
 [[maybe_unused]] std::chrono::steady_clock::duration since(std::chrono::steady_clock::time_point start) {
     return std::chrono::steady_clock::now() - start;
+}
+
+struct Fds {
+    int a = -1, b = -1;
+    ~Fds() {
+        if (a >= 0) close(a);
+        if (b >= 0) close(b);
+    }
+    void close_a() {
+        close(a);
+        a = -1;
+    }
+    void close_b() {
+        close(b);
+        b = -1;
+    }
+};
+
+// A pipe, close-on-exec and (unless asked otherwise) non-blocking: a reads, b writes.
+void make_pipe(Fds& p, bool nonblocking = true) {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    p.a = fds[0];
+    p.b = fds[1];
+    for (int fd : fds) {
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+        if (nonblocking) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
 }
 
 }  // namespace
@@ -220,5 +260,299 @@ TEST_CASE("fork: a child forked right after the first Scheduler of a process sta
 }
 
 #endif  // __linux__
+
+// --- item 4: a child forked on a use_caller thread, or inside a task ------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+
+TEST_CASE("fork: a child forked on a use_caller thread waits for its own fds, and its parent misses no wake-up") {
+    if (emulated) return;
+    // Before the fix the child still acted as the scheduler's caller: its io::read waited
+    // in epoll_wait on the epoll instance it shares with its parent, and each took the
+    // other's edges. Here the parent's fibers ping-pong over a socket pair, each wait
+    // bounded, while the child reads 20 bytes that the parent sends it through a pipe.
+    Scheduler s(2, true, "caller");  // worker 0 is this thread
+    s.start();
+    Fds pair, gate, to_child, from_child;
+    {
+        int fds[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) == 0);
+        pair.a = fds[0];
+        pair.b = fds[1];
+    }
+    make_pipe(gate);
+    make_pipe(to_child);
+    make_pipe(from_child);
+    constexpr auto bound = 3s;  // a wait that lasts this long missed its wake-up
+    std::atomic<bool> stop{false};
+    std::atomic<long> rounds{0}, timeouts{0}, errors{0};
+    fsched::WaitGroup done(2);
+    s.schedule([&] {  // echoes each byte until 'q'
+        for (;;) {
+            char c = 0;
+            const ssize_t n = fsched::io::read(pair.b, &c, 1, bound);
+            if (n != 1) {
+                (fsched::io::last_error() == ETIMEDOUT ? timeouts : errors)++;
+                if (stop) break;
+                continue;
+            }
+            if (c == 'q') break;
+            if (fsched::io::write(pair.b, &c, 1, bound) != 1) errors++;
+        }
+        done.done();
+    });
+    s.schedule([&] {  // sends a byte, waits for its echo, until stop; then 'q'
+        char c = 0;
+        // Parked (as the echo is) while the parent forks, so that no worker is inside the
+        // allocator then (an AddressSanitizer without fork handlers would leave its lock held).
+        if (fsched::io::read(gate.a, &c, 1, 60s) != 1) errors++;
+        while (!stop) {
+            c = 'p';
+            if (fsched::io::write(pair.a, &c, 1, bound) != 1) {
+                errors++;
+                continue;
+            }
+            if (fsched::io::read(pair.a, &c, 1, bound) == 1) {
+                rounds++;
+            } else {
+                (fsched::io::last_error() == ETIMEDOUT ? timeouts : errors)++;
+            }
+        }
+        c = 'q';
+        if (fsched::io::write(pair.a, &c, 1, bound) != 1) errors++;
+        done.done();
+    });
+    fsched::this_fiber::sleep_for(50ms);  // both tasks park (this thread helps meanwhile)
+    constexpr int child_rounds = 20;
+    std::fflush(nullptr);  // nothing buffered is written twice
+    const pid_t pid = fork();
+    if (pid == 0) {
+        become_child(60);
+        to_child.close_b();
+        from_child.close_a();
+        for (int k = 0; k < child_rounds; ++k) {
+            char c = 0;
+            const auto begin = std::chrono::steady_clock::now();
+            const ssize_t n = fsched::io::read(to_child.a, &c, 1, 10s);
+            FSCHED_FORK_CHILD_REQUIRE(n == 1);
+            FSCHED_FORK_CHILD_REQUIRE(since(begin) < bound);  // the byte comes at once
+            fsched::this_fiber::sleep_for(1ms);  // a plain sleep: it runs no task of the parent's
+            FSCHED_FORK_CHILD_REQUIRE(::write(from_child.b, &c, 1) == 1);
+        }
+        _exit(0);
+    }
+    REQUIRE(pid > 0);
+    to_child.close_a();
+    from_child.close_b();
+    REQUIRE(::write(gate.b, "g", 1) == 1);  // the ping-pong starts
+    int replies = 0;
+    auto slowest = std::chrono::steady_clock::duration::zero();
+    for (int k = 0; k < child_rounds; ++k) {
+        fsched::this_fiber::sleep_for(20ms);  // the child sits in its read meanwhile
+        const char c = static_cast<char>('a' + k);
+        if (::write(to_child.b, &c, 1) != 1) break;
+        const auto begin = std::chrono::steady_clock::now();
+        char reply = 0;
+        if (fsched::io::read(from_child.a, &reply, 1, 2 * bound) != 1 || reply != c) break;
+        slowest = std::max(slowest, since(begin));
+        ++replies;
+    }
+    std::string how;
+    const bool child_ok = child_succeeded(pid, how);
+    stop = true;
+    done.wait();
+    s.stop();
+    INFO("child: " << how);
+    CHECK(child_ok);
+    CHECK(replies == child_rounds);
+    CAPTURE(std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count());
+    CHECK(slowest < bound);
+    CAPTURE(rounds.load());
+    CHECK(timeouts == 0);
+    CHECK(errors == 0);
+    CHECK(rounds > 0);
+}
+
+TEST_CASE("fork: a child's waits do not share the forking thread's cancel eventfd with its parent") {
+    if (emulated) return;
+    // A plain thread's io waits poll() its own eventfd, which io::cancel() writes to.
+    // Before the fix the child's thread kept its parent's: a cancel of the parent's waits
+    // failed the child's waits on other fds with ECANCELED (and the reverse).
+    Fds cancelled, quiet;
+    make_pipe(cancelled);  // the parent's waits on cancelled.a are cancelled in a loop
+    make_pipe(quiet);      // nothing is ever written to quiet.b
+    // This thread's eventfd exists from now on (a wait that times out at once).
+    CHECK_FALSE(fsched::io::wait(cancelled.a, fsched::io::Ready::Read, 1ms));
+    std::atomic<bool> stop{false};
+    std::thread canceller([&] {
+        while (!stop) {
+            fsched::io::cancel(cancelled.a);
+            std::this_thread::yield();
+        }
+    });
+    std::fflush(nullptr);  // nothing buffered is written twice
+    const pid_t pid = fork();
+    if (pid == 0) {
+        become_child(60);
+        const auto begin = std::chrono::steady_clock::now();
+        int waits = 0;
+        while (since(begin) < 300ms) {
+            const bool ready = fsched::io::wait(quiet.a, fsched::io::Ready::Read, 20ms);
+            FSCHED_FORK_CHILD_REQUIRE(!ready);
+            FSCHED_FORK_CHILD_REQUIRE(fsched::io::last_error() == ETIMEDOUT);  // not ECANCELED
+            ++waits;
+        }
+        _exit(waits > 0 ? 0 : 2);
+    }
+    // Meanwhile this thread's own waits are cancelled, as they should be.
+    long parent_cancelled = 0;
+    const auto begin = std::chrono::steady_clock::now();
+    while (since(begin) < 300ms) {
+        if (!fsched::io::wait(cancelled.a, fsched::io::Ready::Read, 20ms) &&
+            fsched::io::last_error() == ECANCELED) {
+            ++parent_cancelled;
+        }
+    }
+    std::string how;
+    const bool child_ok = pid > 0 && child_succeeded(pid, how);
+    stop = true;
+    canceller.join();
+    INFO("child: " << how);
+    CHECK(child_ok);
+    CHECK(parent_cancelled > 0);
+    // And the child's cancels never reach this thread: a wait on a quiet fd times out.
+    CHECK_FALSE(fsched::io::wait(quiet.a, fsched::io::Ready::Read, 10ms));
+    CHECK(fsched::io::last_error() == ETIMEDOUT);
+}
+
+TEST_CASE("fork: a child forked inside a scheduler task goes on as a plain thread with no scheduler") {
+    if (emulated) return;
+    // Before the fix the child still ran as the parent's worker: its first wait parked the
+    // task fiber and ran the parent's worker loop in the child, on copies of its queues and
+    // on the epoll instance they share. Now the child's thread goes on running the task's
+    // code as a plain thread; it must leave with _exit() or exec before the task ends.
+    for (const bool use_caller : {false, true}) {
+        CAPTURE(use_caller);
+        Scheduler s(2, use_caller, "forker");
+        s.start();
+        Fds data;
+        make_pipe(data);
+        std::atomic<pid_t> child{-1};
+        fsched::WaitGroup forked(1);
+        // On worker 0: with use_caller, this thread, which helps while it waits below.
+        s.schedule([&] {
+            Fiber* const task = Fiber::current();
+            std::fflush(nullptr);  // nothing buffered is written twice
+            const pid_t pid = fork();
+            if (pid == 0) {
+                become_child(60);
+                FSCHED_FORK_CHILD_REQUIRE(Scheduler::current() == nullptr);
+                FSCHED_FORK_CHILD_REQUIRE(Scheduler::worker_index() == -1);
+                FSCHED_FORK_CHILD_REQUIRE(Fiber::current() == task);  // still on its stack
+                // A plain thread's sleep, yield, mutex and io wait.
+                auto begin = std::chrono::steady_clock::now();
+                fsched::this_fiber::sleep_for(20ms);
+                FSCHED_FORK_CHILD_REQUIRE(since(begin) >= 20ms);
+                fsched::this_fiber::yield();
+                fsched::Mutex m;
+                m.lock();
+                m.unlock();
+                char c = 0;
+                begin = std::chrono::steady_clock::now();
+                FSCHED_FORK_CHILD_REQUIRE(fsched::io::read(data.a, &c, 1, 50ms) == -1);
+                FSCHED_FORK_CHILD_REQUIRE(fsched::io::last_error() == ETIMEDOUT);
+                FSCHED_FORK_CHILD_REQUIRE(since(begin) >= 50ms);
+                FSCHED_FORK_CHILD_REQUIRE(::write(data.b, "x", 1) == 1);
+                FSCHED_FORK_CHILD_REQUIRE(fsched::io::read(data.a, &c, 1, 5s) == 1 && c == 'x');
+                // Fibers, and a scheduler of its own.
+                int value = 0;
+                Fiber f([&value] {
+                    value = 1;
+                    Fiber::yield();
+                    value = 2;
+                });
+                f.resume();
+                f.resume();
+                FSCHED_FORK_CHILD_REQUIRE(value == 2);
+                if (!tsan) {
+                    Scheduler own(1, false, "child");
+                    std::atomic<int> ran{0};
+                    own.start();
+                    for (int k = 0; k < 4; ++k) own.schedule([&ran] {
+                        fsched::this_fiber::sleep_for(1ms);
+                        ran++;
+                    });
+                    own.stop();
+                    FSCHED_FORK_CHILD_REQUIRE(ran == 4);
+                }
+                _exit(0);
+            }
+            child = pid;
+            forked.done();
+        }, 0);
+        forked.wait();
+        REQUIRE(child > 0);
+        std::string how;
+        const bool child_ok = child_succeeded(child, how);
+        INFO("child: " << how);
+        CHECK(child_ok);
+        // The parent's scheduler is as it was: its tasks sleep and wait for fds.
+        std::atomic<int> slept{0}, read{0};
+        for (int k = 0; k < 8; ++k) s.schedule([&] {
+            fsched::this_fiber::sleep_for(1ms);
+            slept++;
+        });
+        s.schedule([&] {
+            char c = 0;
+            if (fsched::io::read(data.a, &c, 1, 10ms) == -1 && fsched::io::last_error() == ETIMEDOUT) read++;
+            if (::write(data.b, "y", 1) == 1 && fsched::io::read(data.a, &c, 1, 5s) == 1 && c == 'y') read++;
+        });
+        s.stop();
+        CHECK(slept == 8);
+        CHECK(read == 2);
+    }
+}
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
+
+TEST_CASE("fork: a child forked inside a scheduler task that lets the task end stops with an assertion") {
+    if (emulated) return;
+    // The task's worker does not exist in the child: without the check, the child went on
+    // with the parent's worker loop (its queues, its epoll instance) once the task ended.
+    Scheduler s(1, false, "ender");
+    s.start();
+    Fds err;
+    make_pipe(err, false);
+    std::atomic<pid_t> child{-1};
+    fsched::WaitGroup forked(1);
+    s.schedule([&] {
+        std::fflush(nullptr);  // nothing buffered is written twice
+        const pid_t pid = fork();
+        if (pid == 0) {
+            become_child(30);
+            dup2(err.b, STDERR_FILENO);
+            return;  // the task ends in the child
+        }
+        child = pid;
+        forked.done();
+    });
+    forked.wait();
+    REQUIRE(child > 0);
+    err.close_b();
+    std::string text;
+    char buffer[4096];
+    ssize_t n;
+    while ((n = ::read(err.a, buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+        if (n > 0) text.append(buffer, static_cast<std::size_t>(n));
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    s.stop();
+    INFO("child's stderr: " << text);
+    CHECK(WIFSIGNALED(status));
+    CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT));
+    CHECK(text.find("fork()") != std::string::npos);
+}
 
 #endif  // !_WIN32

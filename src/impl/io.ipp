@@ -149,6 +149,19 @@ struct IoRegistry {
     std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
 };
 
+// This thread's eventfd, which interrupts its poll() when io::cancel() writes to it; made
+// by its first wait (thread_cancel_fd), -1 before. A plain int, constant-initialised, so
+// that the fork handler below can look at it without making anything.
+thread_local int thread_cancel_fd_value = -1;
+
+// Closes this thread's eventfd when the thread exits.
+struct CancelFdCloser {
+    ~CancelFdCloser() {
+        if (thread_cancel_fd_value >= 0) close(thread_cancel_fd_value);
+        thread_cancel_fd_value = -1;
+    }
+};
+
 // Built on first use and never destroyed: a Scheduler may be constructed by another
 // translation unit's static initialiser before this one's would run (it would then be
 // wiped from a namespace-scope registry), or destroyed after this one's statics are gone.
@@ -158,13 +171,18 @@ IoRegistry& io_registry() {
         auto* r = new IoRegistry;
         // fork(): hold the registry's lock across it, so the child never inherits it held;
         // the child forgets the parent's schedulers and waiting threads, none of which it
-        // has (io::cancel() in the child would otherwise take their locks).
+        // has (io::cancel() in the child would otherwise take their locks). And the forking
+        // thread's eventfd: the child's copy is the same file as the parent's, so a cancel
+        // of the parent's waits would fail the child's (on any fd) with ECANCELED, and the
+        // reverse. The child closes its copy; its first wait makes its own.
         os::at_fork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
                     [] {
                         IoRegistry& child = io_registry();
                         child.schedulers.clear();
                         child.thread_waits.clear();
                         child.mutex.unlock();
+                        if (thread_cancel_fd_value >= 0) close(thread_cancel_fd_value);
+                        thread_cancel_fd_value = -1;
                     });
         return r;
     }();
@@ -642,14 +660,16 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
     idle.io_lock.unlock();
 }
 
+// This thread's eventfd for cancel(); -1 with errno set when none can be made (the next
+// wait tries again). Called on plain threads only, which do not switch within a wait.
 int thread_cancel_fd() {
-    static thread_local struct CancelFd {
-        int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        ~CancelFd() {
-            if (fd >= 0) close(fd);
-        }
-    } cancel_fd;
-    return cancel_fd.fd;
+    if (thread_cancel_fd_value < 0) {
+        thread_cancel_fd_value = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (thread_cancel_fd_value < 0) return -1;
+        static thread_local CancelFdCloser closer;
+        (void)&closer;
+    }
+    return thread_cancel_fd_value;
 }
 
 bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {

@@ -926,13 +926,18 @@ struct SchedulerCore {
         if (h && *h) {
             try {
                 (*h)(error);
-                return;
             } catch (...) {
                 std::fprintf(stderr, "fiber_sched: the exception handler of scheduler '%s' threw; terminating\n",
                              owner.name().c_str());
                 std::fflush(stderr);
                 std::terminate();
             }
+            // As after a task (Worker::run_task): a child forked inside the handler must not
+            // go on with the worker loop that called it.
+            FIBER_SCHED_ASSERT(thread_state()->worker &&
+                               "fork(): a child forked inside an exception handler must _exit() or exec before "
+                               "the handler returns (the child has no workers)");
+            return;
         }
         try {
             std::rethrow_exception(error);
@@ -1610,6 +1615,12 @@ inline void Worker::run_task(QueuedTask& task) {
             ts->task_fiber = nullptr;
             core.report(std::current_exception());
         }
+        // Back on this worker's stack: in the child of a fork() made inside the task, this
+        // thread is no worker (forget_schedulers_in_child), and this loop's scheduler is not
+        // there. One load of a line this thread has just used.
+        FIBER_SCHED_ASSERT(ts->worker == this &&
+                           "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
+                           "ends or yields to its worker (the child has no workers)");
         if (outcome != SwitchOutcome::Parked || !yield_pending) break;
         // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
         yield_pending = false;
@@ -1908,6 +1919,25 @@ void SchedulerCore::stand_in_until_finished() {
     }
 }
 
+// fork() (POSIX): the child has one thread, the one that forked, and none of the parent's
+// workers. Whatever that thread was in the parent (a use_caller thread, a worker in the
+// middle of a task), in the child it is a plain thread: a sleep, a wait or an io call there
+// that went on helping or parking would run a worker loop of a scheduler that is not there,
+// on copies of its queues and on the epoll instance and eventfds the child shares with the
+// parent, taking the parent's events. So the child forgets every scheduler this thread
+// worked for or helped, and in_scheduler_task() and caller_may_help() are false there. Its
+// current fiber, if any, stays current: the thread is on that fiber's stack and goes on
+// running its code, as a plain thread's fiber. A task that forked must not end or yield to
+// its worker in the child (Worker::run_task asserts so): the worker is gone.
+void forget_schedulers_in_child() noexcept {
+    ThreadState* ts = thread_state();
+    ts->scheduler = nullptr;
+    ts->worker = nullptr;
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    ts->caller_core = nullptr;  // the parent's use_caller schedulers, none of them here
+}
+
 // Why before any thread of the library exists. The stack pool and the io registry are
 // function-local statics, built on first use (so that a Scheduler made by another
 // translation unit's global constructor finds them), and they register their own fork
@@ -1927,7 +1957,10 @@ void build_process_state() {
         // install_stack_overflow_handler()'s lock, which it takes only after calling this.
         (void)overflow_install_mutex();
         os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
-                    [] { overflow_install_mutex().unlock(); });
+                    [] {
+                        overflow_install_mutex().unlock();
+                        forget_schedulers_in_child();
+                    });
         return true;
     }();
     (void)built;
