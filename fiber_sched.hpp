@@ -880,12 +880,15 @@ public:
     // stack_size() is a few hundred bytes less than the default size.)
     std::size_t stack_size() const noexcept { return stack_.size - detail::stack_reserve() - top_block_; }
 
-    // The fiber running on this thread; nullptr outside fibers.
+    // The fiber running on this thread; nullptr outside fibers. A scheduler's callback fiber
+    // seen here belongs to its task: it is not reused for a later task, so every shared_ptr
+    // or weak_ptr taken from it (shared_from_this(), weak_from_this(), current_ptr()) refers
+    // to that task's fiber only, and a weak_ptr expires when the task ends unless a shared_ptr
+    // is still kept (then it reaches that task's Term fiber). A weak_ptr, expired or not,
+    // keeps the fiber's stack until it goes (the control block lives there).
+    // this_fiber::id() reads the id without this, and leaves the fiber to be pooled.
     static Fiber* current() noexcept;
     // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
-    // A scheduler's callback fiber handed out here is never reused for a later task, so a
-    // weak_ptr to it expires when the fiber goes; until then (the last weak_ptr included)
-    // it keeps its stack, which also holds the Fiber.
     static Fiber::ptr current_ptr();
 
 private:
@@ -925,7 +928,7 @@ private:
     // claimed (Running) while it waits there, so the switch-out and its next run need no
     // atomic read-modify-write.
     bool park_stays_running_ = false;
-    bool handed_out_ = false;  // current_ptr() gave it away: a worker must not reuse it
+    bool handed_out_ = false;  // current() showed it to user code: a worker must not reuse it
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
 };
@@ -1038,10 +1041,29 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
     return detail::SwitchOutcome::Yielded;
 }
 
-inline Fiber* Fiber::current() noexcept { return detail::thread_state()->current; }
+// User code can name a scheduler's callback fiber only through this pointer: the scheduler
+// hands its callback fibers to no one else (its queues, timers and waiters are its own), and
+// shared_from_this(), weak_from_this() and current_ptr() all start from a Fiber. So marking
+// the fiber here is enough for a worker to know that a shared_ptr or weak_ptr to it may
+// exist (the weak count is not public, and weak_from_this() runs none of our code): it
+// does not pool it (Worker::run_task), and a fiber no one looked at is pooled as before, at
+// the cost of one plain store per call here. Only the running fiber's own code writes it,
+// and whoever reads it has resumed the fiber since (the switch orders the two).
+inline Fiber* Fiber::current() noexcept {
+    Fiber* fiber = detail::thread_state()->current;
+    if (fiber) fiber->handed_out_ = true;
+    return fiber;
+}
+
+namespace detail {
+// The fiber running on this thread, for the library's own use: unlike Fiber::current() it
+// leaves a callback's fiber poolable, which the library's own looks (a Mutex's owner, an id)
+// must, or every task that locks a Mutex would lose its pooled fiber.
+inline Fiber* running_fiber() noexcept { return thread_state()->current; }
+}  // namespace detail
 
 inline void Fiber::yield() {
-    Fiber* self = current();
+    Fiber* self = detail::running_fiber();
     FIBER_SCHED_ASSERT(self && "yield(): called outside a fiber");
     self->switch_to_resumer(false);
 }
@@ -1300,7 +1322,8 @@ void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
     detail::sleep_until_steady(detail::to_steady(t));
 }
 
-// Fiber::current()->id(); 0 outside fibers.
+// The running fiber's id, as Fiber::current()->id(), but a callback's fiber stays poolable
+// (see Fiber::current()); 0 outside fibers.
 std::uint64_t id();
 
 }  // namespace this_fiber
@@ -1508,7 +1531,7 @@ std::uint64_t thread_identity() noexcept;
 
 // Who is asking: the running fiber's id, or the thread's token (drawn from the same counter).
 inline std::uint64_t caller_identity() noexcept {
-    if (Fiber* f = Fiber::current()) return f->id();
+    if (Fiber* f = running_fiber()) return f->id();
     return thread_identity();
 }
 
@@ -2043,6 +2066,11 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
 }
 #endif
 
+// Builds the library's process-wide objects (the stack pool, the io registry) and registers
+// every fork handler, once; before main() and in each Scheduler's constructor, so before
+// any thread of the library exists (scheduler.ipp, where it is defined, says why).
+void build_process_state();
+
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
     // Its address never changes for a thread, so it is looked up once. The runtime's
@@ -2060,8 +2088,9 @@ struct FiberAccess {
 
     static FiberLifecycle& lifecycle(Fiber& f) noexcept { return f.state_; }
 
-    // Fiber::current_ptr() gave it to someone, who may keep a weak_ptr: a pooled fiber
-    // reused for a later task would make that weak_ptr lock onto another task's fiber.
+    // Fiber::current() showed it to user code, which may keep a shared_ptr or weak_ptr to
+    // it (shared_from_this(), weak_from_this(), current_ptr()): a pooled fiber reused for a
+    // later task would make that reference lock onto another task's fiber.
     static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
@@ -3683,6 +3712,8 @@ private:
 
 inline StackPool& stack_pool() {
     // Never destroyed: thread-exit flushes and late fiber destructors may still use it.
+    // Built by build_process_state() before any thread of the library exists (a fork()
+    // while a thread is inside this initialiser leaves its guard taken in the child).
     static StackPool* pool = new StackPool();
     return *pool;
 }
@@ -3785,6 +3816,13 @@ namespace fsched {
 namespace detail {
 
 std::atomic<bool> overflow_handler_installed{false};
+// install_stack_overflow_handler()'s lock. Function-local, so that another translation
+// unit's global constructor finds it built; build_process_state() builds it, with the
+// handlers that hold it across fork(), before any thread of the library exists.
+std::mutex& overflow_install_mutex() noexcept {
+    static std::mutex mutex;
+    return mutex;
+}
 
 constexpr std::size_t altstack_bytes = 64 * 1024;
 
@@ -3884,8 +3922,8 @@ std::uint64_t thread_identity() noexcept {
 }  // namespace detail
 
 void install_stack_overflow_handler() {
-    static std::mutex install_mutex;
-    std::lock_guard<std::mutex> lock(install_mutex);
+    detail::build_process_state();  // the lock's fork handlers, before it is first taken
+    std::lock_guard<std::mutex> lock(detail::overflow_install_mutex());
     if (detail::overflow_handler_installed.load(std::memory_order_relaxed)) return;
     detail::os::install_fault_handler();
     detail::install_altstack(detail::thread_state());
@@ -4053,10 +4091,8 @@ void Fiber::reset_function(detail::TaskFunction&& fn) {
 }
 
 Fiber::ptr Fiber::current_ptr() {
-    Fiber* fiber = current();
-    if (!fiber) return nullptr;
-    fiber->handed_out_ = true;  // only the running fiber's own thread writes it
-    return fiber->weak_from_this().lock();
+    Fiber* fiber = current();  // marks a callback's fiber as handed out: never pooled
+    return fiber ? fiber->weak_from_this().lock() : nullptr;
 }
 
 }  // namespace fsched
@@ -4137,6 +4173,8 @@ bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, b
 // Checks the fds of the waiters that parked trusting their registration unverified (io.ipp,
 // "Delayed validation"), if a sweep is due; true if it woke any fiber.
 bool sweep_unverified(SchedulerIdle& idle) noexcept;
+// Builds the io registry (io.ipp) and its fork handlers unless built (build_process_state).
+void build_io_registry();
 // Makes `idle` visible to io::cancel() (io.ipp); throws std::bad_alloc.
 void add_to_io_registry(SchedulerIdle* idle);
 void remove_from_io_registry(SchedulerIdle* idle) noexcept;
@@ -5092,7 +5130,10 @@ struct alignas(64) Worker {
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
-          caller_fiber(Fiber::current()) {
+          caller_fiber(running_fiber()) {
+        // Before this scheduler can start a thread or link itself as its caller's: the fork
+        // handlers exist by then, and so does everything they guard (build_process_state).
+        build_process_state();
 #if defined(FIBER_SCHED_HAVE_EPOLL)
         idle.core = this;
 #endif
@@ -5325,13 +5366,18 @@ struct SchedulerCore {
         if (h && *h) {
             try {
                 (*h)(error);
-                return;
             } catch (...) {
                 std::fprintf(stderr, "fiber_sched: the exception handler of scheduler '%s' threw; terminating\n",
                              owner.name().c_str());
                 std::fflush(stderr);
                 std::terminate();
             }
+            // As after a task (Worker::run_task): a child forked inside the handler must not
+            // go on with the worker loop that called it.
+            FIBER_SCHED_ASSERT(thread_state()->worker &&
+                               "fork(): a child forked inside an exception handler must _exit() or exec before "
+                               "the handler returns (the child has no workers)");
+            return;
         }
         try {
             std::rethrow_exception(error);
@@ -6009,6 +6055,12 @@ inline void Worker::run_task(QueuedTask& task) {
             ts->task_fiber = nullptr;
             core.report(std::current_exception());
         }
+        // Back on this worker's stack: in the child of a fork() made inside the task, this
+        // thread is no worker (forget_schedulers_in_child), and this loop's scheduler is not
+        // there. One load of a line this thread has just used.
+        FIBER_SCHED_ASSERT(ts->worker == this &&
+                           "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
+                           "ends or yields to its worker (the child has no workers)");
         if (outcome != SwitchOutcome::Parked || !yield_pending) break;
         // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
         yield_pending = false;
@@ -6022,6 +6074,13 @@ inline void Worker::run_task(QueuedTask& task) {
     ts->task_ref = nullptr;
     if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
     // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    // A fiber goes back to the pool only when nothing but this worker's reference can reach
+    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
+    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
+    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
+    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
+    // the last shared_ptr user code kept (at once when it kept none), and until then it is
+    // this task's fiber: a weak_ptr never locks onto a later task's.
     if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
         spare_fibers.size() < 64) {
         spare_fibers.push_back(std::move(fiber));
@@ -6300,6 +6359,67 @@ void SchedulerCore::stand_in_until_finished() {
     }
 }
 
+// fork() (POSIX): the child has one thread, the one that forked, and none of the parent's
+// workers. Whatever that thread was in the parent (a use_caller thread, a worker in the
+// middle of a task), in the child it is a plain thread: a sleep, a wait or an io call there
+// that went on helping or parking would run a worker loop of a scheduler that is not there,
+// on copies of its queues and on the epoll instance and eventfds the child shares with the
+// parent, taking the parent's events. So the child forgets every scheduler this thread
+// worked for or helped, and in_scheduler_task() and caller_may_help() are false there. Its
+// current fiber, if any, stays current: the thread is on that fiber's stack and goes on
+// running its code, as a plain thread's fiber. A task that forked must not end or yield to
+// its worker in the child (Worker::run_task asserts so): the worker is gone.
+void forget_schedulers_in_child() noexcept {
+    ThreadState* ts = thread_state();
+    ts->scheduler = nullptr;
+    ts->worker = nullptr;
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    ts->caller_core = nullptr;  // the parent's use_caller schedulers, none of them here
+}
+
+// Why before any thread of the library exists. The stack pool and the io registry are
+// function-local statics, built on first use (so that a Scheduler made by another
+// translation unit's global constructor finds them), and they register their own fork
+// handlers. A thread inside such a constructor when another thread forks leaves the
+// static's guard taken in the child for good: the child's first Fiber then hung in
+// __cxa_guard_acquire (a worker used to build the pool on its first idle look at it). And
+// a lock whose handlers are registered only after some thread could hold it may be
+// inherited held. Built here, the objects exist before a Scheduler starts its first thread
+// (its constructor calls this), and before main() (below) for a plain thread's first Fiber
+// or io wait; each fork handler is registered before anyone can take its lock.
+void build_process_state() {
+    static const bool built = [] {
+        (void)stack_pool();  // registers its handlers (stack.ipp)
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        build_io_registry();  // and its (io.ipp)
+#endif
+        // install_stack_overflow_handler()'s lock, which it takes only after calling this.
+        (void)overflow_install_mutex();
+        os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
+                    [] {
+                        overflow_install_mutex().unlock();
+                        forget_schedulers_in_child();
+                    });
+        return true;
+    }();
+    (void)built;
+}
+
+namespace {
+// A dynamic initialiser of the implementation's translation unit: before main() unless
+// another unit's global constructor starts threads first. Out of memory here, the first
+// Scheduler tries again (a Fiber or an io wait meanwhile builds what it needs itself).
+struct BuildProcessStateAtStart {
+    BuildProcessStateAtStart() noexcept {
+        try {
+            build_process_state();
+        } catch (...) {
+        }
+    }
+} build_process_state_at_start;
+}  // namespace
+
 }  // namespace detail
 
 Scheduler::Scheduler(std::size_t threads, bool use_caller, std::string name)
@@ -6319,7 +6439,7 @@ void Scheduler::start() {
 void Scheduler::stop() {
     detail::SchedulerCore& core = *core_;
     FIBER_SCHED_ASSERT(current() != this && "stop(): called from inside one of the scheduler's own tasks");
-    FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? Fiber::current() == core.caller_fiber
+    FIBER_SCHED_ASSERT((!core.use_caller || (core.caller_fiber ? detail::running_fiber() == core.caller_fiber
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
@@ -6498,7 +6618,7 @@ void yield() {
 }
 
 std::uint64_t id() {
-    Fiber* fiber = Fiber::current();
+    Fiber* fiber = detail::running_fiber();
     return fiber ? fiber->id() : 0;
 }
 
@@ -6951,21 +7071,40 @@ struct IoRegistry {
     std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
 };
 
+// This thread's eventfd, which interrupts its poll() when io::cancel() writes to it; made
+// by its first wait (thread_cancel_fd), -1 before. A plain int, constant-initialised, so
+// that the fork handler below can look at it without making anything.
+thread_local int thread_cancel_fd_value = -1;
+
+// Closes this thread's eventfd when the thread exits.
+struct CancelFdCloser {
+    ~CancelFdCloser() {
+        if (thread_cancel_fd_value >= 0) close(thread_cancel_fd_value);
+        thread_cancel_fd_value = -1;
+    }
+};
+
 // Built on first use and never destroyed: a Scheduler may be constructed by another
 // translation unit's static initialiser before this one's would run (it would then be
 // wiped from a namespace-scope registry), or destroyed after this one's statics are gone.
+// build_process_state() builds it before any thread of the library exists.
 IoRegistry& io_registry() {
     static IoRegistry* const registry = [] {
         auto* r = new IoRegistry;
         // fork(): hold the registry's lock across it, so the child never inherits it held;
         // the child forgets the parent's schedulers and waiting threads, none of which it
-        // has (io::cancel() in the child would otherwise take their locks).
+        // has (io::cancel() in the child would otherwise take their locks). And the forking
+        // thread's eventfd: the child's copy is the same file as the parent's, so a cancel
+        // of the parent's waits would fail the child's (on any fd) with ECANCELED, and the
+        // reverse. The child closes its copy; its first wait makes its own.
         os::at_fork([] { io_registry().mutex.lock(); }, [] { io_registry().mutex.unlock(); },
                     [] {
                         IoRegistry& child = io_registry();
                         child.schedulers.clear();
                         child.thread_waits.clear();
                         child.mutex.unlock();
+                        if (thread_cancel_fd_value >= 0) close(thread_cancel_fd_value);
+                        thread_cancel_fd_value = -1;
                     });
         return r;
     }();
@@ -7443,14 +7582,16 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
     idle.io_lock.unlock();
 }
 
+// This thread's eventfd for cancel(); -1 with errno set when none can be made (the next
+// wait tries again). Called on plain threads only, which do not switch within a wait.
 int thread_cancel_fd() {
-    static thread_local struct CancelFd {
-        int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        ~CancelFd() {
-            if (fd >= 0) close(fd);
-        }
-    } cancel_fd;
-    return cancel_fd.fd;
+    if (thread_cancel_fd_value < 0) {
+        thread_cancel_fd_value = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (thread_cancel_fd_value < 0) return -1;
+        static thread_local CancelFdCloser closer;
+        (void)&closer;
+    }
+    return thread_cancel_fd_value;
 }
 
 bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
@@ -7668,6 +7809,8 @@ bool sweep_unverified(SchedulerIdle& idle) noexcept {
         idle.io_lock.lock();
     }
 }
+
+void build_io_registry() { (void)io_registry(); }
 
 void add_to_io_registry(SchedulerIdle* idle) {
     IoRegistry& registry = io_registry();
