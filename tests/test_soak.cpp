@@ -45,6 +45,7 @@
 #include <dirent.h>
 #if !defined(_WIN32)
 #include <sys/socket.h>
+#include <sys/wait.h>
 #endif
 #include <unistd.h>
 
@@ -61,6 +62,15 @@ using std::chrono::microseconds;
 constexpr std::uint64_t short_run_ops = 1000;  // per configuration
 #else
 constexpr std::uint64_t short_run_ops = 4000;
+#endif
+// fork() from the soak's tasks and threads: not under TSan (no threads in a child of a
+// threaded process), qemu-user, nor an AddressSanitizer that takes none of its locks across
+// fork() (see test_reliability.cpp's asan_unsafe_fork); never on Windows.
+#if defined(_WIN32) || defined(FIBER_SCHED_TSAN) || defined(FIBER_SCHED_TEST_EMULATED) || \
+    (defined(FIBER_SCHED_ASAN) && !(defined(__clang__) && __clang_major__ >= 18 && !defined(__APPLE__)))
+constexpr bool soak_forks = false;
+#else
+constexpr bool soak_forks = true;
 #endif
 constexpr unsigned lane_count = 8;      // chains of work tasks started by the main thread
 constexpr unsigned outsider_count = 2;  // plain threads that work alongside the scheduler
@@ -215,7 +225,7 @@ struct Actor {
 enum class Op {
     yield, sleep, spin, spawn, spawn_batch, fan_out, suspend, put_back,
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
-    send, extra_consumer, pipeline, throw_from_task, catch_across_yield,
+    send, extra_consumer, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
 };
 
@@ -229,7 +239,7 @@ constexpr OpWeight op_weights[] = {
     {Op::fan_out, 3}, {Op::suspend, 3}, {Op::put_back, 3}, {Op::lock, 10}, {Op::try_lock, 3},
     {Op::transfer, 4}, {Op::cv_produce, 5}, {Op::cv_consume, 4}, {Op::cv_wait, 1}, {Op::ping_pong, 2},
     {Op::send, 10}, {Op::extra_consumer, 1}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
-    {Op::catch_across_yield, 1},
+    {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
     {Op::io_pinned_fresh, 1},
@@ -324,6 +334,8 @@ public:
     // Schedules the consumers, the closer and the lanes, and starts the outside threads.
     void begin() {
         Actor main_actor(seed_, 0x6d61696e, -1, false);
+        // Right after start(), from the thread that started it (with use_caller, the caller).
+        if (main_actor.rng.percent(50)) fork_child_op("the main thread right after start()");
         // Held until everything is scheduled, so the closer cannot see zero too early.
         live_work_.fetch_add(1);
         for (std::size_t c = 0; c < channels_.size(); ++c) {
@@ -587,6 +599,8 @@ private:
     std::uint64_t pipeline_op(Actor& a, std::uint64_t budget);
     void suspend_op(Actor& a);
     void catch_across_yield_op(Actor& a);
+    void weak_ref_op(Actor& a);
+    void fork_child_op(const char* where);
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     void io_echo_op(Actor& a, unsigned count);
     void serve_echo(int fd);
@@ -624,6 +638,9 @@ private:
     Mailbox mailbox_;
     std::mutex kept_mutex_;
     std::vector<Fiber::ptr> kept_;  // some Fiber::ptr tasks, to check they end Term
+    // weak_ptrs to callbacks' fibers kept past their tasks (weak_ref_op), with the id of
+    // the fiber each was taken from; under kept_mutex_.
+    std::vector<std::pair<std::weak_ptr<Fiber>, std::uint64_t>> kept_weak_;
     std::vector<std::thread> outsiders_;
 };
 
@@ -773,6 +790,12 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
         return 1;
     case Op::catch_across_yield:
         catch_across_yield_op(a);
+        return 1;
+    case Op::weak_ref:
+        weak_ref_op(a);
+        return 1;
+    case Op::fork_child:
+        fork_child_op(a.in_fiber ? "a task" : "a plain thread");
         return 1;
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     case Op::io_echo: {
@@ -1035,6 +1058,74 @@ void Soak::io_echo_op(Actor& a, unsigned count) {
     if (eof != 0) violations_.add("io echo client: no EOF once the server closed", errno_text(fsched::io::last_error()));
     server_done->wait();
     ::close(fds[0]);
+}
+
+// A callback takes weak and strong references to its own fiber and lets them go past its
+// end: a weak_ptr locked later must be that fiber (its id), never a later task's, and at the
+// end every one of them has expired (check()).
+void Soak::weak_ref_op(Actor& a) {
+    const int how = static_cast<int>(a.rng.below(3));
+    auto done = std::make_shared<fsched::WaitGroup>(1);
+    spawn_helper(a, [this, how, done] {
+        Fiber* self = Fiber::current();
+        std::weak_ptr<Fiber> weak = how == 0   ? self->weak_from_this()
+                                    : how == 1 ? std::weak_ptr<Fiber>(self->shared_from_this())
+                                               : std::weak_ptr<Fiber>(Fiber::current_ptr());
+        {
+            std::lock_guard<std::mutex> lock(kept_mutex_);
+            kept_weak_.emplace_back(std::move(weak), self->id());
+        }
+        done->done();
+    });
+    done->wait();
+    // The helper's task may still be ending; whatever the earlier ones' weak_ptrs lock now
+    // is theirs or nothing.
+    std::lock_guard<std::mutex> lock(kept_mutex_);
+    for (const auto& [weak, id] : kept_weak_) {
+        if (const Fiber::ptr f = weak.lock(); f && f->id() != id) {
+            violations_.add("a weak_ptr kept past its task locked onto another fiber");
+        }
+    }
+}
+
+// fork(): the child (one thread: this one, a worker or a plain thread) makes a Fiber and a
+// scheduler of its own, sleeps and locks, as a plain thread, and exits; the parent waits for
+// it without blocking its worker. A hang in the child ends with SIGALRM, a failure.
+void Soak::fork_child_op(const char* where) {
+#if !defined(_WIN32)
+    if (!soak_forks) return;
+    const pid_t pid = ::fork();
+    if (pid < 0) return;  // out of processes: nothing to check
+    if (pid == 0) {
+        alarm(20);
+        int ran = 0;
+        auto fiber = std::make_shared<Fiber>([&] { ++ran; });
+        fiber->resume();
+        fsched::this_fiber::sleep_for(1ms);  // a plain thread's sleep now
+        fsched::Mutex m;
+        m.lock();
+        m.unlock();
+        {
+            Scheduler child(2, false, "soak-child");
+            child.schedule([&] { fsched::this_fiber::sleep_for(1ms); ++ran; });
+            child.start();
+            child.stop();
+        }
+        _exit(ran == 2 ? 0 : 3);
+    }
+    int status = 0;
+    const auto give_up = Clock::now() + 30s;
+    pid_t got = 0;
+    while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < give_up) {
+        fsched::this_fiber::sleep_for(1ms);
+    }
+    if (got != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        violations_.add("a child forked from " + std::string(where) + " did not exit cleanly",
+                        "wait " + std::to_string(got) + ", status " + std::to_string(status));
+    }
+#else
+    (void)where;
+#endif
 }
 
 // A fresh scheduler of 4 or 8 workers (with or without use_caller) whose fiber pinned to
@@ -1330,6 +1421,10 @@ void Soak::check() {
     for (const Fiber::ptr& f : kept_) not_term += f->state() != Fiber::State::Term;
     CHECK(not_term == 0);
     kept_.clear();
+    std::size_t live_weak = 0;
+    for (const auto& kept : kept_weak_) live_weak += !kept.first.expired();
+    CHECK(live_weak == 0);  // every task has ended, and no shared_ptr was kept
+    kept_weak_.clear();
 
     for (const auto& [kind, entry] : violations_.snapshot()) {
         const std::string example = entry.example.empty() ? std::string() : "; first: " + entry.example;
