@@ -83,8 +83,9 @@ long io_sweep_repairs() noexcept;
 void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept;
 // Whether `s` makes sweeps now (an unverified waiter parked since its last empty sweep).
 bool io_sweeping(Scheduler& s) noexcept;
-// When set, called by a fiber's wait after its read or write failed with EAGAIN, just
-// before it looks at the fd's readiness and parks: a test lands an edge there.
+// When set, called by a wait after its read or write failed with EAGAIN, just before it
+// looks at the fd's readiness and parks (a fiber) or polls (a plain thread): a test lands
+// an edge, or a cancel(), there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
 // When set, called by io::read of a known socket just after its system call returned data,
 // before a short read is recorded: a test lands an edge while the read is under way.

@@ -672,7 +672,12 @@ int thread_cancel_fd() {
     return thread_cancel_fd_value;
 }
 
-bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
+bool thread_wait(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind) {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
+#else
+    (void)kind;
+#endif
     const int cancel_fd = thread_cancel_fd();
     if (cancel_fd < 0) return false;  // errno from eventfd()
     IoRegistry& registry = io_registry();
@@ -720,7 +725,7 @@ bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind
         // the scheduler's tasks meanwhile (block() helps, see help_until).
         idle = &core->idle;
     }
-    if (!idle) return thread_wait(fd, what, deadline);
+    if (!idle) return thread_wait(fd, what, deadline, kind);
     for (;;) {
         if (!fiber_wait(*idle, fd, what, deadline, kind, nonblocking_known, trusted)) return false;
         if (kind != WaitKind::ready_only || ready_now(fd, what)) return true;
