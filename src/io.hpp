@@ -49,8 +49,11 @@ int connect(int fd, const sockaddr* addr, socklen_t len,
 // errno's (thread-local) address from before a call that moved the fiber to another thread.
 int last_error() noexcept;
 
-// Wakes every fiber and thread waiting for `fd` now: their wait returns false, errno
-// ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
+// Ends every io call on `fd` (wait, read, write, accept, connect, in any fiber or thread) that
+// has started and not returned: it returns false or -1, errno ECANCELED, and does nothing
+// more with `fd`. A parked or polling call is woken now; one between its system call and its
+// wait does not wait; one woken and not yet back at its system call does not make it. Calls
+// that start after cancel() returns, and calls on other fds, are not affected. Then the fd
 // can be closed safely (closing one that is waited for is a user error). An fd that is not
 // waited for may be closed with plain close() at any time: fsched::io keeps each fd in its
 // scheduler's epoll instance between waits, and finds out that the number was closed or

@@ -30,8 +30,11 @@ struct SchedulerIdle;
 
 // One fd as fsched::io knows it: the fibers waiting for it (at most one per direction), its
 // edge-triggered registration in the scheduler's epoll instance, the readiness edges that no
-// waiter has taken yet, and which file the number named when it was last checked. The
-// registration outlives each wait: see io.ipp for why that is safe. Under SchedulerIdle::io_lock.
+// waiter has taken yet, which file the number named when it was last checked, and how many
+// times io::cancel() reached the number. The registration outlives each wait: see io.ipp for
+// why that is safe. An entry is made by the first io call on its number and never erased
+// while the scheduler lives, only forgotten (io.ipp, forget_file), so that `cancels`
+// outlives it. Under SchedulerIdle::io_lock.
 struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
@@ -63,6 +66,10 @@ struct IoFd {
     // The latest read event taken (take_ready) or registration made, numbered by
     // SchedulerIdle::io_read_marks: unique across entries, so never repeated by a new one.
     std::uint64_t read_mark = 0;
+    // io::cancel() calls that reached this number, kept when the entry is forgotten: an io
+    // call under way compares it at each step with the count it started with (io.ipp,
+    // "Cancel").
+    std::uint64_t cancels = 0;
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.

@@ -27,20 +27,20 @@
 //
 // Closed fds and reused numbers. Nothing sees a ::close() behind our back, so the number is
 // checked against its file: fstat()'s device and inode, recorded in IoFd. EBADF forgets the
-// entry; another file under the same number drops the registration (a new one gets a new
-// generation, so events of the old file, if it is still open elsewhere, are stale) and its
-// calls check the new file's flags again. io::read / io::write on a known non-blocking
-// socket skip the per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a
-// number reused by a blocking socket cannot block the worker before a check finds it out; a
-// write that finds ENOTSOCK there goes back to the check). A socket's inode number is unique
-// among live files, so for sockets the check is enough; a number reused by a socket with the
-// same device and inode as a closed one would need 2^32 sockets opened in between. Other
-// files can share an inode with a closed one (every eventfd, timerfd and epoll fd shares
-// one; each open of a FIFO, a tty or /dev/ptmx has the node's), so a non-socket is checked
-// and re-arms its registration at each park (EPOLL_CTL_MOD, ADD if the set lost it): one
-// epoll_ctl per park, as before the persistent registration, and a new generation, so the
-// closed file's events are stale. A socket not yet known as a non-blocking one is checked
-// at each park too.
+// entry's file (forget_file); another file under the same number drops the registration (a
+// new one gets a new generation, so events of the old file, if it is still open elsewhere,
+// are stale) and its calls check the new file's flags again. io::read / io::write on a
+// known non-blocking socket skip the per-call fcntl (the socket's reads and writes use
+// MSG_DONTWAIT, so a number reused by a blocking socket cannot block the worker before a
+// check finds it out; a write that finds ENOTSOCK there goes back to the check). A socket's
+// inode number is unique among live files, so for sockets the check is enough; a number
+// reused by a socket with the same device and inode as a closed one would need 2^32 sockets
+// opened in between. Other files can share an inode with a closed one (every eventfd,
+// timerfd and epoll fd shares one; each open of a FIFO, a tty or /dev/ptmx has the node's),
+// so a non-socket is checked and re-arms its registration at each park (EPOLL_CTL_MOD, ADD
+// if the set lost it): one epoll_ctl per park, as before the persistent registration, and a
+// new generation, so the closed file's events are stale. A socket not yet known as a
+// non-blocking one is checked at each park too.
 //
 // Delayed validation. A known non-blocking socket (IoFd::fast_socket, registered) parks
 // without the fstat: the wait trusts the registration, which a keep-alive connection's
@@ -85,20 +85,43 @@
 // takes the fd's mark of its latest read edge (IoFd::read_mark, new from one counter of the
 // scheduler's at each edge take_ready takes, whoever gets it: a parked reader, an io::wait,
 // or `ready`; and at each registration); a short read sets it only if the mark is the same
-// (read_came_short): the same entry, no edge since (an entry that io::cancel forgot and one
-// made anew never share a mark). The next read edge clears it. So a skipped read is always
-// one whose previous read came short with no read edge since that read began: a full read
-// leaves data queued, and an edge while the short read was under way may be for more, and
-// neither is followed by a skip. That park is the one after an EAGAIN, and the lost-edge
-// argument above holds as it is: the data that came after the short read is either kept in
-// `ready` (checked before the park, and before the skip) or finds the waiter. What a short
-// read does not prove is left alone: any socket but TCP (SO_PROTOCOL, asked once: a
-// datagram or seqpacket socket reads one message per read, and an AF_UNIX stream read stops
-// at a message that carried file descriptors, or between senders when SO_PASSCRED is on)
-// and a socket after an event with hang-up, error or urgent data (IoFd::final_events: the
-// peer's FIN is a queued end, not data, and urgent data stops a read at its mark), whose
-// reads are all made. A number reused unseen leaves the flag of the old file behind; its
-// wait is then an unverified one, as any, and the sweep finds it.
+// (read_came_short): the same file, no edge since (an entry that io::cancel forgot takes a
+// new mark). The next read edge clears it. So a skipped read is always one whose previous
+// read came short with no read edge since that read began: a full read leaves data queued,
+// and an edge while the short read was under way may be for more, and neither is followed
+// by a skip. That park is the one after an EAGAIN, and the lost-edge argument above holds
+// as it is: the data that came after the short read is either kept in `ready` (checked
+// before the park, and before the skip) or finds the waiter. What a short read does not
+// prove is left alone: any socket but TCP (SO_PROTOCOL, asked once: a datagram or seqpacket
+// socket reads one message per read, and an AF_UNIX stream read stops at a message that
+// carried file descriptors, or between senders when SO_PASSCRED is on) and a socket after
+// an event with hang-up, error or urgent data (IoFd::final_events: the peer's FIN is a
+// queued end, not data, and urgent data stops a read at its mark), whose reads are all
+// made. A number reused unseen leaves the flag of the old file behind; its wait is then an
+// unverified one, as any, and the sweep finds it.
+//
+// Cancel. io::cancel(fd) must reach every call on fd that has started and not returned, not
+// only the waiters in fd's slots: a call between its EAGAIN and its park, or one woken (its
+// slot emptied by an edge, a timer or a sweep) and not yet back at its system call, is in
+// no slot, and parked on, or made its call on, an fd that may be closed by then (and its
+// number reused). So each IoFd counts the cancels of its number (IoFd::cancels), and a call
+// of a scheduler's fiber, or of its use_caller thread (IoCall), takes that count at its
+// first step under io_lock (prepare_call, io::wait's first look, connect's first step) and
+// compares it at every later one, also under io_lock: before each system call of its retry
+// loop and before each park (call_step). cancel() adds one under io_lock, then wakes the
+// parked waiters; a call that finds the count changed returns ECANCELED at once and does
+// nothing more with fd. An entry is made by its number's first call and never erased, only
+// forgotten (forget_file keeps the count), so the count outlives cancel()'s forgetting the
+// registration; a call that could not make its entry (no memory) fails with ENOMEM if it
+// has to wait, since cancel() could not reach it. A call that starts after cancel()
+// returned takes the new count and is not affected; nor are calls on other fds. A plain
+// thread's call is in io_registry().thread_waits from its start to its return: cancel()
+// sets its flag, then writes its eventfd, which its poll() watches; the call reads the flag
+// before each system call and each poll(). What is left is the instant between a call's
+// last check and its system call, with no park or lock in between: a cancel(), close() and
+// reuse of the number all landing there meet that one system call on the new file, as they
+// would meet a call that had just begun.
+
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -136,17 +159,20 @@ struct IoWait {
 
 namespace {
 
-// A plain thread blocked in poll() for one fd, on that thread's stack.
+// A plain thread's io call on one fd, from its start to its return (see "Cancel" at the top
+// of this file), on that thread's stack.
 struct ThreadIoWait {
-    int cancel_fd;           // the thread's eventfd, which interrupts its poll()
-    bool cancelled = false;  // cancel() wrote to cancel_fd; under IoRegistry::mutex
+    int cancel_fd = -1;  // the thread's eventfd, which interrupts its poll()
+    // Set by cancel(), under IoRegistry::mutex, before it writes to cancel_fd (once); read
+    // by the call before each system call (acquire: cancel()'s release).
+    std::atomic<bool> cancelled{false};
 };
 
-// What io::cancel() must find: the live schedulers and the plain threads blocked in poll().
+// What io::cancel() must find: the live schedulers and the plain threads' io calls.
 struct IoRegistry {
     std::mutex mutex;
     std::vector<SchedulerIdle*> schedulers;                    // under mutex
-    std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
+    std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its threads' calls; under mutex
 };
 
 // This thread's eventfd, which interrupts its poll() when io::cancel() writes to it; made
@@ -260,13 +286,26 @@ int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) no
     return 0;
 }
 
-// Forgets fd's entry; deletes its registration first if the fd may still be open (cancel()
-// before a close: a dup of it elsewhere would otherwise keep reporting). Under io_lock.
+// Makes `entry` what a new one would be, but for its count of cancels, which the calls under
+// way compare (see "Cancel" at the top of this file): entries are forgotten, never erased.
+// A waiter still in a slot (its fd closed behind io's back) sleeps on until its timeout,
+// found by no one: unlink_io_wait and the sweep look for it in the slot. Under io_lock.
+void forget_file(SchedulerIdle& idle, IoFd& entry) noexcept {
+    IoFd forgotten;
+    forgotten.cancels = entry.cancels;
+    // A read under way may have taken the old mark: its short read must not count.
+    forgotten.read_mark = ++idle.io_read_marks;
+    entry = forgotten;
+}
+
+// Forgets fd's file and registration; deletes the registration first if the fd may still be
+// open (cancel() before a close: a dup of it elsewhere would otherwise keep reporting).
+// Under io_lock.
 void forget_fd(SchedulerIdle& idle, int fd, bool still_open) noexcept {
     auto it = idle.io_fds.find(fd);
     if (it == idle.io_fds.end()) return;
     if (still_open && it->second.registered) io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-    idle.io_fds.erase(it);
+    forget_file(idle, it->second);
 }
 
 // Puts a waiter about to park on a registration it has not checked at the end of the list
@@ -391,6 +430,129 @@ bool ready_now(int fd, io::Ready what) noexcept {
 // io::wait(), which reports the fd ready only when it is.
 enum class WaitKind { after_eagain, ready_only };
 
+// The calling thread's eventfd, which cancel() writes to end a plain thread's poll(); -1 with
+// errno set when none can be made (the next call tries again). A child of fork() makes its
+// own: the io registry's child handler closes the inherited one, which is the parent's.
+int thread_cancel_fd() {
+    if (thread_cancel_fd_value < 0) {
+        thread_cancel_fd_value = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (thread_cancel_fd_value < 0) return -1;
+        static thread_local CancelFdCloser closer;
+        (void)&closer;
+    }
+    return thread_cancel_fd_value;
+}
+
+// One io call (wait, read, write, accept, connect) from its start to its return, as
+// io::cancel() must reach it (see "Cancel" at the top of this file). On the caller's stack.
+struct IoCall {
+    explicit IoCall(int fd) noexcept;
+    IoCall(const IoCall&) = delete;
+    IoCall& operator=(const IoCall&) = delete;
+    ~IoCall();
+
+    enum class Start : unsigned char {
+        not_yet,     // no step under io_lock yet
+        recorded,    // `cancels` is the entry's count at the first step
+        unrecorded,  // no entry could be made at the first step (no memory): it never waits
+    };
+    const int fd;
+    // The scheduler whose epoll instance the call's waits use: a scheduler task's, or the
+    // use_caller thread's outside its tasks; nullptr for a plain thread, which polls.
+    SchedulerIdle* idle = nullptr;
+    bool in_task = false;  // a scheduler task's: its reads and writes may go the fast way
+    Start start = Start::not_yet;
+    std::uint64_t cancels = 0;  // IoFd::cancels at the call's first step
+    // A plain thread's call, in io_registry().thread_waits for the whole call, unless
+    // `thread_error` says why it could not be (eventfd()'s errno, or ENOMEM): its waits then
+    // fail with that errno.
+    ThreadIoWait thread;
+    bool thread_registered = false;
+    int thread_error = 0;
+    std::unordered_multimap<int, ThreadIoWait*>::iterator registration;
+};
+
+IoCall::IoCall(int fd_) noexcept : fd(fd_) {
+    if (in_scheduler_task()) {
+        idle = &SchedulerCore::of(*thread_state()->scheduler).idle;
+        in_task = true;
+        return;
+    }
+    if (SchedulerCore* core = caller_may_help()) {
+        idle = &core->idle;
+        return;
+    }
+    const int error = current_errno();
+    thread.cancel_fd = thread_cancel_fd();
+    if (thread.cancel_fd < 0) {
+        thread_error = current_errno();
+    } else {
+        IoRegistry& registry = io_registry();
+        try {
+            std::lock_guard<std::mutex> lock(registry.mutex);
+            registration = registry.thread_waits.emplace(fd, &thread);
+            thread_registered = true;
+        } catch (const std::bad_alloc&) {
+            thread_error = ENOMEM;
+        }
+    }
+    set_errno(error);
+}
+
+IoCall::~IoCall() {
+    if (!thread_registered) return;
+    const int error = current_errno();  // the call's result
+    IoRegistry& registry = io_registry();
+    {
+        std::lock_guard<std::mutex> lock(registry.mutex);
+        registry.thread_waits.erase(registration);
+    }
+    // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
+    // came after the call's last poll() would otherwise fail this thread's next wait, on any fd.
+    if (thread.cancelled.load(std::memory_order_acquire)) drain(thread.cancel_fd);
+    set_errno(error);
+}
+
+// A step of `call` in a scheduler, under its io_lock: fd's entry, and in `cancelled` whether
+// cancel() has reached the call since its first step, which makes the entry if it is missing
+// and records its count of cancels (see "Cancel" at the top of this file). nullptr: no entry
+// was made at the first step (no memory, or a negative fd); the call must then not wait.
+IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
+    cancelled = false;
+    SchedulerIdle& idle = *call.idle;
+    if (call.start == IoCall::Start::unrecorded) return nullptr;
+    auto it = idle.io_fds.find(call.fd);
+    if (call.start == IoCall::Start::recorded) {
+        // Entries are never erased while their scheduler lives (forget_file).
+        cancelled = it == idle.io_fds.end() || it->second.cancels != call.cancels;
+        return it == idle.io_fds.end() ? nullptr : &it->second;
+    }
+    if (it == idle.io_fds.end()) {
+        call.start = IoCall::Start::unrecorded;  // unless the entry is made now
+        if (call.fd < 0) return nullptr;         // its call fails with EBADF
+        try {
+            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            it = idle.io_fds.try_emplace(call.fd).first;
+        } catch (const std::bad_alloc&) {
+            return nullptr;
+        }
+    }
+    call.start = IoCall::Start::recorded;
+    call.cancels = it->second.cancels;
+    return &it->second;
+}
+
+// Whether cancel() has reached `call` since it started; a call's first step (in a scheduler)
+// records where it starts from. Takes io_lock (a plain thread's: none).
+bool cancelled_now(IoCall& call) noexcept {
+    if (!call.idle) return call.thread.cancelled.load(std::memory_order_acquire);
+    bool cancelled;
+    call.idle->io_lock.lock();
+    call_step(call, cancelled);
+    call.idle->io_lock.unlock();
+    return cancelled;
+}
+
 // fstat() of fd for fiber_wait; false with errno EBADF (or fstat's) if fd is not open, whose
 // entry is then forgotten: it was closed behind our back, and the kernel dropped its
 // registration with the file (or will with the last dup of it).
@@ -426,8 +588,10 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
 // is non-blocking (usable_fd); the entry may then mark a socket as fast_socket.
 // `trusted`: the caller's call went the fast way (prepare_call), so the entry was a known
 // socket's a moment ago; fiber_wait checks that again under io_lock.
-bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline, WaitKind kind,
-                bool nonblocking_known, bool trusted) {
+bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
+                bool trusted) {
+    SchedulerIdle& idle = *call.idle;
+    const int fd = call.fd;
     IoWait wait;
     try {
         if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
@@ -436,16 +600,20 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return false;
     }
     const unsigned bit = static_cast<unsigned>(what);
+    bool cancelled;
     if (kind == WaitKind::ready_only) {
         // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
         // Readiness from after this poll comes as a new edge (see the top of this file).
         idle.io_lock.lock();
-        auto it = idle.io_fds.find(fd);
-        if (it != idle.io_fds.end()) {
-            it->second.ready &= ~bit;
-            trusted = trusted_entry(it->second);
+        if (IoFd* entry = call_step(call, cancelled); entry && !cancelled) {
+            entry->ready &= ~bit;
+            trusted = trusted_entry(*entry);
         }
         idle.io_lock.unlock();
+        if (cancelled) {
+            set_errno(ECANCELED);
+            return false;
+        }
         if (ready_now(fd, what)) return true;
         if (current_errno() == EBADF) return false;
     }
@@ -458,10 +626,15 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     IoFd* found;
     for (;;) {
         idle.io_lock.lock();
-        try {
-            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
-            found = &idle.io_fds[fd];
-        } catch (const std::bad_alloc&) {
+        found = call_step(call, cancelled);
+        // cancel() came after the call began and before it parks (between its EAGAIN and
+        // here, or between a wake-up and its next system call): it must not park.
+        if (cancelled) {
+            idle.io_lock.unlock();
+            set_errno(ECANCELED);
+            return false;
+        }
+        if (!found) {  // no record of the call, which cancel() could not then reach
             idle.io_lock.unlock();
             set_errno(ENOMEM);
             return false;
@@ -490,7 +663,6 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     // node's: for those the check above cannot see a reused number, so each park re-arms.
     if (!entry.registered || !socket) {
         if (const int error = register_fd(idle, fd, entry, entry.registered)) {
-            if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
             idle.io_lock.unlock();
             if (error == EPERM) return true;  // a regular file: always ready
             set_errno(error);
@@ -516,7 +688,12 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (!woken) {
         // The timer may fire before any worker has asked epoll about the fd (all were busy):
-        // a wait that ends with the fd ready reports it ready, as poll() would.
+        // a wait that ends with the fd ready reports it ready, as poll() would (not after a
+        // cancel(): fd may be closed by now).
+        if (cancelled_now(call)) {
+            set_errno(ECANCELED);
+            return false;
+        }
         if (ready_now(fd, what)) return true;
         set_errno(ETIMEDOUT);
         return false;
@@ -567,9 +744,9 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
 // wakes go to `woken` (room for two), to be woken once io_lock is released.
 void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
     auto it = idle.io_fds.find(wait.fd);
-    if (it == idle.io_fds.end()) return;  // cancel() took it out; it is leaving
+    if (it == idle.io_fds.end()) return;
     IoFd& entry = it->second;
-    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out; it is leaving
+    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out or cancelled; it is leaving
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
 #endif
@@ -603,31 +780,33 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
             *slot = nullptr;
         }
     }
-    if (!entry.reader && !entry.writer) idle.io_fds.erase(it);
+    if (!entry.reader && !entry.writer) forget_file(idle, entry);
 }
 
-// Before a read or write system call in a fiber: clears the call's readiness bit (step (a)
-// at the top of this file) and says whether fd is a known non-blocking socket, whose call
-// may skip usable_fd(). Takes io_lock.
+// Before a read or write system call of `call` in a scheduler: clears the call's readiness
+// bit (step (a) at the top of this file), and says whether fd is a known non-blocking socket
+// in a scheduler task, whose call may skip usable_fd(); in `cancelled`, whether cancel() has
+// reached the call since it began (then nothing else is done: it must not touch fd again).
+// Takes io_lock.
 // `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
 // with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
 // `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
 // for read_came_short.
-bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read = nullptr,
+bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read = nullptr,
                   std::uint64_t* read_mark = nullptr) noexcept {
+    SchedulerIdle& idle = *call.idle;
     idle.io_lock.lock();
     bool fast = false;
-    auto it = idle.io_fds.find(fd);
-    if (it != idle.io_fds.end()) {
-        IoFd& entry = it->second;
-        fast = entry.checked && entry.fast_socket;
-        if (skip_read && fast && entry.drained && !entry.final_events && !(entry.ready & read_bit)) {
+    IoFd* entry = call_step(call, cancelled);
+    if (entry && !cancelled) {
+        fast = call.in_task && entry->checked && entry->fast_socket;
+        if (skip_read && fast && entry->drained && !entry->final_events && !(entry->ready & read_bit)) {
             *skip_read = true;
         } else {
-            entry.ready &= ~static_cast<unsigned>(what);
-            if (what == io::Ready::Read) entry.drained = false;  // this read says anew
+            entry->ready &= ~static_cast<unsigned>(what);
+            if (what == io::Ready::Read) entry->drained = false;  // this read says anew
         }
-        if (read_mark) *read_mark = entry.read_mark;
+        if (read_mark) *read_mark = entry->read_mark;
     }
     idle.io_lock.unlock();
     return fast;
@@ -660,79 +839,61 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
     idle.io_lock.unlock();
 }
 
-// This thread's eventfd for cancel(); -1 with errno set when none can be made (the next
-// wait tries again). Called on plain threads only, which do not switch within a wait.
-int thread_cancel_fd() {
-    if (thread_cancel_fd_value < 0) {
-        thread_cancel_fd_value = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (thread_cancel_fd_value < 0) return -1;
-        static thread_local CancelFdCloser closer;
-        (void)&closer;
-    }
-    return thread_cancel_fd_value;
-}
-
-bool thread_wait(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind) {
+// A plain thread's wait: poll() of fd and of the thread's eventfd, which cancel() writes
+// (see "Cancel" at the top of this file).
+bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
-    if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
+    auto hook = io_before_park.load(std::memory_order_relaxed);
+    if (hook && kind == WaitKind::after_eagain) hook(call.fd);
 #else
     (void)kind;
 #endif
-    const int cancel_fd = thread_cancel_fd();
-    if (cancel_fd < 0) return false;  // errno from eventfd()
-    IoRegistry& registry = io_registry();
-    ThreadIoWait wait{cancel_fd};
-    std::unordered_multimap<int, ThreadIoWait*>::iterator registration;
-    {
-        std::lock_guard<std::mutex> lock(registry.mutex);
-        registration = registry.thread_waits.emplace(fd, &wait);
+    if (!call.thread_registered) {
+        set_errno(call.thread_error);
+        return false;
     }
-    pollfd fds[2] = {poll_entry(fd, what), {cancel_fd, POLLIN, 0}};
+    pollfd fds[2] = {poll_entry(call.fd, what), {call.thread.cancel_fd, POLLIN, 0}};
+    // cancel() sets the flag, then writes the eventfd: a cancel before this load is seen
+    // here, one after it ends the poll().
+    if (call.thread.cancelled.load(std::memory_order_acquire)) {
+        set_errno(ECANCELED);
+        return false;
+    }
     const int rc = poll_restarting(fds, 2, timeout_ms(deadline));
-    const int poll_errno = current_errno();
-    bool cancelled;
-    {
-        std::lock_guard<std::mutex> lock(registry.mutex);
-        registry.thread_waits.erase(registration);
-        cancelled = wait.cancelled;
-    }
-    // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
-    // came after poll() returned would otherwise fail this thread's next wait, on any fd.
-    if (cancelled) drain(cancel_fd);
     if (rc > 0 && fds[1].revents) {
         set_errno(ECANCELED);
         return false;
     }
-    return poll_outcome(rc, fds[0], poll_errno);
+    return poll_outcome(rc, fds[0], current_errno());
 }
 
-bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
+// The wait of `call` for `what` (see WaitKind): through its scheduler's epoll, or, for a
+// plain thread, poll().
+bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
                 bool trusted = false) {
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
-    if (fd < 0) {
+    if (call.fd < 0) {
         set_errno(EBADF);
         return false;
     }
     // A zero timeout (or one a retry has used up) asks, like poll(fd, 0), without parking:
     // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
-    if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
-    SchedulerIdle* idle = nullptr;
-    if (in_scheduler_task()) {
-        idle = &SchedulerCore::of(*thread_state()->scheduler).idle;
-    } else if (SchedulerCore* core = caller_may_help()) {
-        // The use_caller thread waits through its scheduler's epoll like a fiber, and runs
-        // the scheduler's tasks meanwhile (block() helps, see help_until).
-        idle = &core->idle;
-    }
-    if (!idle) return thread_wait(fd, what, deadline, kind);
+    if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(call.fd, what);
+    if (!call.idle) return thread_wait(call, what, deadline, kind);
     for (;;) {
-        if (!fiber_wait(*idle, fd, what, deadline, kind, nonblocking_known, trusted)) return false;
-        if (kind != WaitKind::ready_only || ready_now(fd, what)) return true;
+        if (!fiber_wait(call, what, deadline, kind, nonblocking_known, trusted)) return false;
+        if (kind != WaitKind::ready_only) return true;
         // io::wait() promises "ready", and the edge that woke it may be from data another
         // thread took between epoll_wait's return and the dispatch (the kernel drops edges
         // that are no longer ready only when it hands them out): ask again, and wait again
-        // if it is gone. No test makes that window happen on purpose.
+        // if it is gone. No test makes that window happen on purpose. (Not after a cancel():
+        // fd may be closed by now.)
+        if (cancelled_now(call)) {
+            set_errno(ECANCELED);
+            return false;
+        }
+        if (ready_now(call.fd, what)) return true;
         if (current_errno() != ETIMEDOUT) return false;  // EBADF: closed meanwhile
         if (deadline && *deadline <= std::chrono::steady_clock::now()) {
             set_errno(ETIMEDOUT);
@@ -770,18 +931,27 @@ struct Deadline {
 // for `what` in between. A blocking fd is refused first (usable_fd), except that in a fiber
 // a known non-blocking socket skips that check when `may_skip_check` (its call is then made
 // with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
-// now; see the top of this file).
+// now; see the top of this file). After cancel() reached the call, it is not made again.
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
            bool may_skip_read = false) -> decltype(call(false, nullptr, std::uint64_t{0})) {
-    SchedulerIdle* idle = in_scheduler_task() ? &SchedulerCore::of(*thread_state()->scheduler).idle : nullptr;
+    IoCall io(fd);
     bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
     for (;;) {
-        bool skip_read = false;
+        bool skip_read = false, cancelled = false;
         std::uint64_t read_mark = 0;
-        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr, &read_mark) &&
-                          may_skip_check;
+        bool fast = false;
+        if (io.idle) {
+            fast = prepare_call(io, what, cancelled, may_skip_read ? &skip_read : nullptr, &read_mark);
+            fast = fast && may_skip_check;
+        } else {
+            cancelled = io.thread.cancelled.load(std::memory_order_acquire);
+        }
+        if (cancelled) {
+            set_errno(ECANCELED);
+            return -1;
+        }
         if (fast && skip_read) {
             // The read would fail with EAGAIN: wait for the edge first, as after one. Once:
             // whatever ended the wait (an edge, or a timeout with the fd ready), the read is
@@ -790,24 +960,45 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             io_read_skip_count.fetch_add(1, std::memory_order_relaxed);
 #endif
             may_skip_read = false;
-            if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+            if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
             continue;
         }
         if (!fast && !checked) {
             if (!usable_fd(fd)) return -1;
             checked = true;
         }
-        const auto rc = call(fast, idle, read_mark);
+        const auto rc = call(fast, io.idle, read_mark);
         if (rc >= 0) return rc;
         const int error = current_errno();  // not `errno`: its address may be from before a move
         if (error == EINTR) continue;
         if (fast && error == ENOTSOCK) {
-            not_a_socket(*idle, fd);
+            not_a_socket(*io.idle, fd);
             continue;
         }
         if (error != EAGAIN && error != EWOULDBLOCK) return rc;
-        if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+        if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
     }
+}
+
+// io::connect after usable_fd: the system call and the wait for the connection, as one call.
+int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
+    IoCall call(fd);
+    const Deadline deadline(timeout);
+    if (cancelled_now(call)) {  // its first step, which records its count of cancels
+        set_errno(ECANCELED);
+        return -1;
+    }
+    if (::connect(fd, addr, len) == 0) return 0;
+    if (current_errno() != EINPROGRESS && current_errno() != EINTR) return -1;
+    if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ready_only, false)) return -1;
+    int error = 0;
+    socklen_t error_len = sizeof error;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
+    if (error != 0) {
+        set_errno(error);
+        return -1;
+    }
+    return 0;
 }
 
 // write() that fails with EPIPE instead of raising SIGPIPE, for fds send() cannot take
@@ -953,7 +1144,8 @@ int last_error() noexcept { return detail::current_errno(); }
 
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
-    return detail::wait_until(fd, what, deadline.get(), detail::WaitKind::ready_only, false);
+    detail::IoCall call(fd);
+    return detail::wait_until(call, what, deadline.get(), detail::WaitKind::ready_only, false);
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
@@ -1007,17 +1199,7 @@ int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::millisecon
     if (detail::in_scheduler_task()) {
         detail::refresh_fd(detail::SchedulerCore::of(*detail::thread_state()->scheduler).idle, fd, false);
     }
-    if (::connect(fd, addr, len) == 0) return 0;
-    if (detail::current_errno() != EINPROGRESS && detail::current_errno() != EINTR) return -1;
-    if (!wait(fd, Ready::Write, timeout)) return -1;
-    int error = 0;
-    socklen_t error_len = sizeof error;
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
-    if (error != 0) {
-        detail::set_errno(error);
-        return -1;
-    }
-    return 0;
+    return detail::connect_call(fd, addr, len, timeout);
 }
 
 void cancel(int fd) {
@@ -1025,18 +1207,22 @@ void cancel(int fd) {
     std::lock_guard<std::mutex> lock(registry.mutex);
     auto threads = registry.thread_waits.equal_range(fd);
     for (auto it = threads.first; it != threads.second; ++it) {
-        detail::ThreadIoWait& wait = *it->second;
-        if (wait.cancelled) continue;  // its eventfd is already signalled
-        wait.cancelled = true;
-        detail::signal_eventfd(wait.cancel_fd);
+        detail::ThreadIoWait& call = *it->second;
+        if (call.cancelled.load(std::memory_order_relaxed)) continue;  // its eventfd is already signalled
+        call.cancelled.store(true, std::memory_order_release);
+        detail::signal_eventfd(call.cancel_fd);
     }
     for (detail::SchedulerIdle* idle : registry.schedulers) {
         detail::IoWait* woken[2];
         int count = 0;
         idle->io_lock.lock();
         auto it = idle->io_fds.find(fd);
+        // No entry: no call of this scheduler is under way on fd (each makes one first).
         if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
+            // The calls under way that are not parked find this at their next step ("Cancel"
+            // at the top of this file); the parked ones are woken here.
+            ++entry.cancels;
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {
                     (*slot)->cancelled = true;
