@@ -164,6 +164,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>  // FIONREAD
 #include <sys/stat.h>
 #endif
 

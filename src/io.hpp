@@ -33,8 +33,15 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::m
 // that was non-blocking when a wait first saw it is not checked again: its reads and writes
 // use MSG_DONTWAIT, which cannot block whatever its flags have become.) Each retries on EAGAIN
 // by waiting, returns what the system call returns with errno set, and -1 with errno
-// ETIMEDOUT once `timeout` (over all retries) passes, or EBUSY when another fiber of the same
+// ETIMEDOUT once `timeout` (over all retries) has passed and a last try of the call still
+// fails with EAGAIN (a zero timeout: one try), or EBUSY when another fiber of the same
 // scheduler already waits for the same fd and direction (one reader and one writer per fd).
+// A wait ends on the kernel's readiness, as poll() reports it: a socket's SO_RCVLOWAT holds a
+// waiting read back until that many bytes are queued (or the end, or an error), as it holds
+// a blocking recv(), and the try at the timeout returns what is queued below the mark. Data
+// queued when a read begins is returned at once, or, when the read comes after a short one
+// (which io takes to mean the queue is empty: see io.ipp) and a mark raised since hid the
+// data, 25 to 50 ms later.
 // write() never raises SIGPIPE: a peer that has gone (socket or pipe) is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 ssize_t write(int fd, const void* buf, std::size_t n,

@@ -1,5 +1,6 @@
-// fsched::io at the edges of its contract: io::cancel() reaching a call between its EAGAIN
-// and its park, or between a wake-up and its next system call. Each test gives its calls timeouts far longer than the checks
+// fsched::io at the edges of its contract: a socket's SO_RCVLOWAT (which the kernel's
+// readiness honours and a non-blocking recv() does not), and io::cancel() reaching a call
+// between its EAGAIN and its park, or between a wake-up and its next system call. Each test gives its calls timeouts far longer than the checks
 // allow, so a call that is left asleep shows up as a failure, not as a slow pass.
 #include "fiber_sched.hpp"
 #include "listener.hpp"
@@ -106,6 +107,139 @@ int take_edges() {
 #endif  // FIBER_SCHED_FAULT_INJECTION
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------
+// SO_RCVLOWAT: below the mark the kernel reports no readiness and sends no edge, yet a
+// non-blocking recv() returns what is queued.
+// ---------------------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+
+namespace {
+
+// The bytes queued for reading on `fd`, whatever its SO_RCVLOWAT (SIOCINQ).
+int queued(int fd) {
+    int n = -1;
+    return ::ioctl(fd, SIOCINQ, &n) == 0 ? n : -1;
+}
+
+// Waits (at most 10 s) until at least `n` bytes are queued on `fd`: on loopback TCP data may
+// land a moment after the write. (The helpers run in tasks, where a REQUIRE's exception
+// would escape the task: they CHECK.)
+void wait_queued(int fd, int n) {
+    const auto until = Clock::now() + 10s;
+    while (queued(fd) < n && Clock::now() < until) std::this_thread::sleep_for(1ms);
+    CHECK(queued(fd) >= n);
+}
+
+void set_rcvlowat(int fd, int bytes) { CHECK(::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0); }
+
+}  // namespace
+
+TEST_CASE("io edges: a TCP read after a short one returns the bytes queued below an SO_RCVLOWAT set since") {
+    // The case: an 8-byte short read (so io may leave the next read out and wait
+    // for an edge instead), then SO_RCVLOWAT 16, then 4 bytes. recv() returns them; no edge
+    // comes for them, and poll() does not report them either. Each read must return them,
+    // not time out again and again. `lowat_first`: the mark is set before the short read.
+    for (const bool lowat_first : {false, true}) {
+        CAPTURE(lowat_first);
+        Scheduler s(1, false);
+        test::TcpPair pair;
+        long first = -2;
+        Outcome reads[3];
+        s.start();
+        s.schedule([&] {
+            char buf[64];
+            make_known(pair.a, pair.b);
+            if (lowat_first) set_rcvlowat(pair.a, 16);
+            CHECK(::write(pair.b, "12345678", 8) == 8);
+            if (lowat_first) {
+                wait_queued(pair.a, 8);  // below the mark: no edge to take
+            } else {
+                CHECK(take_edges() == 1);
+            }
+            first = fsched::io::read(pair.a, buf, sizeof buf, 5s);  // short: the queue is empty
+            if (!lowat_first) set_rcvlowat(pair.a, 16);
+            CHECK(::write(pair.b, "abcd", 4) == 4);
+            wait_queued(pair.a, 4);
+            for (Outcome& r : reads) r = timed([&] { return fsched::io::read(pair.a, buf, sizeof buf, 500ms); });
+        });
+        s.stop();
+        CHECK(first == 8);
+        CAPTURE(reads[0].error);
+        CAPTURE(reads[1].rc);
+        CAPTURE(reads[2].rc);
+        CHECK(reads[0].rc == 4);  // what recv() returns, not -1 ETIMEDOUT
+    }
+}
+
+TEST_CASE("io edges: a TCP read left out after a short read, with a long timeout, returns the bytes queued below SO_RCVLOWAT well before it") {
+    // As above, with a 15 s timeout: the read that io left out must find the 4 bytes long
+    // before its timeout (a sweep checks a skipped read's queue 25 to 50 ms after it parked).
+    Scheduler s(1, false);
+    test::TcpPair pair;
+    long first = -2;
+    Outcome read;
+    Outcome after;
+    long skipped_after = -1;
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        CHECK(::write(pair.b, "12345678", 8) == 8);
+        CHECK(take_edges() == 1);
+        first = fsched::io::read(pair.a, buf, sizeof buf, 5s);
+        set_rcvlowat(pair.a, 16);
+        CHECK(::write(pair.b, "abcd", 4) == 4);
+        wait_queued(pair.a, 4);
+        read = timed([&] { return fsched::io::read(pair.a, buf, sizeof buf, 15s); });
+        // Once found wrong, reads of this socket are made, never left out: the next short
+        // read's successor reads the 2 bytes at once.
+        CHECK(::write(pair.b, "ef", 2) == 2);
+        wait_queued(pair.a, 2);
+        const long skipped0 = fsched::detail::io_reads_skipped();
+        after = timed([&] { return fsched::io::read(pair.a, buf, sizeof buf, 15s); });
+        skipped_after = fsched::detail::io_reads_skipped() - skipped0;
+    });
+    s.stop();
+    CHECK(first == 8);
+    CAPTURE(read.error);
+    CAPTURE(std::chrono::duration_cast<std::chrono::milliseconds>(read.took).count());
+    CHECK(read.rc == 4);
+    CHECK(read.took < 8s);  // found by the sweep, not at the timeout
+    CHECK(after.rc == 2);
+    CHECK(skipped_after == 0);
+    CHECK(after.took < 8s);
+}
+
+TEST_CASE("io edges: a TCP read that waits with SO_RCVLOWAT set returns the bytes queued below the mark when its timeout passes") {
+    // The read fails with EAGAIN and waits; 4 bytes come (the hook writes them just before
+    // the park), below the mark of 16: no edge, and poll() says "not ready". Like a blocking
+    // recv() with SO_RCVTIMEO, the read waits for the mark and, when its timeout passes,
+    // returns what is there rather than -1 ETIMEDOUT.
+    Scheduler s(1, false);
+    test::TcpPair pair;
+    Outcome read;
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(pair.a, pair.b);
+        set_rcvlowat(pair.a, 16);
+        hook_peer = pair.b;
+        fsched::detail::set_io_before_park_hook([](int) {
+            fsched::detail::set_io_before_park_hook(nullptr);
+            CHECK(::write(hook_peer, "abcd", 4) == 4);
+        });
+        read = timed([&] { return fsched::io::read(pair.a, buf, sizeof buf, 300ms); });
+        fsched::detail::set_io_before_park_hook(nullptr);
+    });
+    s.stop();
+    CAPTURE(read.error);
+    CHECK(read.rc == 4);
+    CHECK(read.took >= 250ms);  // it waited for the mark, as a blocking read does
+}
+
+#endif  // FIBER_SCHED_FAULT_INJECTION
 
 // ---------------------------------------------------------------------------------------
 // io::cancel(fd) reaches every io call on fd that has started and not returned.

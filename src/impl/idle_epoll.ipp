@@ -57,11 +57,13 @@ struct IoFd {
     // when a read returned less than it asked for with no read edge since it began (the
     // mark `read_mark` unchanged), and cleared by the next read edge and the next read;
     // while it is set, io::read parks without making the read that would fail with EAGAIN.
-    // `tcp`: SO_PROTOCOL, once asked (0: not yet, 1: TCP, 2: not). `final_events`: an event
-    // said hang-up, error or urgent data, after which a short read no longer means the queue
-    // was empty: no read is skipped any more.
+    // `short_reads`: what a short read says of the socket, asked once (SO_PROTOCOL and
+    // SO_RCVLOWAT): 0 not yet asked; 1 its receive queue was empty (TCP, low-water mark 1);
+    // 2 nothing (any other socket, a low-water mark above 1, or a skipped read that a sweep
+    // found wrong). `final_events`: an event said hang-up, error or urgent data, after which
+    // a short read no longer means the queue was empty: no read is skipped any more.
     bool drained = false;
-    std::uint8_t tcp = 0;
+    std::uint8_t short_reads = 0;
     bool final_events = false;
     // The latest read event taken (take_ready) or registration made, numbered by
     // SchedulerIdle::io_read_marks: unique across entries, so never repeated by a new one.

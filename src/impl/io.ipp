@@ -100,6 +100,32 @@
 // made. A number reused unseen leaves the flag of the old file behind; its wait is then an
 // unverified one, as any, and the sweep finds it.
 //
+// The low-water mark. Below a socket's SO_RCVLOWAT the kernel sends no edge, and poll()
+// reports nothing, for data that a non-blocking recv() returns (checked on Linux 6.18; a
+// short read still empties the queue). So a TCP socket whose mark is above 1 when its first
+// short read asks (with SO_PROTOCOL: IoFd::short_reads) never skips a read. The mark can be
+// raised at any time behind io's back, and raising it sends no edge: so the wait of a
+// skipped read always joins the unverified waiters (IoWait::skipped_read), and the sweep
+// that checks it, 1 to 2 intervals after its park, also asks FIONREAD (which, unlike
+// poll(), ignores the mark): data queued wakes it to read, and its socket's reads are all
+// made from then on. A queue the sweep finds empty means the read left out would have
+// failed with EAGAIN then, so from then on the wait is the one a made read would have begun
+// (and waits as a made read does: see "Timeouts"). So the skip never leaves data behind for
+// longer than that. Nothing else was found to change the rule: lowering the mark sends an
+// edge if enough is queued; a user's recv(MSG_PEEK) sends none and takes nothing; a dup()ed
+// fd read by another thread only takes data, which sends no edge and leaves no more than
+// there was; Nagle's algorithm on the peer (no TCP_NODELAY) changes only how many segments
+// come, and each arrival is an edge.
+//
+// Timeouts. A read, write or accept whose wait times out makes its system call once more,
+// and returns what that returns: -1 ETIMEDOUT only if it fails with EAGAIN again (a zero
+// timeout: the one call). An edge, and poll(), follow the kernel's readiness, which a
+// socket's low-water marks hold back while the call itself would return data: SO_RCVLOWAT
+// for recv() (above), TCP_NOTSENT_LOWAT for send() (poll() says "not writable" while a
+// one-byte send() succeeds; checked on Linux 6.18). So io::read waits as a blocking recv()
+// with SO_RCVTIMEO does: for the mark, an end or an error, or its timeout, and then returns
+// what is there. io::wait() promises readiness as poll() reports it, and still asks poll().
+//
 // Cancel. io::cancel(fd) must reach every call on fd that has started and not returned, not
 // only the waiters in fd's slots: a call between its EAGAIN and its park, or one woken (its
 // slot emptied by an edge, a timer or a sweep) and not yet back at its system call, is in
@@ -149,6 +175,7 @@ struct IoWait {
     int error = 0;           // a sweep's verdict, written before it wakes the waiter: the
                              // wait fails with this errno (EBADF: closed); 0: ready
     int fd = -1;             // the fd waited for, for a sweep
+    bool skipped_read = false;  // io::read left its read out (a sweep checks the queue)
     // In SchedulerIdle's list of unverified waiters (see "Delayed validation" above); all
     // under io_lock.
     bool unverified = false;
@@ -425,10 +452,13 @@ bool ready_now(int fd, io::Ready what) noexcept {
     return poll_outcome(rc, one, current_errno());
 }
 
-// How a fiber's wait was reached: after its read or write failed with EAGAIN (an edge left
-// in IoFd::ready by data read since may wake it spuriously: its caller tries again), or from
-// io::wait(), which reports the fd ready only when it is.
-enum class WaitKind { after_eagain, ready_only };
+// How a wait was reached: after its read or write failed with EAGAIN (an edge left in
+// IoFd::ready by data read since may wake it spuriously: its caller tries again); instead of
+// a read that would fail (a skipped read: see "Reads that would fail" at the top of this
+// file); or from io::wait(), which reports the fd ready only when it is. Each but ready_only
+// ends with ETIMEDOUT when its deadline passes, without asking poll(): its caller makes its
+// call once more.
+enum class WaitKind { after_eagain, skipped_read, ready_only };
 
 // The calling thread's eventfd, which cancel() writes to end a plain thread's poll(); -1 with
 // errno set when none can be made (the next call tries again). A child of fork() makes its
@@ -580,7 +610,7 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
     entry.inode = st.st_ino;
     entry.fast_socket = false;
     entry.drained = false;
-    entry.tcp = 0;
+    entry.short_reads = 0;
     entry.final_events = false;
 }
 
@@ -621,7 +651,10 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     bool stated = !trusted;
     if (stated && !stat_fd(idle, fd, st)) return false;
 #if defined(FIBER_SCHED_FAULT_INJECTION)
-    if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
+    if (auto hook = io_before_park.load(std::memory_order_relaxed);
+        hook && (kind == WaitKind::after_eagain || kind == WaitKind::skipped_read)) {
+        hook(fd);
+    }
 #endif
     IoFd* found;
     for (;;) {
@@ -678,7 +711,10 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     }
     slot = &wait;
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
-    if (!stated) join_unverified(idle, wait, fd);
+    // A skipped read's wait always joins: the sweep also checks that its read would have
+    // failed ("Reads that would fail" at the top of this file).
+    wait.skipped_read = kind == WaitKind::skipped_read;
+    if (!stated || wait.skipped_read) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
     // must be polling for it (the caller thread that runs it may not sleep again for long).
     idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -687,14 +723,16 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (!woken) {
-        // The timer may fire before any worker has asked epoll about the fd (all were busy):
-        // a wait that ends with the fd ready reports it ready, as poll() would (not after a
-        // cancel(): fd may be closed by now).
-        if (cancelled_now(call)) {
-            set_errno(ECANCELED);
-            return false;
+        // io::wait(): the timer may fire before any worker has asked epoll about the fd (all
+        // were busy): a wait that ends with the fd ready reports it ready, as poll() would.
+        // The others' callers make their call once more instead (see "Timeouts").
+        if (kind == WaitKind::ready_only) {
+            if (cancelled_now(call)) {
+                set_errno(ECANCELED);
+                return false;
+            }
+            if (ready_now(fd, what)) return true;
         }
-        if (ready_now(fd, what)) return true;
         set_errno(ETIMEDOUT);
         return false;
     }
@@ -755,7 +793,20 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
     if (::fstat(wait.fd, &st) != 0) {
         error = current_errno();
     } else if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
-        return;  // the file it registered
+        // The file it registered. A skipped read's wait is also checked for the read it left
+        // out: if data is queued after all (below an SO_RCVLOWAT set since the short read, or
+        // anything else that sends no edge), wake it to read, and make every later read of
+        // this socket ("Reads that would fail" at the top of this file).
+        int queued = 0;
+        if (!wait.skipped_read || entry.reader != &wait) return;
+        if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
+        entry.short_reads = 2;
+        entry.drained = false;
+        if (claim(wait.waiter)) {
+            woken[count++] = &wait;
+            entry.reader = nullptr;
+        }
+        return;
     } else {
         record_file(entry, st);  // another file: fast_socket false, its calls check it again
         error = register_fd(idle, wait.fd, entry);
@@ -812,20 +863,24 @@ bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read
     return fast;
 }
 
-// io::read of a known socket returned less than it asked for: if it is a TCP socket and no
-// read edge has come since the read began (`read_mark`, from prepare_call), its receive
-// queue was empty then (see the top of this file). Takes io_lock.
+// io::read of a known socket returned less than it asked for: if it is a TCP socket with a
+// low-water mark of 1 and no read edge has come since the read began (`read_mark`, from
+// prepare_call), its receive queue was empty then (see the top of this file). Takes io_lock.
 void read_came_short(SchedulerIdle& idle, int fd, std::uint64_t read_mark) noexcept {
     idle.io_lock.lock();
     auto it = idle.io_fds.find(fd);
     if (it != idle.io_fds.end() && it->second.fast_socket && !it->second.final_events) {
         IoFd& entry = it->second;
-        if (entry.tcp == 0) {
-            int protocol = 0;
-            socklen_t size = sizeof protocol;
-            entry.tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &size) == 0 && protocol == IPPROTO_TCP ? 1 : 2;
+        if (entry.short_reads == 0) {
+            int protocol = 0, lowat = 0;
+            socklen_t protocol_size = sizeof protocol, lowat_size = sizeof lowat;
+            const bool tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &protocol_size) == 0 &&
+                             protocol == IPPROTO_TCP;
+            // Below SO_RCVLOWAT data sends no edge: with a mark, no read of it is skipped.
+            const bool no_mark = getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, &lowat_size) == 0 && lowat <= 1;
+            entry.short_reads = tcp && no_mark ? 1 : 2;
         }
-        entry.drained = entry.tcp == 1 && entry.read_mark == read_mark;
+        entry.drained = entry.short_reads == 1 && entry.read_mark == read_mark;
     }
     idle.io_lock.unlock();
 }
@@ -877,9 +932,14 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         set_errno(EBADF);
         return false;
     }
-    // A zero timeout (or one a retry has used up) asks, like poll(fd, 0), without parking:
-    // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
-    if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(call.fd, what);
+    if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+        // A zero timeout (or one a retry has used up): io::wait() asks, like poll(fd, 0),
+        // without parking (a parked fiber's timer could fire before anyone asked epoll
+        // whether the fd is ready); the other callers make their call once more.
+        if (kind == WaitKind::ready_only) return ready_now(call.fd, what);
+        set_errno(ETIMEDOUT);
+        return false;
+    }
     if (!call.idle) return thread_wait(call, what, deadline, kind);
     for (;;) {
         if (!fiber_wait(call, what, deadline, kind, nonblocking_known, trusted)) return false;
@@ -931,13 +991,18 @@ struct Deadline {
 // for `what` in between. A blocking fd is refused first (usable_fd), except that in a fiber
 // a known non-blocking socket skips that check when `may_skip_check` (its call is then made
 // with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
-// now; see the top of this file). After cancel() reached the call, it is not made again.
+// now; see the top of this file). Once the timeout has passed, `call` is made once more
+// ("Timeouts" at the top of this file); after cancel() reached the call, never again.
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
            bool may_skip_read = false) -> decltype(call(false, nullptr, std::uint64_t{0})) {
     IoCall io(fd);
     bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
+    // The call to make whatever comes: a zero timeout's only one, or the one after the
+    // timeout passed. Never left out.
+    bool last_try = deadline.has && timeout.count() == 0;
+    if (last_try) may_skip_read = false;
     for (;;) {
         bool skip_read = false, cancelled = false;
         std::uint64_t read_mark = 0;
@@ -954,13 +1019,17 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
         }
         if (fast && skip_read) {
             // The read would fail with EAGAIN: wait for the edge first, as after one. Once:
-            // whatever ended the wait (an edge, or a timeout with the fd ready), the read is
-            // made next, so a queue that was not empty after all is read, not waited on again.
+            // whatever ended the wait (an edge, a sweep that found data queued, or the
+            // timeout), the read is made next, so a queue that was not empty after all is
+            // read, not waited on again.
 #if defined(FIBER_SCHED_FAULT_INJECTION)
             io_read_skip_count.fetch_add(1, std::memory_order_relaxed);
 #endif
             may_skip_read = false;
-            if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+            if (!wait_until(io, what, deadline.get(), WaitKind::skipped_read, checked, fast)) {
+                if (current_errno() != ETIMEDOUT) return -1;
+                last_try = true;
+            }
             continue;
         }
         if (!fast && !checked) {
@@ -976,7 +1045,14 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             continue;
         }
         if (error != EAGAIN && error != EWOULDBLOCK) return rc;
-        if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+        if (last_try) {
+            set_errno(ETIMEDOUT);
+            return -1;
+        }
+        if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) {
+            if (current_errno() != ETIMEDOUT) return -1;
+            last_try = true;
+        }
     }
 }
 
