@@ -48,7 +48,10 @@ ssize_t write(int fd, const void* buf, std::size_t n,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 // accept4() with SOCK_NONBLOCK | SOCK_CLOEXEC: the new connection is ready for io::read.
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
-// Connects a non-blocking socket: 0 once connected, -1 with the connection's error.
+// Connects a non-blocking socket: 0 once connected, -1 with the connection's error. When
+// the system call fails with EAGAIN (an AF_UNIX listener whose backlog is full: no readiness
+// event says when it has room), tries again after pauses of 1 ms doubling to 50 ms, until
+// it connects or `timeout` passes (ETIMEDOUT); a fiber's pause parks it, a thread's sleeps.
 int connect(int fd, const sockaddr* addr, socklen_t len,
             std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 

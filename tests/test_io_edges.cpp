@@ -1,6 +1,8 @@
 // fsched::io at the edges of its contract: a socket's SO_RCVLOWAT (which the kernel's
-// readiness honours and a non-blocking recv() does not), and io::cancel() reaching a call
-// between its EAGAIN and its park, or between a wake-up and its next system call. Each test gives its calls timeouts far longer than the checks
+// readiness honours and a non-blocking recv() does not), io::connect to an AF_UNIX
+// listener whose backlog is full (no readiness event says when it has room), and
+// io::cancel() reaching a call between its EAGAIN and its park, or between a wake-up and
+// its next system call. Each test gives its calls timeouts far longer than the checks
 // allow, so a call that is left asleep shows up as a failure, not as a slow pass.
 #include "fiber_sched.hpp"
 #include "listener.hpp"
@@ -240,6 +242,161 @@ TEST_CASE("io edges: a TCP read that waits with SO_RCVLOWAT set returns the byte
 }
 
 #endif  // FIBER_SCHED_FAULT_INJECTION
+
+// ---------------------------------------------------------------------------------------
+// io::connect to an AF_UNIX listener whose backlog is full: connect() fails with EAGAIN,
+// and no readiness event says when the backlog has room.
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+// An AF_UNIX stream listener in the abstract namespace (nothing to clean up on disk) whose
+// backlog is full: listen(fd, 0) takes one connection, which `queued_client` made.
+struct FullUnixListener {
+    FullUnixListener(const FullUnixListener&) = delete;
+    FullUnixListener& operator=(const FullUnixListener&) = delete;
+    int fd = -1;
+    int queued_client = -1;
+    sockaddr_un addr{};
+    socklen_t addr_len = 0;
+    FullUnixListener() {
+        static std::atomic<int> serial{0};
+        addr.sun_family = AF_UNIX;
+        const int n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "fsched-io-edges-%d-%d",
+                                    static_cast<int>(::getpid()), serial++);
+        addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+        fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        REQUIRE(fd >= 0);
+        REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) == 0);
+        REQUIRE(::listen(fd, 0) == 0);
+        queued_client = new_client();
+        REQUIRE(::connect(queued_client, reinterpret_cast<const sockaddr*>(&addr), addr_len) == 0);
+        const int refused = new_client();
+        CHECK(::connect(refused, reinterpret_cast<const sockaddr*>(&addr), addr_len) == -1);
+        CHECK(errno == EAGAIN);  // full
+        ::close(refused);
+    }
+    ~FullUnixListener() {
+        ::close(queued_client);
+        ::close(fd);
+    }
+    static int new_client() {
+        const int c = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        REQUIRE(c >= 0);
+        return c;
+    }
+    int connect(int client, std::chrono::milliseconds timeout) const {
+        return fsched::io::connect(client, reinterpret_cast<const sockaddr*>(&addr), addr_len, timeout);
+    }
+    // Makes room: accepts (and closes) the queued connection.
+    void accept_one() const {
+        const int accepted = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+        CHECK(accepted >= 0);
+        if (accepted >= 0) ::close(accepted);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("io edges: io::connect to an AF_UNIX listener whose backlog is full waits until an accept makes room") {
+    SUBCASE("in a fiber") {
+        FullUnixListener listener;
+        const int client = FullUnixListener::new_client();
+        Outcome connected;
+        char c = 0;
+        long got = -2;
+        Scheduler s(1, false);
+        s.start();
+        s.schedule([&] {
+            Scheduler::current()->schedule([&] {  // runs while the connect waits
+                fsched::this_fiber::sleep_for(200ms);
+                listener.accept_one();
+            });
+            connected = timed([&] { return listener.connect(client, 20s); });
+            // Connected for real: the listener's next accept gets it, and data flows.
+            const int server = fsched::io::accept(listener.fd, nullptr, nullptr, 5s);
+            CHECK(server >= 0);
+            if (server >= 0) {
+                CHECK(fsched::io::write(client, "u", 1, 5s) == 1);
+                got = fsched::io::read(server, &c, 1, 5s);
+                ::close(server);
+            }
+        });
+        s.stop();
+        ::close(client);
+        CAPTURE(connected.error);
+        CHECK(connected.rc == 0);
+        CHECK(connected.took >= 150ms);  // it waited for the room
+        CHECK(connected.took < 10s);
+        CHECK(got == 1);
+        CHECK(c == 'u');
+    }
+    SUBCASE("in a plain thread") {
+        FullUnixListener listener;
+        const int client = FullUnixListener::new_client();
+        std::thread acceptor([&] {
+            std::this_thread::sleep_for(200ms);
+            listener.accept_one();
+        });
+        const Outcome connected = timed([&] { return listener.connect(client, 20s); });
+        acceptor.join();
+        ::close(client);
+        CAPTURE(connected.error);
+        CHECK(connected.rc == 0);
+        CHECK(connected.took >= 150ms);
+        CHECK(connected.took < 10s);
+    }
+}
+
+TEST_CASE("io edges: io::connect to an AF_UNIX listener whose backlog stays full times out, and io::cancel ends it") {
+    SUBCASE("timeout, in a fiber and in a plain thread") {
+        FullUnixListener listener;
+        const int fiber_client = FullUnixListener::new_client();
+        const int thread_client = FullUnixListener::new_client();
+        Outcome in_fiber, in_thread;
+        Scheduler s(1, false);
+        s.start();
+        s.schedule([&] { in_fiber = timed([&] { return listener.connect(fiber_client, 300ms); }); });
+        s.stop();
+        in_thread = timed([&] { return listener.connect(thread_client, 300ms); });
+        ::close(fiber_client);
+        ::close(thread_client);
+        for (const Outcome* o : {&in_fiber, &in_thread}) {
+            CHECK(o->rc == -1);
+            CHECK(o->error == ETIMEDOUT);
+            CHECK(o->took >= 250ms);
+        }
+    }
+    SUBCASE("cancel, in a fiber and in a plain thread") {
+        FullUnixListener listener;
+        const int fiber_client = FullUnixListener::new_client();
+        const int thread_client = FullUnixListener::new_client();
+        Outcome in_fiber, in_thread;
+        Scheduler s(1, false);
+        s.start();
+        s.schedule([&] {
+            Scheduler::current()->schedule([&] {
+                fsched::this_fiber::sleep_for(200ms);
+                fsched::io::cancel(fiber_client);
+            });
+            in_fiber = timed([&] { return listener.connect(fiber_client, 20s); });
+        });
+        s.stop();
+        std::thread canceller([&] {
+            std::this_thread::sleep_for(200ms);
+            fsched::io::cancel(thread_client);
+        });
+        in_thread = timed([&] { return listener.connect(thread_client, 20s); });
+        canceller.join();
+        ::close(fiber_client);
+        ::close(thread_client);
+        for (const Outcome* o : {&in_fiber, &in_thread}) {
+            CHECK(o->rc == -1);
+            CHECK(o->error == ECANCELED);
+            CHECK(o->took < 10s);  // not at its timeout of 20 s
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // io::cancel(fd) reaches every io call on fd that has started and not returned.

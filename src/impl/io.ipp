@@ -132,7 +132,7 @@
 // no slot, and parked on, or made its call on, an fd that may be closed by then (and its
 // number reused). So each IoFd counts the cancels of its number (IoFd::cancels), and a call
 // of a scheduler's fiber, or of its use_caller thread (IoCall), takes that count at its
-// first step under io_lock (prepare_call, io::wait's first look, connect's first step) and
+// first step under io_lock (prepare_call, io::wait's first look, connect's first try) and
 // compares it at every later one, also under io_lock: before each system call of its retry
 // loop and before each park (call_step). cancel() adds one under io_lock, then wakes the
 // parked waiters; a call that finds the count changed returns ECANCELED at once and does
@@ -147,7 +147,17 @@
 // last check and its system call, with no park or lock in between: a cancel(), close() and
 // reuse of the number all landing there meet that one system call on the new file, as they
 // would meet a call that had just begun.
-
+//
+// Connect on a full backlog. connect() on an AF_UNIX stream socket fails with EAGAIN while
+// the listener's backlog is full, and leaves the socket unconnected, ready for another
+// connect() (checked on Linux 6.18); no readiness event says when the backlog has room (a
+// blocking connect sleeps on the listener's queue, which no poll of this socket reports). So
+// io::connect tries again after a pause, 1 ms doubling to 50 ms, until it connects, fails
+// otherwise, or its timeout passes (ETIMEDOUT). A fiber pauses in fd's writer slot, with the
+// pause's end as its deadline (cancel() finds it there; an edge of the unconnected socket
+// ends a pause early, which only brings the next try forward), a plain thread in a poll()
+// of its eventfd alone. A TCP connect to a full backlog goes EINPROGRESS (the kernel retries
+// the SYN): its path, a wait for Write, is unchanged.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -455,10 +465,11 @@ bool ready_now(int fd, io::Ready what) noexcept {
 // How a wait was reached: after its read or write failed with EAGAIN (an edge left in
 // IoFd::ready by data read since may wake it spuriously: its caller tries again); instead of
 // a read that would fail (a skipped read: see "Reads that would fail" at the top of this
-// file); or from io::wait(), which reports the fd ready only when it is. Each but ready_only
-// ends with ETIMEDOUT when its deadline passes, without asking poll(): its caller makes its
-// call once more.
-enum class WaitKind { after_eagain, skipped_read, ready_only };
+// file); from io::wait(), which reports the fd ready only when it is; or as io::connect's
+// pause before it tries again (a wait that only cancel() or its deadline ends; an edge that
+// ends it early only brings the next try forward). Each but ready_only ends with ETIMEDOUT
+// when its deadline passes, without asking poll(): its caller makes its call once more.
+enum class WaitKind { after_eagain, skipped_read, ready_only, pause };
 
 // The calling thread's eventfd, which cancel() writes to end a plain thread's poll(); -1 with
 // errno set when none can be made (the next call tries again). A child of fork() makes its
@@ -895,19 +906,18 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
 }
 
 // A plain thread's wait: poll() of fd and of the thread's eventfd, which cancel() writes
-// (see "Cancel" at the top of this file).
+// (see "Cancel" at the top of this file). A pause polls the eventfd alone.
 bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     auto hook = io_before_park.load(std::memory_order_relaxed);
     if (hook && kind == WaitKind::after_eagain) hook(call.fd);
-#else
-    (void)kind;
 #endif
     if (!call.thread_registered) {
         set_errno(call.thread_error);
         return false;
     }
-    pollfd fds[2] = {poll_entry(call.fd, what), {call.thread.cancel_fd, POLLIN, 0}};
+    pollfd fds[2] = {kind == WaitKind::pause ? pollfd{-1, 0, 0} : poll_entry(call.fd, what),
+                     {call.thread.cancel_fd, POLLIN, 0}};
     // cancel() sets the flag, then writes the eventfd: a cancel before this load is seen
     // here, one after it ends the poll().
     if (call.thread.cancelled.load(std::memory_order_acquire)) {
@@ -1056,16 +1066,35 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
     }
 }
 
-// io::connect after usable_fd: the system call and the wait for the connection, as one call.
+// io::connect after usable_fd: the system call, its retries after EAGAIN, and the wait for
+// the connection, as one call (see "Connect on a full backlog" at the top of this file).
 int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
     IoCall call(fd);
     const Deadline deadline(timeout);
-    if (cancelled_now(call)) {  // its first step, which records its count of cancels
-        set_errno(ECANCELED);
-        return -1;
+    constexpr std::chrono::milliseconds longest_pause(50);
+    std::chrono::milliseconds pause(1);
+    for (;;) {
+        if (cancelled_now(call)) {
+            set_errno(ECANCELED);
+            return -1;
+        }
+        if (::connect(fd, addr, len) == 0) return 0;
+        const int error = current_errno();
+        if (error == EINPROGRESS || error == EINTR) break;
+        if (error != EAGAIN) return -1;
+        // AF_UNIX: the listener's backlog is full, and no readiness event says when it has
+        // room. Try again after a pause, or once the timeout has passed, fail.
+        const TimePoint now = std::chrono::steady_clock::now();
+        if (deadline.has && deadline.at <= now) {
+            set_errno(ETIMEDOUT);
+            return -1;
+        }
+        const TimePoint until = deadline.has && deadline.at < now + pause ? deadline.at : now + pause;
+        if (!wait_until(call, io::Ready::Write, &until, WaitKind::pause, true) && current_errno() != ETIMEDOUT) {
+            return -1;  // ECANCELED, or the pause could not be made
+        }
+        pause = std::min(pause * 2, longest_pause);
     }
-    if (::connect(fd, addr, len) == 0) return 0;
-    if (current_errno() != EINPROGRESS && current_errno() != EINTR) return -1;
     if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ready_only, false)) return -1;
     int error = 0;
     socklen_t error_len = sizeof error;
