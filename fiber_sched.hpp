@@ -1799,15 +1799,25 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::m
 // that was non-blocking when a wait first saw it is not checked again: its reads and writes
 // use MSG_DONTWAIT, which cannot block whatever its flags have become.) Each retries on EAGAIN
 // by waiting, returns what the system call returns with errno set, and -1 with errno
-// ETIMEDOUT once `timeout` (over all retries) passes, or EBUSY when another fiber of the same
+// ETIMEDOUT once `timeout` (over all retries) has passed and a last try of the call still
+// fails with EAGAIN (a zero timeout: one try), or EBUSY when another fiber of the same
 // scheduler already waits for the same fd and direction (one reader and one writer per fd).
+// A wait ends on the kernel's readiness, as poll() reports it: a socket's SO_RCVLOWAT holds a
+// waiting read back until that many bytes are queued (or the end, or an error), as it holds
+// a blocking recv(), and the try at the timeout returns what is queued below the mark. Data
+// queued when a read begins is returned at once, or, when the read comes after a short one
+// (which io takes to mean the queue is empty: see io.ipp) and a mark raised since hid the
+// data, 25 to 50 ms later.
 // write() never raises SIGPIPE: a peer that has gone (socket or pipe) is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 ssize_t write(int fd, const void* buf, std::size_t n,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 // accept4() with SOCK_NONBLOCK | SOCK_CLOEXEC: the new connection is ready for io::read.
 int accept(int fd, sockaddr* addr, socklen_t* len, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
-// Connects a non-blocking socket: 0 once connected, -1 with the connection's error.
+// Connects a non-blocking socket: 0 once connected, -1 with the connection's error. When
+// the system call fails with EAGAIN (an AF_UNIX listener whose backlog is full: no readiness
+// event says when it has room), tries again after pauses of 1 ms doubling to 50 ms, until
+// it connects or `timeout` passes (ETIMEDOUT); a fiber's pause parks it, a thread's sleeps.
 int connect(int fd, const sockaddr* addr, socklen_t len,
             std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
@@ -1815,8 +1825,11 @@ int connect(int fd, const sockaddr* addr, socklen_t len,
 // errno's (thread-local) address from before a call that moved the fiber to another thread.
 int last_error() noexcept;
 
-// Wakes every fiber and thread waiting for `fd` now: their wait returns false, errno
-// ECANCELED. Waits that start later, and waits on other fds, are not affected. Then the fd
+// Ends every io call on `fd` (wait, read, write, accept, connect, in any fiber or thread) that
+// has started and not returned: it returns false or -1, errno ECANCELED, and does nothing
+// more with `fd`. A parked or polling call is woken now; one between its system call and its
+// wait does not wait; one woken and not yet back at its system call does not make it. Calls
+// that start after cancel() returns, and calls on other fds, are not affected. Then the fd
 // can be closed safely (closing one that is waited for is a user error). An fd that is not
 // waited for may be closed with plain close() at any time: fsched::io keeps each fd in its
 // scheduler's epoll instance between waits, and finds out that the number was closed or
@@ -1849,8 +1862,9 @@ long io_sweep_repairs() noexcept;
 void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept;
 // Whether `s` makes sweeps now (an unverified waiter parked since its last empty sweep).
 bool io_sweeping(Scheduler& s) noexcept;
-// When set, called by a fiber's wait after its read or write failed with EAGAIN, just
-// before it looks at the fd's readiness and parks: a test lands an edge there.
+// When set, called by a wait after its read or write failed with EAGAIN, just before it
+// looks at the fd's readiness and parks (a fiber) or polls (a plain thread): a test lands
+// an edge, or a cancel(), there.
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept;
 // When set, called by io::read of a known socket just after its system call returned data,
 // before a short read is recorded: a test lands an edge while the read is under way.
@@ -1947,6 +1961,7 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>  // FIONREAD
 #include <sys/stat.h>
 #endif
 
@@ -4133,8 +4148,11 @@ struct SchedulerIdle;
 
 // One fd as fsched::io knows it: the fibers waiting for it (at most one per direction), its
 // edge-triggered registration in the scheduler's epoll instance, the readiness edges that no
-// waiter has taken yet, and which file the number named when it was last checked. The
-// registration outlives each wait: see io.ipp for why that is safe. Under SchedulerIdle::io_lock.
+// waiter has taken yet, which file the number named when it was last checked, and how many
+// times io::cancel() reached the number. The registration outlives each wait: see io.ipp for
+// why that is safe. An entry is made by the first io call on its number and never erased
+// while the scheduler lives, only forgotten (io.ipp, forget_file), so that `cancels`
+// outlives it. Under SchedulerIdle::io_lock.
 struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
@@ -4157,15 +4175,21 @@ struct IoFd {
     // when a read returned less than it asked for with no read edge since it began (the
     // mark `read_mark` unchanged), and cleared by the next read edge and the next read;
     // while it is set, io::read parks without making the read that would fail with EAGAIN.
-    // `tcp`: SO_PROTOCOL, once asked (0: not yet, 1: TCP, 2: not). `final_events`: an event
-    // said hang-up, error or urgent data, after which a short read no longer means the queue
-    // was empty: no read is skipped any more.
+    // `short_reads`: what a short read says of the socket, asked once (SO_PROTOCOL and
+    // SO_RCVLOWAT): 0 not yet asked; 1 its receive queue was empty (TCP, low-water mark 1);
+    // 2 nothing (any other socket, a low-water mark above 1, or a skipped read that a sweep
+    // found wrong). `final_events`: an event said hang-up, error or urgent data, after which
+    // a short read no longer means the queue was empty: no read is skipped any more.
     bool drained = false;
-    std::uint8_t tcp = 0;
+    std::uint8_t short_reads = 0;
     bool final_events = false;
     // The latest read event taken (take_ready) or registration made, numbered by
     // SchedulerIdle::io_read_marks: unique across entries, so never repeated by a new one.
     std::uint64_t read_mark = 0;
+    // io::cancel() calls that reached this number, kept when the entry is forgotten: an io
+    // call under way compares it at each step with the count it started with (io.ipp,
+    // "Cancel").
+    std::uint64_t cancels = 0;
 };
 
 // Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
@@ -6949,20 +6973,20 @@ void WaitGroup::wait() {
 //
 // Closed fds and reused numbers. Nothing sees a ::close() behind our back, so the number is
 // checked against its file: fstat()'s device and inode, recorded in IoFd. EBADF forgets the
-// entry; another file under the same number drops the registration (a new one gets a new
-// generation, so events of the old file, if it is still open elsewhere, are stale) and its
-// calls check the new file's flags again. io::read / io::write on a known non-blocking
-// socket skip the per-call fcntl (the socket's reads and writes use MSG_DONTWAIT, so a
-// number reused by a blocking socket cannot block the worker before a check finds it out; a
-// write that finds ENOTSOCK there goes back to the check). A socket's inode number is unique
-// among live files, so for sockets the check is enough; a number reused by a socket with the
-// same device and inode as a closed one would need 2^32 sockets opened in between. Other
-// files can share an inode with a closed one (every eventfd, timerfd and epoll fd shares
-// one; each open of a FIFO, a tty or /dev/ptmx has the node's), so a non-socket is checked
-// and re-arms its registration at each park (EPOLL_CTL_MOD, ADD if the set lost it): one
-// epoll_ctl per park, as before the persistent registration, and a new generation, so the
-// closed file's events are stale. A socket not yet known as a non-blocking one is checked
-// at each park too.
+// entry's file (forget_file); another file under the same number drops the registration (a
+// new one gets a new generation, so events of the old file, if it is still open elsewhere,
+// are stale) and its calls check the new file's flags again. io::read / io::write on a
+// known non-blocking socket skip the per-call fcntl (the socket's reads and writes use
+// MSG_DONTWAIT, so a number reused by a blocking socket cannot block the worker before a
+// check finds it out; a write that finds ENOTSOCK there goes back to the check). A socket's
+// inode number is unique among live files, so for sockets the check is enough; a number
+// reused by a socket with the same device and inode as a closed one would need 2^32 sockets
+// opened in between. Other files can share an inode with a closed one (every eventfd,
+// timerfd and epoll fd shares one; each open of a FIFO, a tty or /dev/ptmx has the node's),
+// so a non-socket is checked and re-arms its registration at each park (EPOLL_CTL_MOD, ADD
+// if the set lost it): one epoll_ctl per park, as before the persistent registration, and a
+// new generation, so the closed file's events are stale. A socket not yet known as a
+// non-blocking one is checked at each park too.
 //
 // Delayed validation. A known non-blocking socket (IoFd::fast_socket, registered) parks
 // without the fstat: the wait trusts the registration, which a keep-alive connection's
@@ -7007,20 +7031,79 @@ void WaitGroup::wait() {
 // takes the fd's mark of its latest read edge (IoFd::read_mark, new from one counter of the
 // scheduler's at each edge take_ready takes, whoever gets it: a parked reader, an io::wait,
 // or `ready`; and at each registration); a short read sets it only if the mark is the same
-// (read_came_short): the same entry, no edge since (an entry that io::cancel forgot and one
-// made anew never share a mark). The next read edge clears it. So a skipped read is always
-// one whose previous read came short with no read edge since that read began: a full read
-// leaves data queued, and an edge while the short read was under way may be for more, and
-// neither is followed by a skip. That park is the one after an EAGAIN, and the lost-edge
-// argument above holds as it is: the data that came after the short read is either kept in
-// `ready` (checked before the park, and before the skip) or finds the waiter. What a short
-// read does not prove is left alone: any socket but TCP (SO_PROTOCOL, asked once: a
-// datagram or seqpacket socket reads one message per read, and an AF_UNIX stream read stops
-// at a message that carried file descriptors, or between senders when SO_PASSCRED is on)
-// and a socket after an event with hang-up, error or urgent data (IoFd::final_events: the
-// peer's FIN is a queued end, not data, and urgent data stops a read at its mark), whose
-// reads are all made. A number reused unseen leaves the flag of the old file behind; its
-// wait is then an unverified one, as any, and the sweep finds it.
+// (read_came_short): the same file, no edge since (an entry that io::cancel forgot takes a
+// new mark). The next read edge clears it. So a skipped read is always one whose previous
+// read came short with no read edge since that read began: a full read leaves data queued,
+// and an edge while the short read was under way may be for more, and neither is followed
+// by a skip. That park is the one after an EAGAIN, and the lost-edge argument above holds
+// as it is: the data that came after the short read is either kept in `ready` (checked
+// before the park, and before the skip) or finds the waiter. What a short read does not
+// prove is left alone: any socket but TCP (SO_PROTOCOL, asked once: a datagram or seqpacket
+// socket reads one message per read, and an AF_UNIX stream read stops at a message that
+// carried file descriptors, or between senders when SO_PASSCRED is on) and a socket after
+// an event with hang-up, error or urgent data (IoFd::final_events: the peer's FIN is a
+// queued end, not data, and urgent data stops a read at its mark), whose reads are all
+// made. A number reused unseen leaves the flag of the old file behind; its wait is then an
+// unverified one, as any, and the sweep finds it.
+//
+// The low-water mark. Below a socket's SO_RCVLOWAT the kernel sends no edge, and poll()
+// reports nothing, for data that a non-blocking recv() returns (checked on Linux 6.18; a
+// short read still empties the queue). So a TCP socket whose mark is above 1 when its first
+// short read asks (with SO_PROTOCOL: IoFd::short_reads) never skips a read. The mark can be
+// raised at any time behind io's back, and raising it sends no edge: so the wait of a
+// skipped read always joins the unverified waiters (IoWait::skipped_read), and the sweep
+// that checks it, 1 to 2 intervals after its park, also asks FIONREAD (which, unlike
+// poll(), ignores the mark): data queued wakes it to read, and its socket's reads are all
+// made from then on. A queue the sweep finds empty means the read left out would have
+// failed with EAGAIN then, so from then on the wait is the one a made read would have begun
+// (and waits as a made read does: see "Timeouts"). So the skip never leaves data behind for
+// longer than that. Nothing else was found to change the rule: lowering the mark sends an
+// edge if enough is queued; a user's recv(MSG_PEEK) sends none and takes nothing; a dup()ed
+// fd read by another thread only takes data, which sends no edge and leaves no more than
+// there was; Nagle's algorithm on the peer (no TCP_NODELAY) changes only how many segments
+// come, and each arrival is an edge.
+//
+// Timeouts. A read, write or accept whose wait times out makes its system call once more,
+// and returns what that returns: -1 ETIMEDOUT only if it fails with EAGAIN again (a zero
+// timeout: the one call). An edge, and poll(), follow the kernel's readiness, which a
+// socket's low-water marks hold back while the call itself would return data: SO_RCVLOWAT
+// for recv() (above), TCP_NOTSENT_LOWAT for send() (poll() says "not writable" while a
+// one-byte send() succeeds; checked on Linux 6.18). So io::read waits as a blocking recv()
+// with SO_RCVTIMEO does: for the mark, an end or an error, or its timeout, and then returns
+// what is there. io::wait() promises readiness as poll() reports it, and still asks poll().
+//
+// Cancel. io::cancel(fd) must reach every call on fd that has started and not returned, not
+// only the waiters in fd's slots: a call between its EAGAIN and its park, or one woken (its
+// slot emptied by an edge, a timer or a sweep) and not yet back at its system call, is in
+// no slot, and parked on, or made its call on, an fd that may be closed by then (and its
+// number reused). So each IoFd counts the cancels of its number (IoFd::cancels), and a call
+// of a scheduler's fiber, or of its use_caller thread (IoCall), takes that count at its
+// first step under io_lock (prepare_call, io::wait's first look, connect's first try) and
+// compares it at every later one, also under io_lock: before each system call of its retry
+// loop and before each park (call_step). cancel() adds one under io_lock, then wakes the
+// parked waiters; a call that finds the count changed returns ECANCELED at once and does
+// nothing more with fd. An entry is made by its number's first call and never erased, only
+// forgotten (forget_file keeps the count), so the count outlives cancel()'s forgetting the
+// registration; a call that could not make its entry (no memory) fails with ENOMEM if it
+// has to wait, since cancel() could not reach it. A call that starts after cancel()
+// returned takes the new count and is not affected; nor are calls on other fds. A plain
+// thread's call is in io_registry().thread_waits from its start to its return: cancel()
+// sets its flag, then writes its eventfd, which its poll() watches; the call reads the flag
+// before each system call and each poll(). What is left is the instant between a call's
+// last check and its system call, with no park or lock in between: a cancel(), close() and
+// reuse of the number all landing there meet that one system call on the new file, as they
+// would meet a call that had just begun.
+//
+// Connect on a full backlog. connect() on an AF_UNIX stream socket fails with EAGAIN while
+// the listener's backlog is full, and leaves the socket unconnected, ready for another
+// connect() (checked on Linux 6.18); no readiness event says when the backlog has room (a
+// blocking connect sleeps on the listener's queue, which no poll of this socket reports). So
+// io::connect tries again after a pause, 1 ms doubling to 50 ms, until it connects, fails
+// otherwise, or its timeout passes (ETIMEDOUT). A fiber pauses in fd's writer slot, with the
+// pause's end as its deadline (cancel() finds it there; an edge of the unconnected socket
+// ends a pause early, which only brings the next try forward), a plain thread in a poll()
+// of its eventfd alone. A TCP connect to a full backlog goes EINPROGRESS (the kernel retries
+// the SYN): its path, a wait for Write, is unchanged.
 // ---------------------------------------------------------------------------
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -7048,6 +7131,7 @@ struct IoWait {
     int error = 0;           // a sweep's verdict, written before it wakes the waiter: the
                              // wait fails with this errno (EBADF: closed); 0: ready
     int fd = -1;             // the fd waited for, for a sweep
+    bool skipped_read = false;  // io::read left its read out (a sweep checks the queue)
     // In SchedulerIdle's list of unverified waiters (see "Delayed validation" above); all
     // under io_lock.
     bool unverified = false;
@@ -7058,17 +7142,20 @@ struct IoWait {
 
 namespace {
 
-// A plain thread blocked in poll() for one fd, on that thread's stack.
+// A plain thread's io call on one fd, from its start to its return (see "Cancel" at the top
+// of this file), on that thread's stack.
 struct ThreadIoWait {
-    int cancel_fd;           // the thread's eventfd, which interrupts its poll()
-    bool cancelled = false;  // cancel() wrote to cancel_fd; under IoRegistry::mutex
+    int cancel_fd = -1;  // the thread's eventfd, which interrupts its poll()
+    // Set by cancel(), under IoRegistry::mutex, before it writes to cancel_fd (once); read
+    // by the call before each system call (acquire: cancel()'s release).
+    std::atomic<bool> cancelled{false};
 };
 
-// What io::cancel() must find: the live schedulers and the plain threads blocked in poll().
+// What io::cancel() must find: the live schedulers and the plain threads' io calls.
 struct IoRegistry {
     std::mutex mutex;
     std::vector<SchedulerIdle*> schedulers;                    // under mutex
-    std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its waiting threads; under mutex
+    std::unordered_multimap<int, ThreadIoWait*> thread_waits;  // fd -> its threads' calls; under mutex
 };
 
 // This thread's eventfd, which interrupts its poll() when io::cancel() writes to it; made
@@ -7182,13 +7269,26 @@ int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) no
     return 0;
 }
 
-// Forgets fd's entry; deletes its registration first if the fd may still be open (cancel()
-// before a close: a dup of it elsewhere would otherwise keep reporting). Under io_lock.
+// Makes `entry` what a new one would be, but for its count of cancels, which the calls under
+// way compare (see "Cancel" at the top of this file): entries are forgotten, never erased.
+// A waiter still in a slot (its fd closed behind io's back) sleeps on until its timeout,
+// found by no one: unlink_io_wait and the sweep look for it in the slot. Under io_lock.
+void forget_file(SchedulerIdle& idle, IoFd& entry) noexcept {
+    IoFd forgotten;
+    forgotten.cancels = entry.cancels;
+    // A read under way may have taken the old mark: its short read must not count.
+    forgotten.read_mark = ++idle.io_read_marks;
+    entry = forgotten;
+}
+
+// Forgets fd's file and registration; deletes the registration first if the fd may still be
+// open (cancel() before a close: a dup of it elsewhere would otherwise keep reporting).
+// Under io_lock.
 void forget_fd(SchedulerIdle& idle, int fd, bool still_open) noexcept {
     auto it = idle.io_fds.find(fd);
     if (it == idle.io_fds.end()) return;
     if (still_open && it->second.registered) io_epoll_ctl(idle.io_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-    idle.io_fds.erase(it);
+    forget_file(idle, it->second);
 }
 
 // Puts a waiter about to park on a registration it has not checked at the end of the list
@@ -7308,10 +7408,137 @@ bool ready_now(int fd, io::Ready what) noexcept {
     return poll_outcome(rc, one, current_errno());
 }
 
-// How a fiber's wait was reached: after its read or write failed with EAGAIN (an edge left
-// in IoFd::ready by data read since may wake it spuriously: its caller tries again), or from
-// io::wait(), which reports the fd ready only when it is.
-enum class WaitKind { after_eagain, ready_only };
+// How a wait was reached: after its read or write failed with EAGAIN (an edge left in
+// IoFd::ready by data read since may wake it spuriously: its caller tries again); instead of
+// a read that would fail (a skipped read: see "Reads that would fail" at the top of this
+// file); from io::wait(), which reports the fd ready only when it is; or as io::connect's
+// pause before it tries again (a wait that only cancel() or its deadline ends; an edge that
+// ends it early only brings the next try forward). Each but ready_only ends with ETIMEDOUT
+// when its deadline passes, without asking poll(): its caller makes its call once more.
+enum class WaitKind { after_eagain, skipped_read, ready_only, pause };
+
+// The calling thread's eventfd, which cancel() writes to end a plain thread's poll(); -1 with
+// errno set when none can be made (the next call tries again). A child of fork() makes its
+// own: the io registry's child handler closes the inherited one, which is the parent's.
+int thread_cancel_fd() {
+    if (thread_cancel_fd_value < 0) {
+        thread_cancel_fd_value = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (thread_cancel_fd_value < 0) return -1;
+        static thread_local CancelFdCloser closer;
+        (void)&closer;
+    }
+    return thread_cancel_fd_value;
+}
+
+// One io call (wait, read, write, accept, connect) from its start to its return, as
+// io::cancel() must reach it (see "Cancel" at the top of this file). On the caller's stack.
+struct IoCall {
+    explicit IoCall(int fd) noexcept;
+    IoCall(const IoCall&) = delete;
+    IoCall& operator=(const IoCall&) = delete;
+    ~IoCall();
+
+    enum class Start : unsigned char {
+        not_yet,     // no step under io_lock yet
+        recorded,    // `cancels` is the entry's count at the first step
+        unrecorded,  // no entry could be made at the first step (no memory): it never waits
+    };
+    const int fd;
+    // The scheduler whose epoll instance the call's waits use: a scheduler task's, or the
+    // use_caller thread's outside its tasks; nullptr for a plain thread, which polls.
+    SchedulerIdle* idle = nullptr;
+    bool in_task = false;  // a scheduler task's: its reads and writes may go the fast way
+    Start start = Start::not_yet;
+    std::uint64_t cancels = 0;  // IoFd::cancels at the call's first step
+    // A plain thread's call, in io_registry().thread_waits for the whole call, unless
+    // `thread_error` says why it could not be (eventfd()'s errno, or ENOMEM): its waits then
+    // fail with that errno.
+    ThreadIoWait thread;
+    bool thread_registered = false;
+    int thread_error = 0;
+    std::unordered_multimap<int, ThreadIoWait*>::iterator registration;
+};
+
+IoCall::IoCall(int fd_) noexcept : fd(fd_) {
+    if (in_scheduler_task()) {
+        idle = &SchedulerCore::of(*thread_state()->scheduler).idle;
+        in_task = true;
+        return;
+    }
+    if (SchedulerCore* core = caller_may_help()) {
+        idle = &core->idle;
+        return;
+    }
+    const int error = current_errno();
+    thread.cancel_fd = thread_cancel_fd();
+    if (thread.cancel_fd < 0) {
+        thread_error = current_errno();
+    } else {
+        IoRegistry& registry = io_registry();
+        try {
+            std::lock_guard<std::mutex> lock(registry.mutex);
+            registration = registry.thread_waits.emplace(fd, &thread);
+            thread_registered = true;
+        } catch (const std::bad_alloc&) {
+            thread_error = ENOMEM;
+        }
+    }
+    set_errno(error);
+}
+
+IoCall::~IoCall() {
+    if (!thread_registered) return;
+    const int error = current_errno();  // the call's result
+    IoRegistry& registry = io_registry();
+    {
+        std::lock_guard<std::mutex> lock(registry.mutex);
+        registry.thread_waits.erase(registration);
+    }
+    // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
+    // came after the call's last poll() would otherwise fail this thread's next wait, on any fd.
+    if (thread.cancelled.load(std::memory_order_acquire)) drain(thread.cancel_fd);
+    set_errno(error);
+}
+
+// A step of `call` in a scheduler, under its io_lock: fd's entry, and in `cancelled` whether
+// cancel() has reached the call since its first step, which makes the entry if it is missing
+// and records its count of cancels (see "Cancel" at the top of this file). nullptr: no entry
+// was made at the first step (no memory, or a negative fd); the call must then not wait.
+IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
+    cancelled = false;
+    SchedulerIdle& idle = *call.idle;
+    if (call.start == IoCall::Start::unrecorded) return nullptr;
+    auto it = idle.io_fds.find(call.fd);
+    if (call.start == IoCall::Start::recorded) {
+        // Entries are never erased while their scheduler lives (forget_file).
+        cancelled = it == idle.io_fds.end() || it->second.cancels != call.cancels;
+        return it == idle.io_fds.end() ? nullptr : &it->second;
+    }
+    if (it == idle.io_fds.end()) {
+        call.start = IoCall::Start::unrecorded;  // unless the entry is made now
+        if (call.fd < 0) return nullptr;         // its call fails with EBADF
+        try {
+            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            it = idle.io_fds.try_emplace(call.fd).first;
+        } catch (const std::bad_alloc&) {
+            return nullptr;
+        }
+    }
+    call.start = IoCall::Start::recorded;
+    call.cancels = it->second.cancels;
+    return &it->second;
+}
+
+// Whether cancel() has reached `call` since it started; a call's first step (in a scheduler)
+// records where it starts from. Takes io_lock (a plain thread's: none).
+bool cancelled_now(IoCall& call) noexcept {
+    if (!call.idle) return call.thread.cancelled.load(std::memory_order_acquire);
+    bool cancelled;
+    call.idle->io_lock.lock();
+    call_step(call, cancelled);
+    call.idle->io_lock.unlock();
+    return cancelled;
+}
 
 // fstat() of fd for fiber_wait; false with errno EBADF (or fstat's) if fd is not open, whose
 // entry is then forgotten: it was closed behind our back, and the kernel dropped its
@@ -7340,7 +7567,7 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
     entry.inode = st.st_ino;
     entry.fast_socket = false;
     entry.drained = false;
-    entry.tcp = 0;
+    entry.short_reads = 0;
     entry.final_events = false;
 }
 
@@ -7348,8 +7575,10 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
 // is non-blocking (usable_fd); the entry may then mark a socket as fast_socket.
 // `trusted`: the caller's call went the fast way (prepare_call), so the entry was a known
 // socket's a moment ago; fiber_wait checks that again under io_lock.
-bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* deadline, WaitKind kind,
-                bool nonblocking_known, bool trusted) {
+bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
+                bool trusted) {
+    SchedulerIdle& idle = *call.idle;
+    const int fd = call.fd;
     IoWait wait;
     try {
         if (deadline) prepare_timed_wait(wait.waiter);  // before the lock: it may throw
@@ -7358,16 +7587,20 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
         return false;
     }
     const unsigned bit = static_cast<unsigned>(what);
+    bool cancelled;
     if (kind == WaitKind::ready_only) {
         // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
         // Readiness from after this poll comes as a new edge (see the top of this file).
         idle.io_lock.lock();
-        auto it = idle.io_fds.find(fd);
-        if (it != idle.io_fds.end()) {
-            it->second.ready &= ~bit;
-            trusted = trusted_entry(it->second);
+        if (IoFd* entry = call_step(call, cancelled); entry && !cancelled) {
+            entry->ready &= ~bit;
+            trusted = trusted_entry(*entry);
         }
         idle.io_lock.unlock();
+        if (cancelled) {
+            set_errno(ECANCELED);
+            return false;
+        }
         if (ready_now(fd, what)) return true;
         if (current_errno() == EBADF) return false;
     }
@@ -7375,15 +7608,23 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     bool stated = !trusted;
     if (stated && !stat_fd(idle, fd, st)) return false;
 #if defined(FIBER_SCHED_FAULT_INJECTION)
-    if (auto hook = io_before_park.load(std::memory_order_relaxed); hook && kind == WaitKind::after_eagain) hook(fd);
+    if (auto hook = io_before_park.load(std::memory_order_relaxed);
+        hook && (kind == WaitKind::after_eagain || kind == WaitKind::skipped_read)) {
+        hook(fd);
+    }
 #endif
     IoFd* found;
     for (;;) {
         idle.io_lock.lock();
-        try {
-            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
-            found = &idle.io_fds[fd];
-        } catch (const std::bad_alloc&) {
+        found = call_step(call, cancelled);
+        // cancel() came after the call began and before it parks (between its EAGAIN and
+        // here, or between a wake-up and its next system call): it must not park.
+        if (cancelled) {
+            idle.io_lock.unlock();
+            set_errno(ECANCELED);
+            return false;
+        }
+        if (!found) {  // no record of the call, which cancel() could not then reach
             idle.io_lock.unlock();
             set_errno(ENOMEM);
             return false;
@@ -7412,7 +7653,6 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     // node's: for those the check above cannot see a reused number, so each park re-arms.
     if (!entry.registered || !socket) {
         if (const int error = register_fd(idle, fd, entry, entry.registered)) {
-            if (!entry.reader && !entry.writer) idle.io_fds.erase(fd);
             idle.io_lock.unlock();
             if (error == EPERM) return true;  // a regular file: always ready
             set_errno(error);
@@ -7428,7 +7668,10 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     }
     slot = &wait;
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
-    if (!stated) join_unverified(idle, wait, fd);
+    // A skipped read's wait always joins: the sweep also checks that its read would have
+    // failed ("Reads that would fail" at the top of this file).
+    wait.skipped_read = kind == WaitKind::skipped_read;
+    if (!stated || wait.skipped_read) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
     // must be polling for it (the caller thread that runs it may not sleep again for long).
     idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -7437,9 +7680,16 @@ bool fiber_wait(SchedulerIdle& idle, int fd, io::Ready what, const TimePoint* de
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (!woken) {
-        // The timer may fire before any worker has asked epoll about the fd (all were busy):
-        // a wait that ends with the fd ready reports it ready, as poll() would.
-        if (ready_now(fd, what)) return true;
+        // io::wait(): the timer may fire before any worker has asked epoll about the fd (all
+        // were busy): a wait that ends with the fd ready reports it ready, as poll() would.
+        // The others' callers make their call once more instead (see "Timeouts").
+        if (kind == WaitKind::ready_only) {
+            if (cancelled_now(call)) {
+                set_errno(ECANCELED);
+                return false;
+            }
+            if (ready_now(fd, what)) return true;
+        }
         set_errno(ETIMEDOUT);
         return false;
     }
@@ -7489,9 +7739,9 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
 // wakes go to `woken` (room for two), to be woken once io_lock is released.
 void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
     auto it = idle.io_fds.find(wait.fd);
-    if (it == idle.io_fds.end()) return;  // cancel() took it out; it is leaving
+    if (it == idle.io_fds.end()) return;
     IoFd& entry = it->second;
-    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out; it is leaving
+    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out or cancelled; it is leaving
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
 #endif
@@ -7500,7 +7750,20 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
     if (::fstat(wait.fd, &st) != 0) {
         error = current_errno();
     } else if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
-        return;  // the file it registered
+        // The file it registered. A skipped read's wait is also checked for the read it left
+        // out: if data is queued after all (below an SO_RCVLOWAT set since the short read, or
+        // anything else that sends no edge), wake it to read, and make every later read of
+        // this socket ("Reads that would fail" at the top of this file).
+        int queued = 0;
+        if (!wait.skipped_read || entry.reader != &wait) return;
+        if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
+        entry.short_reads = 2;
+        entry.drained = false;
+        if (claim(wait.waiter)) {
+            woken[count++] = &wait;
+            entry.reader = nullptr;
+        }
+        return;
     } else {
         record_file(entry, st);  // another file: fast_socket false, its calls check it again
         error = register_fd(idle, wait.fd, entry);
@@ -7508,6 +7771,13 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
 #if defined(FIBER_SCHED_FAULT_INJECTION)
             io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
 #endif
+            // A skipped read left out on the word of the old file's queue: the new file's
+            // present readiness (ADD reports it) may be held back by its SO_RCVLOWAT while
+            // recv() would return data, so wake it to make its read (which checks the file).
+            if (wait.skipped_read && entry.reader == &wait && claim(wait.waiter)) {
+                woken[count++] = &wait;
+                entry.reader = nullptr;
+            }
             return;
         }
         if (error == EPERM) error = 0;  // a regular file: always ready
@@ -7525,50 +7795,56 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
             *slot = nullptr;
         }
     }
-    if (!entry.reader && !entry.writer) idle.io_fds.erase(it);
+    if (!entry.reader && !entry.writer) forget_file(idle, entry);
 }
 
-// Before a read or write system call in a fiber: clears the call's readiness bit (step (a)
-// at the top of this file) and says whether fd is a known non-blocking socket, whose call
-// may skip usable_fd(). Takes io_lock.
+// Before a read or write system call of `call` in a scheduler: clears the call's readiness
+// bit (step (a) at the top of this file), and says whether fd is a known non-blocking socket
+// in a scheduler task, whose call may skip usable_fd(); in `cancelled`, whether cancel() has
+// reached the call since it began (then nothing else is done: it must not touch fd again).
+// Takes io_lock.
 // `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
 // with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
 // `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
 // for read_came_short.
-bool prepare_call(SchedulerIdle& idle, int fd, io::Ready what, bool* skip_read = nullptr,
+bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read = nullptr,
                   std::uint64_t* read_mark = nullptr) noexcept {
+    SchedulerIdle& idle = *call.idle;
     idle.io_lock.lock();
     bool fast = false;
-    auto it = idle.io_fds.find(fd);
-    if (it != idle.io_fds.end()) {
-        IoFd& entry = it->second;
-        fast = entry.checked && entry.fast_socket;
-        if (skip_read && fast && entry.drained && !entry.final_events && !(entry.ready & read_bit)) {
+    IoFd* entry = call_step(call, cancelled);
+    if (entry && !cancelled) {
+        fast = call.in_task && entry->checked && entry->fast_socket;
+        if (skip_read && fast && entry->drained && !entry->final_events && !(entry->ready & read_bit)) {
             *skip_read = true;
         } else {
-            entry.ready &= ~static_cast<unsigned>(what);
-            if (what == io::Ready::Read) entry.drained = false;  // this read says anew
+            entry->ready &= ~static_cast<unsigned>(what);
+            if (what == io::Ready::Read) entry->drained = false;  // this read says anew
         }
-        if (read_mark) *read_mark = entry.read_mark;
+        if (read_mark) *read_mark = entry->read_mark;
     }
     idle.io_lock.unlock();
     return fast;
 }
 
-// io::read of a known socket returned less than it asked for: if it is a TCP socket and no
-// read edge has come since the read began (`read_mark`, from prepare_call), its receive
-// queue was empty then (see the top of this file). Takes io_lock.
+// io::read of a known socket returned less than it asked for: if it is a TCP socket with a
+// low-water mark of 1 and no read edge has come since the read began (`read_mark`, from
+// prepare_call), its receive queue was empty then (see the top of this file). Takes io_lock.
 void read_came_short(SchedulerIdle& idle, int fd, std::uint64_t read_mark) noexcept {
     idle.io_lock.lock();
     auto it = idle.io_fds.find(fd);
     if (it != idle.io_fds.end() && it->second.fast_socket && !it->second.final_events) {
         IoFd& entry = it->second;
-        if (entry.tcp == 0) {
-            int protocol = 0;
-            socklen_t size = sizeof protocol;
-            entry.tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &size) == 0 && protocol == IPPROTO_TCP ? 1 : 2;
+        if (entry.short_reads == 0) {
+            int protocol = 0, lowat = 0;
+            socklen_t protocol_size = sizeof protocol, lowat_size = sizeof lowat;
+            const bool tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &protocol_size) == 0 &&
+                             protocol == IPPROTO_TCP;
+            // Below SO_RCVLOWAT data sends no edge: with a mark, no read of it is skipped.
+            const bool no_mark = getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, &lowat_size) == 0 && lowat <= 1;
+            entry.short_reads = tcp && no_mark ? 1 : 2;
         }
-        entry.drained = entry.tcp == 1 && entry.read_mark == read_mark;
+        entry.drained = entry.short_reads == 1 && entry.read_mark == read_mark;
     }
     idle.io_lock.unlock();
 }
@@ -7582,74 +7858,65 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
     idle.io_lock.unlock();
 }
 
-// This thread's eventfd for cancel(); -1 with errno set when none can be made (the next
-// wait tries again). Called on plain threads only, which do not switch within a wait.
-int thread_cancel_fd() {
-    if (thread_cancel_fd_value < 0) {
-        thread_cancel_fd_value = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (thread_cancel_fd_value < 0) return -1;
-        static thread_local CancelFdCloser closer;
-        (void)&closer;
+// A plain thread's wait: poll() of fd and of the thread's eventfd, which cancel() writes
+// (see "Cancel" at the top of this file). A pause polls the eventfd alone.
+bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    auto hook = io_before_park.load(std::memory_order_relaxed);
+    if (hook && kind == WaitKind::after_eagain) hook(call.fd);
+#endif
+    if (!call.thread_registered) {
+        set_errno(call.thread_error);
+        return false;
     }
-    return thread_cancel_fd_value;
-}
-
-bool thread_wait(int fd, io::Ready what, const TimePoint* deadline) {
-    const int cancel_fd = thread_cancel_fd();
-    if (cancel_fd < 0) return false;  // errno from eventfd()
-    IoRegistry& registry = io_registry();
-    ThreadIoWait wait{cancel_fd};
-    std::unordered_multimap<int, ThreadIoWait*>::iterator registration;
-    {
-        std::lock_guard<std::mutex> lock(registry.mutex);
-        registration = registry.thread_waits.emplace(fd, &wait);
+    pollfd fds[2] = {kind == WaitKind::pause ? pollfd{-1, 0, 0} : poll_entry(call.fd, what),
+                     {call.thread.cancel_fd, POLLIN, 0}};
+    // cancel() sets the flag, then writes the eventfd: a cancel before this load is seen
+    // here, one after it ends the poll().
+    if (call.thread.cancelled.load(std::memory_order_acquire)) {
+        set_errno(ECANCELED);
+        return false;
     }
-    pollfd fds[2] = {poll_entry(fd, what), {cancel_fd, POLLIN, 0}};
     const int rc = poll_restarting(fds, 2, timeout_ms(deadline));
-    const int poll_errno = current_errno();
-    bool cancelled;
-    {
-        std::lock_guard<std::mutex> lock(registry.mutex);
-        registry.thread_waits.erase(registration);
-        cancelled = wait.cancelled;
-    }
-    // Unregistered, so no cancel() writes to cancel_fd any more: empty it now. A cancel that
-    // came after poll() returned would otherwise fail this thread's next wait, on any fd.
-    if (cancelled) drain(cancel_fd);
     if (rc > 0 && fds[1].revents) {
         set_errno(ECANCELED);
         return false;
     }
-    return poll_outcome(rc, fds[0], poll_errno);
+    return poll_outcome(rc, fds[0], current_errno());
 }
 
-bool wait_until(int fd, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
+// The wait of `call` for `what` (see WaitKind): through its scheduler's epoll, or, for a
+// plain thread, poll().
+bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind, bool nonblocking_known,
                 bool trusted = false) {
     FIBER_SCHED_ASSERT((what == io::Ready::Read || what == io::Ready::Write) &&
                        "io::wait(): wait for Read or for Write, one at a time");
-    if (fd < 0) {
+    if (call.fd < 0) {
         set_errno(EBADF);
         return false;
     }
-    // A zero timeout (or one a retry has used up) asks, like poll(fd, 0), without parking:
-    // a parked fiber's timer could fire before anyone asked epoll whether the fd is ready.
-    if (deadline && *deadline <= std::chrono::steady_clock::now()) return ready_now(fd, what);
-    SchedulerIdle* idle = nullptr;
-    if (in_scheduler_task()) {
-        idle = &SchedulerCore::of(*thread_state()->scheduler).idle;
-    } else if (SchedulerCore* core = caller_may_help()) {
-        // The use_caller thread waits through its scheduler's epoll like a fiber, and runs
-        // the scheduler's tasks meanwhile (block() helps, see help_until).
-        idle = &core->idle;
+    if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+        // A zero timeout (or one a retry has used up): io::wait() asks, like poll(fd, 0),
+        // without parking (a parked fiber's timer could fire before anyone asked epoll
+        // whether the fd is ready); the other callers make their call once more.
+        if (kind == WaitKind::ready_only) return ready_now(call.fd, what);
+        set_errno(ETIMEDOUT);
+        return false;
     }
-    if (!idle) return thread_wait(fd, what, deadline);
+    if (!call.idle) return thread_wait(call, what, deadline, kind);
     for (;;) {
-        if (!fiber_wait(*idle, fd, what, deadline, kind, nonblocking_known, trusted)) return false;
-        if (kind != WaitKind::ready_only || ready_now(fd, what)) return true;
+        if (!fiber_wait(call, what, deadline, kind, nonblocking_known, trusted)) return false;
+        if (kind != WaitKind::ready_only) return true;
         // io::wait() promises "ready", and the edge that woke it may be from data another
         // thread took between epoll_wait's return and the dispatch (the kernel drops edges
         // that are no longer ready only when it hands them out): ask again, and wait again
-        // if it is gone. No test makes that window happen on purpose.
+        // if it is gone. No test makes that window happen on purpose. (Not after a cancel():
+        // fd may be closed by now.)
+        if (cancelled_now(call)) {
+            set_errno(ECANCELED);
+            return false;
+        }
+        if (ready_now(call.fd, what)) return true;
         if (current_errno() != ETIMEDOUT) return false;  // EBADF: closed meanwhile
         if (deadline && *deadline <= std::chrono::steady_clock::now()) {
             set_errno(ETIMEDOUT);
@@ -7687,44 +7954,109 @@ struct Deadline {
 // for `what` in between. A blocking fd is refused first (usable_fd), except that in a fiber
 // a known non-blocking socket skips that check when `may_skip_check` (its call is then made
 // with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
-// now; see the top of this file).
+// now; see the top of this file). Once the timeout has passed, `call` is made once more
+// ("Timeouts" at the top of this file); after cancel() reached the call, never again.
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
            bool may_skip_read = false) -> decltype(call(false, nullptr, std::uint64_t{0})) {
-    SchedulerIdle* idle = in_scheduler_task() ? &SchedulerCore::of(*thread_state()->scheduler).idle : nullptr;
+    IoCall io(fd);
     bool checked = false;  // usable_fd() passed in this call
     const Deadline deadline(timeout);
+    // The call to make whatever comes: a zero timeout's only one, or the one after the
+    // timeout passed. Never left out.
+    bool last_try = deadline.has && timeout.count() == 0;
+    if (last_try) may_skip_read = false;
     for (;;) {
-        bool skip_read = false;
+        bool skip_read = false, cancelled = false;
         std::uint64_t read_mark = 0;
-        const bool fast = idle && prepare_call(*idle, fd, what, may_skip_read ? &skip_read : nullptr, &read_mark) &&
-                          may_skip_check;
+        bool fast = false;
+        if (io.idle) {
+            fast = prepare_call(io, what, cancelled, may_skip_read ? &skip_read : nullptr, &read_mark);
+            fast = fast && may_skip_check;
+        } else {
+            cancelled = io.thread.cancelled.load(std::memory_order_acquire);
+        }
+        if (cancelled) {
+            set_errno(ECANCELED);
+            return -1;
+        }
         if (fast && skip_read) {
             // The read would fail with EAGAIN: wait for the edge first, as after one. Once:
-            // whatever ended the wait (an edge, or a timeout with the fd ready), the read is
-            // made next, so a queue that was not empty after all is read, not waited on again.
+            // whatever ended the wait (an edge, a sweep that found data queued, or the
+            // timeout), the read is made next, so a queue that was not empty after all is
+            // read, not waited on again.
 #if defined(FIBER_SCHED_FAULT_INJECTION)
             io_read_skip_count.fetch_add(1, std::memory_order_relaxed);
 #endif
             may_skip_read = false;
-            if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+            if (!wait_until(io, what, deadline.get(), WaitKind::skipped_read, checked, fast)) {
+                if (current_errno() != ETIMEDOUT) return -1;
+                last_try = true;
+            }
             continue;
         }
         if (!fast && !checked) {
             if (!usable_fd(fd)) return -1;
             checked = true;
         }
-        const auto rc = call(fast, idle, read_mark);
+        const auto rc = call(fast, io.idle, read_mark);
         if (rc >= 0) return rc;
         const int error = current_errno();  // not `errno`: its address may be from before a move
         if (error == EINTR) continue;
         if (fast && error == ENOTSOCK) {
-            not_a_socket(*idle, fd);
+            not_a_socket(*io.idle, fd);
             continue;
         }
         if (error != EAGAIN && error != EWOULDBLOCK) return rc;
-        if (!wait_until(fd, what, deadline.get(), WaitKind::after_eagain, checked, fast)) return -1;
+        if (last_try) {
+            set_errno(ETIMEDOUT);
+            return -1;
+        }
+        if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) {
+            if (current_errno() != ETIMEDOUT) return -1;
+            last_try = true;
+        }
     }
+}
+
+// io::connect after usable_fd: the system call, its retries after EAGAIN, and the wait for
+// the connection, as one call (see "Connect on a full backlog" at the top of this file).
+int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
+    IoCall call(fd);
+    const Deadline deadline(timeout);
+    constexpr std::chrono::milliseconds longest_pause(50);
+    std::chrono::milliseconds pause(1);
+    for (;;) {
+        if (cancelled_now(call)) {
+            set_errno(ECANCELED);
+            return -1;
+        }
+        if (::connect(fd, addr, len) == 0) return 0;
+        const int error = current_errno();
+        if (error == EINPROGRESS || error == EINTR) break;
+        if (error != EAGAIN) return -1;
+        // AF_UNIX: the listener's backlog is full, and no readiness event says when it has
+        // room. Try again after a pause, or once the timeout has passed, fail.
+        const TimePoint now = std::chrono::steady_clock::now();
+        if (deadline.has && deadline.at <= now) {
+            set_errno(ETIMEDOUT);
+            return -1;
+        }
+        const TimePoint until = deadline.has && deadline.at < now + pause ? deadline.at : now + pause;
+        if (!wait_until(call, io::Ready::Write, &until, WaitKind::pause, true) && current_errno() != ETIMEDOUT) {
+            return -1;  // ECANCELED, or the pause could not be made
+        }
+        pause = std::min(pause * 2, longest_pause);
+    }
+    if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ready_only, false)) return -1;
+    int error = 0;
+    socklen_t error_len = sizeof error;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
+    if (error != 0) {
+        set_errno(error);
+        return -1;
+    }
+    return 0;
 }
 
 // write() that fails with EPIPE instead of raising SIGPIPE, for fds send() cannot take
@@ -7870,7 +8202,8 @@ int last_error() noexcept { return detail::current_errno(); }
 
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
-    return detail::wait_until(fd, what, deadline.get(), detail::WaitKind::ready_only, false);
+    detail::IoCall call(fd);
+    return detail::wait_until(call, what, deadline.get(), detail::WaitKind::ready_only, false);
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {
@@ -7924,17 +8257,7 @@ int connect(int fd, const sockaddr* addr, socklen_t len, std::chrono::millisecon
     if (detail::in_scheduler_task()) {
         detail::refresh_fd(detail::SchedulerCore::of(*detail::thread_state()->scheduler).idle, fd, false);
     }
-    if (::connect(fd, addr, len) == 0) return 0;
-    if (detail::current_errno() != EINPROGRESS && detail::current_errno() != EINTR) return -1;
-    if (!wait(fd, Ready::Write, timeout)) return -1;
-    int error = 0;
-    socklen_t error_len = sizeof error;
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
-    if (error != 0) {
-        detail::set_errno(error);
-        return -1;
-    }
-    return 0;
+    return detail::connect_call(fd, addr, len, timeout);
 }
 
 void cancel(int fd) {
@@ -7942,18 +8265,22 @@ void cancel(int fd) {
     std::lock_guard<std::mutex> lock(registry.mutex);
     auto threads = registry.thread_waits.equal_range(fd);
     for (auto it = threads.first; it != threads.second; ++it) {
-        detail::ThreadIoWait& wait = *it->second;
-        if (wait.cancelled) continue;  // its eventfd is already signalled
-        wait.cancelled = true;
-        detail::signal_eventfd(wait.cancel_fd);
+        detail::ThreadIoWait& call = *it->second;
+        if (call.cancelled.load(std::memory_order_relaxed)) continue;  // its eventfd is already signalled
+        call.cancelled.store(true, std::memory_order_release);
+        detail::signal_eventfd(call.cancel_fd);
     }
     for (detail::SchedulerIdle* idle : registry.schedulers) {
         detail::IoWait* woken[2];
         int count = 0;
         idle->io_lock.lock();
         auto it = idle->io_fds.find(fd);
+        // No entry: no call of this scheduler is under way on fd (each makes one first).
         if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
+            // The calls under way that are not parked find this at their next step ("Cancel"
+            // at the top of this file); the parked ones are woken here.
+            ++entry.cancels;
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {
                     (*slot)->cancelled = true;

@@ -214,6 +214,38 @@ TEST_CASE("io edges: a TCP read left out after a short read, with a long timeout
     CHECK(after.took < 8s);
 }
 
+TEST_CASE("io edges: a read left out on a number io knew as another TCP socket returns the bytes queued below SO_RCVLOWAT") {
+    // The soak's case: a known TCP socket's number, closed behind io's back, is taken over
+    // by a new TCP socket made outside io. io trusts the old file's entry: a short read of
+    // the new socket leaves the next read out; then SO_RCVLOWAT 16 and 4 bytes. The sweep
+    // finds another file under the number and registers it anew, whose readiness the mark
+    // holds back: the read left out must still be made (it slept to its timeout).
+    Scheduler s(1, false);
+    test::TcpPair old_pair, pair;
+    long first = -2;
+    Outcome read;
+    s.start();
+    s.schedule([&] {
+        char buf[64];
+        make_known(old_pair.a, old_pair.b);
+        CHECK(::dup3(pair.a, old_pair.a, O_CLOEXEC) == old_pair.a);  // the old file closed, its number reused
+        const int fd = old_pair.a;
+        CHECK(::write(pair.b, "12345678", 8) == 8);
+        wait_queued(fd, 8);
+        first = fsched::io::read(fd, buf, sizeof buf, 5s);  // short, on the old file's word
+        set_rcvlowat(fd, 16);
+        CHECK(::write(pair.b, "abcd", 4) == 4);
+        wait_queued(fd, 4);
+        read = timed([&] { return fsched::io::read(fd, buf, sizeof buf, 15s); });
+    });
+    s.stop();
+    CHECK(first == 8);
+    CAPTURE(read.error);
+    CAPTURE(std::chrono::duration_cast<std::chrono::milliseconds>(read.took).count());
+    CHECK(read.rc == 4);
+    CHECK(read.took < 8s);  // found by the sweep, not at the timeout
+}
+
 TEST_CASE("io edges: a TCP read that waits with SO_RCVLOWAT set returns the bytes queued below the mark when its timeout passes") {
     // The read fails with EAGAIN and waits; 4 bytes come (the hook writes them just before
     // the park), below the mark of 16: no edge, and poll() says "not ready". Like a blocking

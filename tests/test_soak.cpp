@@ -47,6 +47,12 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #endif
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/un.h>
+#endif
 #include <unistd.h>
 
 using fsched::Fiber;
@@ -227,6 +233,7 @@ enum class Op {
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
     send, extra_consumer, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
+    io_cancel_close, io_low_water, io_full_backlog,
 };
 
 struct OpWeight {
@@ -242,7 +249,7 @@ constexpr OpWeight op_weights[] = {
     {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
-    {Op::io_pinned_fresh, 1},
+    {Op::io_pinned_fresh, 1}, {Op::io_cancel_close, 1}, {Op::io_low_water, 1}, {Op::io_full_backlog, 1},
 #endif
 };
 
@@ -609,6 +616,9 @@ private:
     void io_cancel_op(Actor& a);
     void io_cancel_race_op(Actor& a);
     void io_pinned_fresh_op(Actor& a);
+    void io_cancel_close_op(Actor& a);
+    void io_low_water_op(Actor& a);
+    void io_full_backlog_op(Actor& a);
     void expect_no_stale_cancel(const char* after);
 #endif
 
@@ -820,6 +830,15 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
         if (budget < 2) break;
         io_pinned_fresh_op(a);
         return 2;
+    case Op::io_cancel_close:
+        io_cancel_close_op(a);
+        return 1;
+    case Op::io_low_water:
+        io_low_water_op(a);
+        return 1;
+    case Op::io_full_backlog:
+        io_full_backlog_op(a);
+        return 1;
 #else
     case Op::io_echo:
     case Op::io_bulk:
@@ -827,6 +846,9 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     case Op::io_cancel:
     case Op::io_cancel_race:
     case Op::io_pinned_fresh:
+    case Op::io_cancel_close:
+    case Op::io_low_water:
+    case Op::io_full_backlog:
         break;
 #endif
     }
@@ -1356,6 +1378,172 @@ void Soak::io_cancel_race_op(Actor& a) {
     run_as_pair(a, we_wait, waiter, poker, state->helper_done);
     ::close(fds[0]);
     ::close(fds[1]);
+}
+
+void Soak::io_cancel_close_op(Actor& a) {
+    // The README's recipe for closing an fd under a reader: io::cancel(fd), then close(fd).
+    // The reader may be anywhere in its call (before its read, between its EAGAIN and its
+    // park, parked): it must end at once, ECANCELED, never by its timeout. The number is
+    // then taken over by /dev/null (dup2), as a close and a reuse would do, but without
+    // letting another operation's fd take it while the reader may still touch it; a reader
+    // that started after the cancel finds that file (EINVAL: not non-blocking; ENOTSOCK;
+    // end of file if it had passed its check on the socket already).
+    const bool we_wait = a.rng.percent(50);
+    const microseconds delay(a.rng.below(300));
+    int fds[2];
+    if (!open_socketpair(fds)) {
+        violations_.add("socketpair() failed", errno_text(errno));
+        return;
+    }
+    const int fd = fds[0];
+    auto state = std::make_shared<CancelState>();
+    auto reader = [fd, state] {
+        char c;
+        const ssize_t rc = fsched::io::read(fd, &c, 1, must_not_take);
+        // 0: it started after the cancel and read /dev/null (end of file), which is right.
+        state->ready = rc > 0;
+        state->error = rc < 0 ? fsched::io::last_error() : 0;
+        state->waiter_done = true;
+    };
+    auto closer = [this, fd, delay, state] {
+        if (delay.count() > 0) fsched::this_fiber::sleep_for(delay);
+        fsched::io::cancel(fd);
+        const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null_fd < 0 || ::dup3(null_fd, fd, O_CLOEXEC) < 0) violations_.add("dup3() over a cancelled fd failed", errno_text(errno));
+        if (null_fd >= 0) ::close(null_fd);
+        // A reader that started after the cancel may have parked on the socket before the
+        // dup3 closed it, where nothing wakes it (a close behind io's back): cancel again.
+        const auto give_up = Clock::now() + must_not_take;
+        while (!state->waiter_done && Clock::now() < give_up) {
+            fsched::this_fiber::sleep_for(1ms);
+            if (!state->waiter_done) fsched::io::cancel(fd);
+        }
+    };
+    run_as_pair(a, we_wait, reader, closer, state->helper_done);
+    if (state->ready) {
+        violations_.add("io::read of a silent socket, cancelled and closed, returned data");
+    } else if (state->error == ETIMEDOUT) {
+        violations_.add("io::read cancelled and closed under it ran to its timeout");
+    } else if (state->error != 0 && state->error != ECANCELED && state->error != EINVAL && state->error != ENOTSOCK &&
+               state->error != EBADF) {
+        violations_.add("io::read cancelled and closed under it: an unexpected error", errno_text(state->error));
+    }
+    ::close(fds[0]);
+    ::close(fds[1]);
+}
+
+// A connected loopback TCP pair, both ends non-blocking; false if the machine has none.
+bool tcp_pair(int& client, int& server) {
+    client = server = -1;
+    const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listener < 0) return false;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    bool ok = ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(listener, 1) == 0 &&
+              ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    if (ok) client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // A blocking connect and accept on loopback: the handshake is done inside connect().
+    ok = ok && client >= 0 && ::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (ok) server = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    ok = ok && server >= 0 && ::fcntl(client, F_SETFL, O_NONBLOCK) == 0;
+    const int one = 1;
+    if (ok) ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ::close(listener);
+    if (!ok) {
+        if (client >= 0) ::close(client);
+        if (server >= 0) ::close(server);
+        client = server = -1;
+    }
+    return ok;
+}
+
+void Soak::io_low_water_op(Actor& a) {
+    // A short read (the queue emptied, so the next read may be left out), then the user
+    // sets SO_RCVLOWAT above what comes next, or peeks at it with MSG_PEEK: the next
+    // io::read must return the bytes recv() would, not wait for an edge that never comes.
+    int client, server;
+    if (!tcp_pair(client, server)) return;  // no loopback TCP here: nothing to check
+    const int low_water = static_cast<int>(2 + a.rng.below(31));
+    const bool peek = a.rng.percent(30);
+    char buf[64];
+    bool ok = ::send(client, "12345678", 8, MSG_NOSIGNAL) == 8;
+    ok = ok && fsched::io::read(server, buf, sizeof buf, must_not_take) == 8;  // short: the queue is empty
+    ok = ok && ::setsockopt(server, SOL_SOCKET, SO_RCVLOWAT, &low_water, sizeof low_water) == 0;
+    ok = ok && ::send(client, "abcd", 4, MSG_NOSIGNAL) == 4;
+    if (!ok) {
+        violations_.add("io low water: the setup failed", errno_text(errno));
+    } else {
+        if (peek) {
+            // The user's own look, which leaves the bytes queued.
+            for (int tries = 0; tries < 1000 && ::recv(server, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT) < 0; ++tries) {
+                fsched::this_fiber::sleep_for(microseconds(100));
+            }
+        }
+        const auto start = Clock::now();
+        const ssize_t got = fsched::io::read(server, buf, sizeof buf, must_not_take);
+        // At its timeout the read makes its call once more and would return the bytes: a
+        // read that needed that has waited for an edge that never came.
+        if (Clock::now() - start >= must_not_take) violations_.add("io::read below SO_RCVLOWAT ran to its timeout");
+        if (got != 4) {
+            violations_.add("io::read left bytes that recv() would return (SO_RCVLOWAT " + std::to_string(low_water) +
+                                (peek ? ", after MSG_PEEK)" : ")"),
+                            "returned " + std::to_string(got) + ", " + errno_text(fsched::io::last_error()));
+        }
+    }
+    ::close(client);
+    ::close(server);
+}
+
+void Soak::io_full_backlog_op(Actor& a) {
+    // io::connect to an AF_UNIX listener whose backlog is full must wait until an accept
+    // makes room (it used to fail with EAGAIN at once), from a fiber or a plain thread.
+    static std::atomic<unsigned> names{0};
+    const bool we_connect = a.rng.percent(50);
+    const microseconds accept_after(a.rng.below(3000));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string name = "fsched-soak-" + std::to_string(::getpid()) + "-" + std::to_string(names.fetch_add(1));
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());  // abstract: nothing on disk
+    const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 || ::listen(listener, 0) != 0) {
+        violations_.add("io full backlog: the listener failed", errno_text(errno));
+        if (listener >= 0) ::close(listener);
+        return;
+    }
+    std::vector<int> fillers;  // connections that fill the backlog
+    for (int i = 0; i < 8; ++i) {
+        const int c = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (c < 0) break;
+        fillers.push_back(c);
+        if (::connect(c, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0) break;  // EAGAIN: full
+    }
+    const int client = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    auto state = std::make_shared<CancelState>();
+    auto connector = [client, &addr, addr_len, state] {
+        state->ready = fsched::io::connect(client, reinterpret_cast<sockaddr*>(&addr), addr_len, must_not_take) == 0;
+        state->error = fsched::io::last_error();
+        state->waiter_done = true;
+    };
+    auto acceptor = [listener, accept_after, state] {
+        if (accept_after.count() > 0) fsched::this_fiber::sleep_for(accept_after);
+        const auto give_up = Clock::now() + must_not_take;
+        while (!state->waiter_done && Clock::now() < give_up) {
+            const int accepted = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+            if (accepted >= 0) {
+                ::close(accepted);
+            } else {
+                fsched::this_fiber::sleep_for(microseconds(200));
+            }
+        }
+    };
+    run_as_pair(a, we_connect, connector, acceptor, state->helper_done);
+    if (!state->ready) violations_.add("io::connect to a full AF_UNIX backlog did not wait to connect", errno_text(state->error));
+    for (const int c : fillers) ::close(c);
+    if (client >= 0) ::close(client);
+    ::close(listener);
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL

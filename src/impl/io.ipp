@@ -825,6 +825,13 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
 #if defined(FIBER_SCHED_FAULT_INJECTION)
             io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
 #endif
+            // A skipped read left out on the word of the old file's queue: the new file's
+            // present readiness (ADD reports it) may be held back by its SO_RCVLOWAT while
+            // recv() would return data, so wake it to make its read (which checks the file).
+            if (wait.skipped_read && entry.reader == &wait && claim(wait.waiter)) {
+                woken[count++] = &wait;
+                entry.reader = nullptr;
+            }
             return;
         }
         if (error == EPERM) error = 0;  // a regular file: always ready
