@@ -1358,7 +1358,13 @@ namespace detail {
 // token back when it has the lock. A locker that read the token clear just before the heir
 // claimed it may still get in first, once: its next lock() sees the token. So a waiter
 // waits for the holder, at most one more critical section per other thread, and its own
-// yields, never indefinitely. Uncontended cost: one relaxed load of the token beside the
+// yields, never indefinitely. The heir spins rather than yields between its looks (a
+// yielded heir would leave the lock free and closed while it waits for a CPU), yielding
+// only every `spin_limit` looks. A token whose heir is gone (a thread cancelled or
+// longjmp()ed out of lock(), or not in a fork() child) must not close the lock for good: a
+// waiter that has found the lock free and closed `token_lease` times takes it anyway and
+// clears the token (an heir that was only slow then competes as before: fairness is lost
+// for a turn, never exclusion). Uncontended cost: one relaxed load of the token beside the
 // exchange (same cache line).
 class SpinLock {
 public:
@@ -1368,21 +1374,29 @@ public:
         lock_contended();
     }
     void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    // Claims the heir token for no waiter, as a waiter that vanished would leave it.
+    void abandon_heir_token_for_test() noexcept { heir_.store(true, std::memory_order_relaxed); }
+#endif
 
 private:
-    static constexpr int spin_limit = 64;  // cpu_relax() rounds before each yield
-    static constexpr int heir_after = 16;  // yields before a waiter claims the heir token
+    static constexpr int spin_limit = 64;     // cpu_relax() rounds before a yield
+    static constexpr int heir_after = 16;     // yields before a waiter claims the heir token
+    static constexpr int token_lease = 1024;  // looks at a free, closed lock before it is taken anyway
 
     FIBER_SCHED_NOINLINE void lock_contended() noexcept {
-        bool heir = false;  // this waiter holds the token
+        bool heir = false;       // this waiter holds the token
+        int closed_looks = 0;    // looks that found the lock free and the token another's
         for (int rounds = 0;; ++rounds) {
-            if ((heir || !heir_.load(std::memory_order_relaxed)) && !locked_.load(std::memory_order_relaxed) &&
-                !locked_.exchange(true, std::memory_order_acquire)) {
-                // Relaxed: the token only steers who tries; the lock itself orders the data.
-                if (heir) heir_.store(false, std::memory_order_relaxed);
-                return;
+            if (!locked_.load(std::memory_order_relaxed)) {
+                const bool closed = !heir && heir_.load(std::memory_order_relaxed);
+                if ((!closed || ++closed_looks >= token_lease) && !locked_.exchange(true, std::memory_order_acquire)) {
+                    // Relaxed: the token only steers who tries; the lock itself orders the data.
+                    if (heir || closed) heir_.store(false, std::memory_order_relaxed);
+                    return;
+                }
             }
-            if (rounds < spin_limit) {
+            if (rounds < spin_limit || (heir && rounds % spin_limit != 0)) {
                 cpu_relax();
                 continue;
             }
@@ -5048,6 +5062,9 @@ struct alignas(64) Worker {
     // task or leaves its loop): put_runnext may have counted on it to look at a slot, so if
     // one is in use and no one else watches or spins, wake a sleeper in its place.
     void hand_on_runnext_watch() noexcept;
+    // The use_caller thread leaves its help (its wait is satisfied): pass on a wake-up that
+    // it may have been given for work elsewhere (see the definition).
+    void hand_on_caller_wake() noexcept;
     // A slot is in use: unless a watcher or a spinner will look at it, or no one sleeps,
     // wake a sleeping worker other than this one to look (put_runnext, hand_on_runnext_watch).
     void wake_runnext_looker() noexcept;
@@ -5209,7 +5226,10 @@ struct SchedulerCore {
     std::vector<std::unique_ptr<Worker>> workers;
 
     std::mutex lifecycle_mutex;  // start() and stop()
-    bool started = false;  // under lifecycle_mutex
+    // Written under lifecycle_mutex; read without it by start()'s first look (release /
+    // acquire: a start() that sees it set returns at once, as one from a task must while
+    // stop() holds the mutex and runs that task).
+    std::atomic<bool> started{false};
     // Set by stop(); workers read it to know they may exit once outstanding is zero.
     std::atomic<bool> stopping{false};
     // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
@@ -5461,7 +5481,10 @@ inline void Worker::run_loop(const CallerWait* wait) {
     if (was_idle) hand_on_runnext_watch();
     direct_yield = false;
     loop_wait = nullptr;
-    if (wait) stop_helping();
+    if (wait) {
+        stop_helping();
+        hand_on_caller_wake();
+    }
     ts->scheduler = outer_scheduler;
     ts->worker = outer_worker;
     ts->task_fiber = outer_task;
@@ -6230,6 +6253,39 @@ inline void Worker::hand_on_runnext_watch() noexcept {
     }
 }
 
+// A waker that finds the use_caller thread asleep in a wait (help_until) sees worker 0 as
+// any sleeper, and may claim it for work that is not worker 0's own: after_push wakes the
+// first sleeper for a task queued on a busy worker, add_timer the first sleeper whose
+// deadline is later than a new timer's, wake_for_io the first sleeper to take the poller
+// role. If the caller's wait ends at that moment, it leaves (run_loop's first step) without
+// looking, and the task waited behind the busy worker, the timer fired late, the ready fd
+// went unseen, while other workers slept. So on leaving, if any of that may be there, it
+// wakes another sleeper, which looks for tasks, serves due timers, sleeps again until the
+// earliest deadline and takes the poller role if it is vacant. Each test is a load of what
+// the waker itself read; a wrong guess costs one wake-up.
+inline void Worker::hand_on_caller_wake() noexcept {
+    if (core.workers.size() < 2 || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    bool wanted = false;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    wanted = core.idle.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+             core.idle.poller.load(std::memory_order_seq_cst) == nullptr;
+#endif
+    std::int64_t earliest_sleeper = no_deadline;
+    for (auto& w : core.workers) {
+        if (w.get() == this) continue;
+        if (w->stealable.load(std::memory_order_relaxed) != 0) wanted = true;
+        if (w->sleeping.load(std::memory_order_seq_cst)) {
+            earliest_sleeper = std::min(earliest_sleeper, w->sleep_deadline.load(std::memory_order_seq_cst));
+        }
+    }
+    const std::int64_t earliest_timer = earliest_deadline();
+    if (earliest_timer != no_deadline && earliest_timer < earliest_sleeper) wanted = true;
+    if (!wanted) return;
+    for (auto& w : core.workers) {
+        if (w.get() != this && core.wake_worker(*w)) return;
+    }
+}
+
 inline bool Worker::runnext_activity() noexcept {
     bool active = false;
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
@@ -6454,10 +6510,13 @@ Scheduler::~Scheduler() { stop(); }
 
 void Scheduler::start() {
     detail::SchedulerCore& core = *core_;
+    // A task calling start() while stop() runs it (stop() holds the mutex meanwhile) must
+    // return, not wait for the mutex: stop() has set `started` before running anything.
+    if (core.started.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
-    if (core.started) return;
+    if (core.started.load(std::memory_order_relaxed)) return;
     core.launch_threads();  // may throw std::system_error (no more threads): start() again later
-    core.started = true;
+    core.started.store(true, std::memory_order_release);
 }
 
 void Scheduler::stop() {
@@ -6469,7 +6528,7 @@ void Scheduler::stop() {
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
-    core.started = true;  // start() after stop() does nothing
+    core.started.store(true, std::memory_order_release);  // start() after stop() does nothing
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
         // Never throws, unlike start(): with a worker that has no thread (none could be

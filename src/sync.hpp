@@ -26,7 +26,13 @@ namespace detail {
 // token back when it has the lock. A locker that read the token clear just before the heir
 // claimed it may still get in first, once: its next lock() sees the token. So a waiter
 // waits for the holder, at most one more critical section per other thread, and its own
-// yields, never indefinitely. Uncontended cost: one relaxed load of the token beside the
+// yields, never indefinitely. The heir spins rather than yields between its looks (a
+// yielded heir would leave the lock free and closed while it waits for a CPU), yielding
+// only every `spin_limit` looks. A token whose heir is gone (a thread cancelled or
+// longjmp()ed out of lock(), or not in a fork() child) must not close the lock for good: a
+// waiter that has found the lock free and closed `token_lease` times takes it anyway and
+// clears the token (an heir that was only slow then competes as before: fairness is lost
+// for a turn, never exclusion). Uncontended cost: one relaxed load of the token beside the
 // exchange (same cache line).
 class SpinLock {
 public:
@@ -36,21 +42,29 @@ public:
         lock_contended();
     }
     void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    // Claims the heir token for no waiter, as a waiter that vanished would leave it.
+    void abandon_heir_token_for_test() noexcept { heir_.store(true, std::memory_order_relaxed); }
+#endif
 
 private:
-    static constexpr int spin_limit = 64;  // cpu_relax() rounds before each yield
-    static constexpr int heir_after = 16;  // yields before a waiter claims the heir token
+    static constexpr int spin_limit = 64;     // cpu_relax() rounds before a yield
+    static constexpr int heir_after = 16;     // yields before a waiter claims the heir token
+    static constexpr int token_lease = 1024;  // looks at a free, closed lock before it is taken anyway
 
     FIBER_SCHED_NOINLINE void lock_contended() noexcept {
-        bool heir = false;  // this waiter holds the token
+        bool heir = false;       // this waiter holds the token
+        int closed_looks = 0;    // looks that found the lock free and the token another's
         for (int rounds = 0;; ++rounds) {
-            if ((heir || !heir_.load(std::memory_order_relaxed)) && !locked_.load(std::memory_order_relaxed) &&
-                !locked_.exchange(true, std::memory_order_acquire)) {
-                // Relaxed: the token only steers who tries; the lock itself orders the data.
-                if (heir) heir_.store(false, std::memory_order_relaxed);
-                return;
+            if (!locked_.load(std::memory_order_relaxed)) {
+                const bool closed = !heir && heir_.load(std::memory_order_relaxed);
+                if ((!closed || ++closed_looks >= token_lease) && !locked_.exchange(true, std::memory_order_acquire)) {
+                    // Relaxed: the token only steers who tries; the lock itself orders the data.
+                    if (heir || closed) heir_.store(false, std::memory_order_relaxed);
+                    return;
+                }
             }
-            if (rounds < spin_limit) {
+            if (rounds < spin_limit || (heir && rounds % spin_limit != 0)) {
                 cpu_relax();
                 continue;
             }

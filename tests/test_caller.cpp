@@ -689,3 +689,41 @@ TEST_CASE("one worker: the caller's wait ends while its fibers yield, and its th
         s.stop();
     }
 }
+
+TEST_CASE("use_caller: a wake-up given to the helping caller as its wait ends is passed on") {
+    // The caller helps in WaitGroup::wait(), asleep. A task on worker 1 queues an unpinned
+    // task T there, ends the wait, then keeps worker 1's thread busy: the push woke the
+    // first sleeper, worker 0, whose wait was over, and it left without looking. T must
+    // not wait behind the busy worker while workers 2 and 3 sleep: one of them takes it.
+    // (A timer or the poller role handed to the caller the same way is passed on alike.)
+    int late = 0;
+    for (int round = 0; round < 5; ++round) {
+        Scheduler s(4, true, "hand-on");
+        s.start();
+        fsched::WaitGroup wg(1);
+        std::atomic<bool> t_ran{false}, busy_done{false};
+        std::atomic<bool> t_ran_while_busy{false};
+        std::thread poster([&] {
+            std::this_thread::sleep_for(20ms);  // the caller is asleep in wg.wait() by now
+            s.schedule([&] {
+                s.schedule([&] {
+                    t_ran = true;
+                    t_ran_while_busy = !busy_done.load();
+                });
+                wg.done();
+                // Worker 1 stays busy (its thread, not a fiber wait) for up to 5 s.
+                const auto until = std::chrono::steady_clock::now() + 5s;
+                while (!t_ran && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+                busy_done = true;
+            }, 1);
+        });
+        wg.wait();
+        // The caller does other work, helping no more, until T has run or 5 s passed.
+        const auto until = std::chrono::steady_clock::now() + 6s;
+        while (!t_ran && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+        poster.join();
+        s.stop();
+        late += !t_ran_while_busy;
+    }
+    CHECK(late == 0);
+}

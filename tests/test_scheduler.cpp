@@ -1091,3 +1091,24 @@ TEST_CASE("a weak_ptr to a callback's fiber expires with its task, never locking
     // ... and gives it back when it goes.
     CHECK(fsched::stack_stats().in_use == in_use_before);
 }
+
+TEST_CASE("Scheduler: start() from a task while stop() runs it returns at once") {
+    // stop() holds the scheduler's lifecycle lock while it runs tasks (with use_caller, or
+    // standing in for a worker without a thread): a start() there, "does nothing" once
+    // started, waited for that lock for good.
+    for (const bool use_caller : {false, true}) {
+        CAPTURE(use_caller);
+        std::atomic<bool> returned{false};
+        {
+            Scheduler s(2, use_caller, "start-in-stop");
+            s.start();
+            s.schedule([&] {
+                fsched::this_fiber::sleep_for(std::chrono::milliseconds(20));  // until stop() runs
+                s.start();
+                returned = true;
+            }, use_caller ? 0 : 1);
+            s.stop();
+        }
+        CHECK(returned);
+    }
+}

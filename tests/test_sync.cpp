@@ -670,6 +670,33 @@ TEST_CASE("SpinLock: a waiter is not overtaken indefinitely by a thread that ret
     CHECK(took < 5s);
 }
 
+TEST_CASE("SpinLock: a heir token whose waiter is gone does not close the lock for good") {
+    // A waiter holding the token can vanish (a thread cancelled or longjmp()ed out of
+    // lock(), or one that is not in a fork() child): the lock is free and closed. The next
+    // lockers take it after a bounded number of looks; the test gives them 20 s.
+    fsched::detail::SpinLock lock;
+    lock.abandon_heir_token_for_test();
+    std::atomic<int> got{0};
+    std::thread other([&] {
+        for (int i = 0; i < 100; ++i) {
+            lock.lock();
+            lock.unlock();
+            got++;
+        }
+    });
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (got < 100 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    const bool done = got == 100;
+    CHECK(done);
+    if (!done) {
+        other.detach();  // stuck in lock() for good: the failure is reported, the test ends
+        return;
+    }
+    other.join();
+    lock.lock();  // and on this thread too
+    lock.unlock();
+}
+
 TEST_CASE("Scheduler: schedule() from a plain thread is not starved by a worker retaking its queue lock") {
     // One worker runs a channel ping-pong, taking its queue lock at every message; a plain
     // thread's schedule() pushes to that queue. Each one must get the lock within a bounded

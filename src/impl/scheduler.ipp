@@ -584,6 +584,9 @@ struct alignas(64) Worker {
     // task or leaves its loop): put_runnext may have counted on it to look at a slot, so if
     // one is in use and no one else watches or spins, wake a sleeper in its place.
     void hand_on_runnext_watch() noexcept;
+    // The use_caller thread leaves its help (its wait is satisfied): pass on a wake-up that
+    // it may have been given for work elsewhere (see the definition).
+    void hand_on_caller_wake() noexcept;
     // A slot is in use: unless a watcher or a spinner will look at it, or no one sleeps,
     // wake a sleeping worker other than this one to look (put_runnext, hand_on_runnext_watch).
     void wake_runnext_looker() noexcept;
@@ -745,7 +748,10 @@ struct SchedulerCore {
     std::vector<std::unique_ptr<Worker>> workers;
 
     std::mutex lifecycle_mutex;  // start() and stop()
-    bool started = false;  // under lifecycle_mutex
+    // Written under lifecycle_mutex; read without it by start()'s first look (release /
+    // acquire: a start() that sees it set returns at once, as one from a task must while
+    // stop() holds the mutex and runs that task).
+    std::atomic<bool> started{false};
     // Set by stop(); workers read it to know they may exit once outstanding is zero.
     std::atomic<bool> stopping{false};
     // Tasks scheduled and not finished: queued, running, parked or sleeping. Incremented
@@ -997,7 +1003,10 @@ inline void Worker::run_loop(const CallerWait* wait) {
     if (was_idle) hand_on_runnext_watch();
     direct_yield = false;
     loop_wait = nullptr;
-    if (wait) stop_helping();
+    if (wait) {
+        stop_helping();
+        hand_on_caller_wake();
+    }
     ts->scheduler = outer_scheduler;
     ts->worker = outer_worker;
     ts->task_fiber = outer_task;
@@ -1766,6 +1775,39 @@ inline void Worker::hand_on_runnext_watch() noexcept {
     }
 }
 
+// A waker that finds the use_caller thread asleep in a wait (help_until) sees worker 0 as
+// any sleeper, and may claim it for work that is not worker 0's own: after_push wakes the
+// first sleeper for a task queued on a busy worker, add_timer the first sleeper whose
+// deadline is later than a new timer's, wake_for_io the first sleeper to take the poller
+// role. If the caller's wait ends at that moment, it leaves (run_loop's first step) without
+// looking, and the task waited behind the busy worker, the timer fired late, the ready fd
+// went unseen, while other workers slept. So on leaving, if any of that may be there, it
+// wakes another sleeper, which looks for tasks, serves due timers, sleeps again until the
+// earliest deadline and takes the poller role if it is vacant. Each test is a load of what
+// the waker itself read; a wrong guess costs one wake-up.
+inline void Worker::hand_on_caller_wake() noexcept {
+    if (core.workers.size() < 2 || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    bool wanted = false;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    wanted = core.idle.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+             core.idle.poller.load(std::memory_order_seq_cst) == nullptr;
+#endif
+    std::int64_t earliest_sleeper = no_deadline;
+    for (auto& w : core.workers) {
+        if (w.get() == this) continue;
+        if (w->stealable.load(std::memory_order_relaxed) != 0) wanted = true;
+        if (w->sleeping.load(std::memory_order_seq_cst)) {
+            earliest_sleeper = std::min(earliest_sleeper, w->sleep_deadline.load(std::memory_order_seq_cst));
+        }
+    }
+    const std::int64_t earliest_timer = earliest_deadline();
+    if (earliest_timer != no_deadline && earliest_timer < earliest_sleeper) wanted = true;
+    if (!wanted) return;
+    for (auto& w : core.workers) {
+        if (w.get() != this && core.wake_worker(*w)) return;
+    }
+}
+
 inline bool Worker::runnext_activity() noexcept {
     bool active = false;
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
@@ -1990,10 +2032,13 @@ Scheduler::~Scheduler() { stop(); }
 
 void Scheduler::start() {
     detail::SchedulerCore& core = *core_;
+    // A task calling start() while stop() runs it (stop() holds the mutex meanwhile) must
+    // return, not wait for the mutex: stop() has set `started` before running anything.
+    if (core.started.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
-    if (core.started) return;
+    if (core.started.load(std::memory_order_relaxed)) return;
     core.launch_threads();  // may throw std::system_error (no more threads): start() again later
-    core.started = true;
+    core.started.store(true, std::memory_order_release);
 }
 
 void Scheduler::stop() {
@@ -2005,7 +2050,7 @@ void Scheduler::stop() {
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
-    core.started = true;  // start() after stop() does nothing
+    core.started.store(true, std::memory_order_release);  // start() after stop() does nothing
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
         // Never throws, unlike start(): with a worker that has no thread (none could be
