@@ -5,6 +5,7 @@
 #include "fiber_sched.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <exception>
 #include <functional>
@@ -43,7 +44,30 @@
 #define FSCHED_TEST_FEW_MAPPINGS 1
 #endif
 
+// An AddressSanitizer runtime that takes none of its own locks across fork(): g++'s libasan
+// (libasan.so.8 of g++ 12 does not even import pthread_atfork) and compiler-rt before LLVM 18,
+// whose asan got its pthread_atfork handler in llvm/llvm-project#75290 (none on Apple). A
+// child of a threaded process may then inherit an allocator lock held for good.
+#if defined(FIBER_SCHED_ASAN) && !(defined(__clang__) && __clang_major__ >= 18 && !defined(__APPLE__))
+#define FSCHED_TEST_ASAN_UNSAFE_FORK 1
+#endif
+
+// In a forked child doctest's checks are lost: report a failure on stderr and exit 1.
+#define FSCHED_CHILD_REQUIRE(cond)                                                            \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            std::fprintf(stderr, "line %d: failed: %s (errno %d)\n", __LINE__, #cond, errno); \
+            _exit(1);                                                                         \
+        }                                                                                     \
+    } while (0)
+
 namespace test {
+
+#if defined(FSCHED_TEST_ASAN_UNSAFE_FORK)
+[[maybe_unused]] constexpr bool asan_unsafe_fork = true;
+#else
+[[maybe_unused]] constexpr bool asan_unsafe_fork = false;
+#endif
 
 struct ChildResult {
     bool exited = false;

@@ -54,22 +54,7 @@ namespace {
 #else
 [[maybe_unused]] constexpr bool emulated = false;
 #endif
-// An AddressSanitizer runtime that takes none of its own locks across fork() (as in
-// test_reliability.cpp): g++'s libasan, and compiler-rt's before LLVM 18.
-#if defined(FIBER_SCHED_ASAN) && !(defined(__clang__) && __clang_major__ >= 18 && !defined(__APPLE__))
-[[maybe_unused]] constexpr bool asan_unsafe_fork = true;
-#else
-[[maybe_unused]] constexpr bool asan_unsafe_fork = false;
-#endif
 
-// In a forked child doctest's checks are lost: report a failure on stderr and exit 1.
-#define FSCHED_FORK_CHILD_REQUIRE(cond)                                                       \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            std::fprintf(stderr, "line %d: failed: %s (errno %d)\n", __LINE__, #cond, errno); \
-            _exit(1);                                                                         \
-        }                                                                                     \
-    } while (0)
 
 // Waits for `pid`; how it ended, in words, and whether it exited with 0.
 [[maybe_unused]] bool child_succeeded(pid_t pid, std::string& how) {
@@ -233,7 +218,7 @@ TEST_CASE("fork: a child forked right after the first Scheduler of a process sta
     // allocator just when this test forks, and the grandchild's first thread waited on it
     // for good (one trial in about 20 here, g++ 12; gdb showed no lock of ours held). The
     // other tests of this file fork while the workers sleep, and run there.
-    if (asan_unsafe_fork) return;
+    if (test::asan_unsafe_fork) return;
     // Before the fix a worker built the stack pool (a function-local static) on its first
     // look at it, and a child forked meanwhile hung in __cxa_guard_acquire making its first
     // fiber: about one child in 1 to 60. Each trial is a fresh process (its first Scheduler
@@ -335,10 +320,10 @@ TEST_CASE("fork: a child forked on a use_caller thread waits for its own fds, an
             char c = 0;
             const auto begin = std::chrono::steady_clock::now();
             const ssize_t n = fsched::io::read(to_child.a, &c, 1, 10s);
-            FSCHED_FORK_CHILD_REQUIRE(n == 1);
-            FSCHED_FORK_CHILD_REQUIRE(since(begin) < bound);  // the byte comes at once
+            FSCHED_CHILD_REQUIRE(n == 1);
+            FSCHED_CHILD_REQUIRE(since(begin) < bound);  // the byte comes at once
             fsched::this_fiber::sleep_for(1ms);  // a plain sleep: it runs no task of the parent's
-            FSCHED_FORK_CHILD_REQUIRE(::write(from_child.b, &c, 1) == 1);
+            FSCHED_CHILD_REQUIRE(::write(from_child.b, &c, 1) == 1);
         }
         _exit(0);
     }
@@ -399,8 +384,8 @@ TEST_CASE("fork: a child's waits do not share the forking thread's cancel eventf
         int waits = 0;
         while (since(begin) < 300ms) {
             const bool ready = fsched::io::wait(quiet.a, fsched::io::Ready::Read, 20ms);
-            FSCHED_FORK_CHILD_REQUIRE(!ready);
-            FSCHED_FORK_CHILD_REQUIRE(fsched::io::last_error() == ETIMEDOUT);  // not ECANCELED
+            FSCHED_CHILD_REQUIRE(!ready);
+            FSCHED_CHILD_REQUIRE(fsched::io::last_error() == ETIMEDOUT);  // not ECANCELED
             ++waits;
         }
         _exit(waits > 0 ? 0 : 2);
@@ -447,24 +432,24 @@ TEST_CASE("fork: a child forked inside a scheduler task goes on as a plain threa
             const pid_t pid = fork();
             if (pid == 0) {
                 become_child(60);
-                FSCHED_FORK_CHILD_REQUIRE(Scheduler::current() == nullptr);
-                FSCHED_FORK_CHILD_REQUIRE(Scheduler::worker_index() == -1);
-                FSCHED_FORK_CHILD_REQUIRE(Fiber::current() == task);  // still on its stack
+                FSCHED_CHILD_REQUIRE(Scheduler::current() == nullptr);
+                FSCHED_CHILD_REQUIRE(Scheduler::worker_index() == -1);
+                FSCHED_CHILD_REQUIRE(Fiber::current() == task);  // still on its stack
                 // A plain thread's sleep, yield, mutex and io wait.
                 auto begin = std::chrono::steady_clock::now();
                 fsched::this_fiber::sleep_for(20ms);
-                FSCHED_FORK_CHILD_REQUIRE(since(begin) >= 20ms);
+                FSCHED_CHILD_REQUIRE(since(begin) >= 20ms);
                 fsched::this_fiber::yield();
                 fsched::Mutex m;
                 m.lock();
                 m.unlock();
                 char c = 0;
                 begin = std::chrono::steady_clock::now();
-                FSCHED_FORK_CHILD_REQUIRE(fsched::io::read(data.a, &c, 1, 50ms) == -1);
-                FSCHED_FORK_CHILD_REQUIRE(fsched::io::last_error() == ETIMEDOUT);
-                FSCHED_FORK_CHILD_REQUIRE(since(begin) >= 50ms);
-                FSCHED_FORK_CHILD_REQUIRE(::write(data.b, "x", 1) == 1);
-                FSCHED_FORK_CHILD_REQUIRE(fsched::io::read(data.a, &c, 1, 5s) == 1 && c == 'x');
+                FSCHED_CHILD_REQUIRE(fsched::io::read(data.a, &c, 1, 50ms) == -1);
+                FSCHED_CHILD_REQUIRE(fsched::io::last_error() == ETIMEDOUT);
+                FSCHED_CHILD_REQUIRE(since(begin) >= 50ms);
+                FSCHED_CHILD_REQUIRE(::write(data.b, "x", 1) == 1);
+                FSCHED_CHILD_REQUIRE(fsched::io::read(data.a, &c, 1, 5s) == 1 && c == 'x');
                 // Fibers, and a scheduler of its own.
                 int value = 0;
                 Fiber f([&value] {
@@ -474,7 +459,7 @@ TEST_CASE("fork: a child forked inside a scheduler task goes on as a plain threa
                 });
                 f.resume();
                 f.resume();
-                FSCHED_FORK_CHILD_REQUIRE(value == 2);
+                FSCHED_CHILD_REQUIRE(value == 2);
                 if (!tsan) {
                     Scheduler own(1, false, "child");
                     std::atomic<int> ran{0};
@@ -484,7 +469,7 @@ TEST_CASE("fork: a child forked inside a scheduler task goes on as a plain threa
                         ran++;
                     });
                     own.stop();
-                    FSCHED_FORK_CHILD_REQUIRE(ran == 4);
+                    FSCHED_CHILD_REQUIRE(ran == 4);
                 }
                 _exit(0);
             }

@@ -68,14 +68,6 @@ struct Pipe {
     }
 };
 
-// In a forked child doctest's checks are lost: report a failure on stderr and exit 1.
-#define FSCHED_CHILD_REQUIRE(cond)                                                            \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            std::fprintf(stderr, "line %d: failed: %s (errno %d)\n", __LINE__, #cond, errno); \
-            _exit(1);                                                                         \
-        }                                                                                     \
-    } while (0)
 
 #define FSCHED_CHECK_CHILD_SUCCEEDED(result)      \
     do {                                          \

@@ -45,14 +45,6 @@ constexpr bool tsan = true;  // thread creation and exit cost ~0.4 s a scheduler
 #else
 constexpr bool tsan = false;
 #endif
-// An AddressSanitizer runtime that takes none of its own locks across fork(): g++'s libasan
-// (libasan.so.8 of g++ 12 does not even import pthread_atfork) and compiler-rt before LLVM 18,
-// whose asan got its pthread_atfork handler in llvm/llvm-project#75290 (none on Apple).
-#if defined(FIBER_SCHED_ASAN) && !(defined(__clang__) && __clang_major__ >= 18 && !defined(__APPLE__))
-constexpr bool asan_unsafe_fork = true;
-#else
-constexpr bool asan_unsafe_fork = false;
-#endif
 
 // Spins (yielding the thread) until `done()` or `limit` passes; true if done() held.
 template <class Done>
@@ -765,7 +757,7 @@ TEST_CASE("a child forked while a scheduler is busy can use Fiber and a new Sche
     // multi-threaded process (its own state is copied mid-flight); the other variants run it.
     if (tsan || emulated) return;  // qemu-user aborts there too
     // Nor under an AddressSanitizer that does not lock its allocator across fork()
-    // (asan_unsafe_fork): a busy worker inside the mutex of one of the allocator's size
+    // (test::asan_unsafe_fork): a busy worker inside the mutex of one of the allocator's size
     // classes at that moment (taken to refill or drain a thread's cache) leaves it held in
     // the child for good, and the child's first allocation of that size that misses its cache
     // waits on it. About one child in 1,000 hung so here (g++ 12); gdb showed each child
@@ -775,7 +767,7 @@ TEST_CASE("a child forked while a scheduler is busy can use Fiber and a new Sche
     // our locks held. A program without fiber_sched (two threads allocating while the main
     // one forks children that allocate from two threads) hung 6 children in 2,000 under that
     // libasan, none without it. The other variants run this test.
-    if (asan_unsafe_fork) return;
+    if (test::asan_unsafe_fork) return;
     Scheduler busy(2, false, "busy");
     std::atomic<bool> stop_busy{false};
     busy.start();

@@ -71,9 +71,9 @@ constexpr std::uint64_t short_run_ops = 4000;
 #endif
 // fork() from the soak's tasks and threads: not under TSan (no threads in a child of a
 // threaded process), qemu-user, nor an AddressSanitizer that takes none of its locks across
-// fork() (see test_reliability.cpp's asan_unsafe_fork); never on Windows.
+// fork() (helpers.hpp); never on Windows.
 #if defined(_WIN32) || defined(FIBER_SCHED_TSAN) || defined(FIBER_SCHED_TEST_EMULATED) || \
-    (defined(FIBER_SCHED_ASAN) && !(defined(__clang__) && __clang_major__ >= 18 && !defined(__APPLE__)))
+    defined(FSCHED_TEST_ASAN_UNSAFE_FORK)
 constexpr bool soak_forks = false;
 #else
 constexpr bool soak_forks = true;
