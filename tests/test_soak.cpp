@@ -1015,73 +1015,6 @@ void Soak::catch_across_yield_op(Actor& a) {
     }
 }
 
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-
-void Soak::serve_echo(int fd) {
-    for (;;) {
-        char header[8];
-        const int got = read_exactly(fd, header, sizeof header);
-        if (got == 0) return;  // the client is done
-        std::uint32_t id, length;
-        std::memcpy(&id, header, 4);
-        std::memcpy(&length, header + 4, 4);
-        std::vector<char> frame(8 + length);
-        std::memcpy(frame.data(), header, 8);
-        if (got < 0 || read_exactly(fd, frame.data() + 8, length) != 1) {
-            violations_.add("io echo server: a read failed", errno_text(fsched::io::last_error()));
-            return;
-        }
-        io_messages_.first(id);
-        if (!write_all(fd, frame.data(), frame.size())) {
-            violations_.add("io echo server: a write failed", errno_text(fsched::io::last_error()));
-            return;
-        }
-    }
-}
-
-void Soak::io_echo_op(Actor& a, unsigned count) {
-    std::vector<std::uint32_t> lengths;
-    for (unsigned i = 0; i < count; ++i) {
-        lengths.push_back(static_cast<std::uint32_t>(a.rng.percent(10) ? a.rng.below(16384) : a.rng.below(512)));
-    }
-    int fds[2];
-    if (!open_socketpair(fds)) {
-        violations_.add("socketpair() failed", errno_text(errno));
-        return;
-    }
-    auto server_done = std::make_shared<fsched::WaitGroup>(1);
-    const int server_fd = fds[1];
-    spawn_helper(a, [this, server_fd, server_done] {
-        serve_echo(server_fd);
-        ::close(server_fd);
-        server_done->done();
-    });
-    for (std::uint32_t length : lengths) {
-        const auto id = static_cast<std::uint32_t>(io_messages_.issue());
-        const std::vector<char> frame = io_frame(id, length);
-        std::vector<char> echoed(frame.size());
-        if (!write_all(fds[0], frame.data(), frame.size())) {
-            violations_.add("io echo client: a write failed", errno_text(fsched::io::last_error()));
-            break;
-        }
-        if (read_exactly(fds[0], echoed.data(), echoed.size()) != 1) {
-            violations_.add("io echo client: a read failed", errno_text(fsched::io::last_error()));
-            break;
-        }
-        if (echoed != frame) {
-            violations_.add("io echo: the reply differs from the message", "message " + std::to_string(id));
-            break;
-        }
-        io_messages_.second(id);
-    }
-    shutdown(fds[0], SHUT_WR);
-    char c;
-    const ssize_t eof = fsched::io::read(fds[0], &c, 1, must_not_take);
-    if (eof != 0) violations_.add("io echo client: no EOF once the server closed", errno_text(fsched::io::last_error()));
-    server_done->wait();
-    ::close(fds[0]);
-}
-
 // A callback takes weak and strong references to its own fiber and lets them go past its
 // end: a weak_ptr locked later must be that fiber (its id), never a later task's, and at the
 // end every one of them has expired (check()).
@@ -1148,6 +1081,73 @@ void Soak::fork_child_op(const char* where) {
 #else
     (void)where;
 #endif
+}
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+void Soak::serve_echo(int fd) {
+    for (;;) {
+        char header[8];
+        const int got = read_exactly(fd, header, sizeof header);
+        if (got == 0) return;  // the client is done
+        std::uint32_t id, length;
+        std::memcpy(&id, header, 4);
+        std::memcpy(&length, header + 4, 4);
+        std::vector<char> frame(8 + length);
+        std::memcpy(frame.data(), header, 8);
+        if (got < 0 || read_exactly(fd, frame.data() + 8, length) != 1) {
+            violations_.add("io echo server: a read failed", errno_text(fsched::io::last_error()));
+            return;
+        }
+        io_messages_.first(id);
+        if (!write_all(fd, frame.data(), frame.size())) {
+            violations_.add("io echo server: a write failed", errno_text(fsched::io::last_error()));
+            return;
+        }
+    }
+}
+
+void Soak::io_echo_op(Actor& a, unsigned count) {
+    std::vector<std::uint32_t> lengths;
+    for (unsigned i = 0; i < count; ++i) {
+        lengths.push_back(static_cast<std::uint32_t>(a.rng.percent(10) ? a.rng.below(16384) : a.rng.below(512)));
+    }
+    int fds[2];
+    if (!open_socketpair(fds)) {
+        violations_.add("socketpair() failed", errno_text(errno));
+        return;
+    }
+    auto server_done = std::make_shared<fsched::WaitGroup>(1);
+    const int server_fd = fds[1];
+    spawn_helper(a, [this, server_fd, server_done] {
+        serve_echo(server_fd);
+        ::close(server_fd);
+        server_done->done();
+    });
+    for (std::uint32_t length : lengths) {
+        const auto id = static_cast<std::uint32_t>(io_messages_.issue());
+        const std::vector<char> frame = io_frame(id, length);
+        std::vector<char> echoed(frame.size());
+        if (!write_all(fds[0], frame.data(), frame.size())) {
+            violations_.add("io echo client: a write failed", errno_text(fsched::io::last_error()));
+            break;
+        }
+        if (read_exactly(fds[0], echoed.data(), echoed.size()) != 1) {
+            violations_.add("io echo client: a read failed", errno_text(fsched::io::last_error()));
+            break;
+        }
+        if (echoed != frame) {
+            violations_.add("io echo: the reply differs from the message", "message " + std::to_string(id));
+            break;
+        }
+        io_messages_.second(id);
+    }
+    shutdown(fds[0], SHUT_WR);
+    char c;
+    const ssize_t eof = fsched::io::read(fds[0], &c, 1, must_not_take);
+    if (eof != 0) violations_.add("io echo client: no EOF once the server closed", errno_text(fsched::io::last_error()));
+    server_done->wait();
+    ::close(fds[0]);
 }
 
 // A fresh scheduler of 4 or 8 workers (with or without use_caller) whose fiber pinned to
