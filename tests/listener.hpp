@@ -1,8 +1,13 @@
-// Test helpers (POSIX): a listening TCP socket on the loopback address, and a connected pair
-// of loopback TCP sockets, for the io tests.
+// Test helpers (POSIX): a listening TCP socket on the loopback address, a connected pair
+// of loopback TCP sockets, and (with the fault-injection hooks) making a socket known to io,
+// for the io tests.
 #pragma once
 
+#include "fiber_sched.hpp"
+
 #include <doctest/doctest.h>
+
+#include <chrono>
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -54,5 +59,28 @@ struct TcpPair {
         close(b);
     }
 };
+
+#if defined(FIBER_SCHED_HAVE_EPOLL) && defined(FIBER_SCHED_FAULT_INJECTION)
+inline int known_peer = -1;  // write_known_peer writes here
+
+// A before-park hook that writes "k" to known_peer, once.
+inline void write_known_peer(int) {
+    fsched::detail::set_io_before_park_hook(nullptr);  // once
+    CHECK(::write(known_peer, "k", 1) == 1);
+}
+
+// Makes the non-blocking socket `fd` known to io (checked by a wait of io::read, in a fiber)
+// whatever the number of workers: its read fails with EAGAIN, and the byte comes from the
+// hook, just before the wait's park. The read asks for one byte and gets it: a full read, so
+// no read is skipped after it.
+inline void make_known(int fd, int peer) {
+    known_peer = peer;
+    fsched::detail::set_io_before_park_hook(&write_known_peer);
+    char c = 0;
+    CHECK(fsched::io::read(fd, &c, 1, std::chrono::seconds(5)) == 1);
+    fsched::detail::set_io_before_park_hook(nullptr);
+    CHECK(c == 'k');
+}
+#endif
 
 }  // namespace test

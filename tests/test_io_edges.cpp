@@ -70,26 +70,9 @@ Outcome timed(Call call) {
 
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 
-int hook_peer = -1;  // make_known's hook writes here
 int hook_cancel_fd = -1;  // cancel_in_hook cancels this fd
 std::atomic<int> hook_calls{0};
-
-void write_hook_peer(int) {
-    fsched::detail::set_io_before_park_hook(nullptr);  // once
-    CHECK(::write(hook_peer, "k", 1) == 1);
-}
-
-// Makes the non-blocking socket `fd` known to io (a wait of io::read has checked it, in a
-// fiber): its read fails with EAGAIN and the byte comes from the hook, just before the
-// park. The read asks for one byte and gets it: a full read, so no read is skipped after it.
-void make_known(int fd, int peer) {
-    hook_peer = peer;
-    fsched::detail::set_io_before_park_hook(&write_hook_peer);
-    char c = 0;
-    CHECK(fsched::io::read(fd, &c, 1, 5s) == 1);
-    fsched::detail::set_io_before_park_hook(nullptr);
-    CHECK(c == 'k');
-}
+using test::make_known;
 
 // The before-park hook of the cancel tests: the call's system call has just failed with
 // EAGAIN, and it has not parked (or polled) yet. Cancel hook_cancel_fd there, once.
@@ -259,10 +242,10 @@ TEST_CASE("io edges: a TCP read that waits with SO_RCVLOWAT set returns the byte
         char buf[64];
         make_known(pair.a, pair.b);
         set_rcvlowat(pair.a, 16);
-        hook_peer = pair.b;
+        test::known_peer = pair.b;
         fsched::detail::set_io_before_park_hook([](int) {
             fsched::detail::set_io_before_park_hook(nullptr);
-            CHECK(::write(hook_peer, "abcd", 4) == 4);
+            CHECK(::write(test::known_peer, "abcd", 4) == 4);
         });
         read = timed([&] { return fsched::io::read(pair.a, buf, sizeof buf, 300ms); });
         fsched::detail::set_io_before_park_hook(nullptr);

@@ -638,24 +638,9 @@ TEST_CASE("io reliability: a write on a known socket's number, taken over by a b
 // ones that sleep long enough for the number to have been reused behind io's back.
 namespace {
 
-int known_peer = -1;  // the hook below writes here
-
-void write_known_peer(int) {
-    fsched::detail::set_io_before_park_hook(nullptr);  // once
-    CHECK(::write(known_peer, "k", 1) == 1);
-}
-
-// Makes the non-blocking socket `fd` known to io (checked by a wait of io::read, in a fiber)
-// whatever the number of workers: its read fails with EAGAIN, and the byte comes from the
-// hook, just before the wait's park.
-void make_known(int fd, int peer) {
-    known_peer = peer;
-    fsched::detail::set_io_before_park_hook(&write_known_peer);
-    char c = 0;
-    CHECK(fsched::io::read(fd, &c, 1, 5s) == 1);
-    fsched::detail::set_io_before_park_hook(nullptr);
-    CHECK(c == 'k');
-}
+using test::known_peer;
+using test::make_known;
+using test::write_known_peer;
 
 // A known non-blocking socket, closed with plain close(), its peer too; returns its number.
 int known_socket_closed() {

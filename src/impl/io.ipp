@@ -799,6 +799,14 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
 #endif
+    // Wakes a skipped read's wait to make the read it left out.
+    auto make_skipped_read = [&] {
+        if (claim(wait.waiter)) {
+            woken[count++] = &wait;
+            entry.reader = nullptr;
+        }
+    };
+    const bool skipped_read = wait.skipped_read && entry.reader == &wait;
     struct stat st;
     int error = 0;
     if (::fstat(wait.fd, &st) != 0) {
@@ -809,14 +817,11 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
         // anything else that sends no edge), wake it to read, and make every later read of
         // this socket ("Reads that would fail" at the top of this file).
         int queued = 0;
-        if (!wait.skipped_read || entry.reader != &wait) return;
+        if (!skipped_read) return;
         if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
         entry.short_reads = 2;
         entry.drained = false;
-        if (claim(wait.waiter)) {
-            woken[count++] = &wait;
-            entry.reader = nullptr;
-        }
+        make_skipped_read();
         return;
     } else {
         record_file(entry, st);  // another file: fast_socket false, its calls check it again
@@ -828,10 +833,7 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
             // A skipped read left out on the word of the old file's queue: the new file's
             // present readiness (ADD reports it) may be held back by its SO_RCVLOWAT while
             // recv() would return data, so wake it to make its read (which checks the file).
-            if (wait.skipped_read && entry.reader == &wait && claim(wait.waiter)) {
-                woken[count++] = &wait;
-                entry.reader = nullptr;
-            }
+            if (skipped_read) make_skipped_read();
             return;
         }
         if (error == EPERM) error = 0;  // a regular file: always ready
