@@ -191,12 +191,20 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <intrin.h>
 #define FIBER_SCHED_ALWAYS_INLINE __forceinline
 #define FIBER_SCHED_NOINLINE __declspec(noinline)
+// MSVC has no cold-path hint and no branch weights: the code stays as written.
+#define FIBER_SCHED_COLD
+#define FIBER_SCHED_LIKELY(cond) (cond)
+#define FIBER_SCHED_UNLIKELY(cond) (cond)
 // MSVC may drop an unreferenced static: there the link check below is best effort.
 #define FIBER_SCHED_USED
 #else
 #define FIBER_SCHED_ALWAYS_INLINE __attribute__((always_inline))
 #define FIBER_SCHED_NOINLINE __attribute__((noinline))
 #define FIBER_SCHED_USED __attribute__((used))
+// Off the hot path: laid out apart from it and optimised for size.
+#define FIBER_SCHED_COLD __attribute__((cold))
+#define FIBER_SCHED_LIKELY(cond) __builtin_expect(static_cast<bool>(cond), 1)
+#define FIBER_SCHED_UNLIKELY(cond) __builtin_expect(static_cast<bool>(cond), 0)
 #endif
 // Symbol visibility exists on ELF and Mach-O; PE/COFF exports nothing unless asked to.
 #if defined(_WIN32)
@@ -623,7 +631,7 @@ public:
     // may throw.
     void claim_for_resume() {
         const FiberState state = load();
-        if (__builtin_expect(state > FiberState::Suspended, 0)) misused_resume(state);
+        if (FIBER_SCHED_UNLIKELY(state > FiberState::Suspended)) misused_resume(state);
         state_.store(FiberState::Running, std::memory_order_relaxed);
     }
 
@@ -732,7 +740,7 @@ public:
 
 private:
     // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
-    __attribute__((noinline, cold)) static void misused_resume(FiberState state) {
+    FIBER_SCHED_NOINLINE FIBER_SCHED_COLD static void misused_resume(FiberState state) {
         FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
                            "resume(): fiber is already running");
         FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");
@@ -992,7 +1000,7 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
     const unsigned int resumer_uncaught = eh->uncaught;
     const bool eh_swapped = (reinterpret_cast<std::uintptr_t>(resumer_caught) | resumer_uncaught |
                              reinterpret_cast<std::uintptr_t>(eh_.caught) | eh_.uncaught) != 0;
-    if (__builtin_expect(eh_swapped, 0)) {
+    if (FIBER_SCHED_UNLIKELY(eh_swapped)) {
         eh->caught = eh_.caught;
         eh->uncaught = eh_.uncaught;
     }
@@ -1014,7 +1022,7 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #if FIBER_SCHED_SWITCH_EH_STATE
     // Not swapped: the fiber's state was empty and the resumer's is still the thread's
     // unless the fiber left one there (it switched out inside a handler).
-    if (__builtin_expect(eh_swapped || eh->caught || eh->uncaught, 0)) {
+    if (FIBER_SCHED_UNLIKELY(eh_swapped || eh->caught || eh->uncaught)) {
         eh_.caught = eh->caught;
         eh_.uncaught = eh->uncaught;
         eh->caught = resumer_caught;
@@ -4950,7 +4958,7 @@ struct alignas(64) Worker {
 
     // Appends at the task's level under queue_lock (held). Strong guarantee: on
     // std::bad_alloc nothing changed.
-    __attribute__((always_inline)) void push_locked(QueuedTask&& task, bool own_pinned) {
+    FIBER_SCHED_ALWAYS_INLINE void push_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = next_sequence;
         const bool stealable_high = !own_pinned && task.priority == Priority::High;
         Level& level = levels[static_cast<int>(task.priority)];
@@ -5006,7 +5014,7 @@ struct alignas(64) Worker {
     // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
     // order they arrived and neither kind can starve the other; while the use_caller thread
     // helps, its pinned tasks first (they have no one else to run them).
-    __attribute__((always_inline)) bool pop_locked(QueuedTask& out) {
+    FIBER_SCHED_ALWAYS_INLINE bool pop_locked(QueuedTask& out) {
         // All Normal, the common case, costs one look at the empty High level.
         Level* level = &levels[static_cast<int>(Priority::Normal)];
         if (!levels[static_cast<int>(Priority::High)].empty()) {
@@ -6679,7 +6687,7 @@ namespace this_fiber {
 
 namespace {
 // yield() outside a scheduler task, out of line so that the task's path stays short.
-__attribute__((noinline, cold)) void yield_outside_task() {
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
     detail::SchedulerCore* core = detail::caller_may_help();
     // The use_caller thread runs one ready task instead, if there is one.
     if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
@@ -7173,13 +7181,13 @@ namespace detail {
 // errno is thread-local and glibc declares its address function const, so the optimiser may
 // keep the address from before a fiber switch and use the first thread's errno after the
 // fiber moved. Every errno access that may follow a park goes through these.
-__attribute__((noinline)) int current_errno() noexcept {
+FIBER_SCHED_NOINLINE int current_errno() noexcept {
     const int error = errno;
     __asm__ volatile("" : : : "memory");
     return error;
 }
 
-__attribute__((noinline)) void set_errno(int error) noexcept {
+FIBER_SCHED_NOINLINE void set_errno(int error) noexcept {
     errno = error;
     __asm__ volatile("" : : : "memory");
 }

@@ -87,12 +87,20 @@
 #include <intrin.h>
 #define FIBER_SCHED_ALWAYS_INLINE __forceinline
 #define FIBER_SCHED_NOINLINE __declspec(noinline)
+// MSVC has no cold-path hint and no branch weights: the code stays as written.
+#define FIBER_SCHED_COLD
+#define FIBER_SCHED_LIKELY(cond) (cond)
+#define FIBER_SCHED_UNLIKELY(cond) (cond)
 // MSVC may drop an unreferenced static: there the link check below is best effort.
 #define FIBER_SCHED_USED
 #else
 #define FIBER_SCHED_ALWAYS_INLINE __attribute__((always_inline))
 #define FIBER_SCHED_NOINLINE __attribute__((noinline))
 #define FIBER_SCHED_USED __attribute__((used))
+// Off the hot path: laid out apart from it and optimised for size.
+#define FIBER_SCHED_COLD __attribute__((cold))
+#define FIBER_SCHED_LIKELY(cond) __builtin_expect(static_cast<bool>(cond), 1)
+#define FIBER_SCHED_UNLIKELY(cond) __builtin_expect(static_cast<bool>(cond), 0)
 #endif
 // Symbol visibility exists on ELF and Mach-O; PE/COFF exports nothing unless asked to.
 #if defined(_WIN32)

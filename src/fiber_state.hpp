@@ -82,7 +82,7 @@ public:
     // may throw.
     void claim_for_resume() {
         const FiberState state = load();
-        if (__builtin_expect(state > FiberState::Suspended, 0)) misused_resume(state);
+        if (FIBER_SCHED_UNLIKELY(state > FiberState::Suspended)) misused_resume(state);
         state_.store(FiberState::Running, std::memory_order_relaxed);
     }
 
@@ -191,7 +191,7 @@ public:
 
 private:
     // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
-    __attribute__((noinline, cold)) static void misused_resume(FiberState state) {
+    FIBER_SCHED_NOINLINE FIBER_SCHED_COLD static void misused_resume(FiberState state) {
         FIBER_SCHED_ASSERT(state != FiberState::Running && state != FiberState::RunningResumePending &&
                            "resume(): fiber is already running");
         FIBER_SCHED_ASSERT(state != FiberState::Term && "resume(): fiber has terminated; reset() it first");

@@ -54,7 +54,7 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
     const unsigned int resumer_uncaught = eh->uncaught;
     const bool eh_swapped = (reinterpret_cast<std::uintptr_t>(resumer_caught) | resumer_uncaught |
                              reinterpret_cast<std::uintptr_t>(eh_.caught) | eh_.uncaught) != 0;
-    if (__builtin_expect(eh_swapped, 0)) {
+    if (FIBER_SCHED_UNLIKELY(eh_swapped)) {
         eh->caught = eh_.caught;
         eh->uncaught = eh_.uncaught;
     }
@@ -76,7 +76,7 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #if FIBER_SCHED_SWITCH_EH_STATE
     // Not swapped: the fiber's state was empty and the resumer's is still the thread's
     // unless the fiber left one there (it switched out inside a handler).
-    if (__builtin_expect(eh_swapped || eh->caught || eh->uncaught, 0)) {
+    if (FIBER_SCHED_UNLIKELY(eh_swapped || eh->caught || eh->uncaught)) {
         eh_.caught = eh->caught;
         eh_.uncaught = eh->uncaught;
         eh->caught = resumer_caught;

@@ -168,13 +168,13 @@ namespace detail {
 // errno is thread-local and glibc declares its address function const, so the optimiser may
 // keep the address from before a fiber switch and use the first thread's errno after the
 // fiber moved. Every errno access that may follow a park goes through these.
-__attribute__((noinline)) int current_errno() noexcept {
+FIBER_SCHED_NOINLINE int current_errno() noexcept {
     const int error = errno;
     __asm__ volatile("" : : : "memory");
     return error;
 }
 
-__attribute__((noinline)) void set_errno(int error) noexcept {
+FIBER_SCHED_NOINLINE void set_errno(int error) noexcept {
     errno = error;
     __asm__ volatile("" : : : "memory");
 }

@@ -472,7 +472,7 @@ struct alignas(64) Worker {
 
     // Appends at the task's level under queue_lock (held). Strong guarantee: on
     // std::bad_alloc nothing changed.
-    __attribute__((always_inline)) void push_locked(QueuedTask&& task, bool own_pinned) {
+    FIBER_SCHED_ALWAYS_INLINE void push_locked(QueuedTask&& task, bool own_pinned) {
         task.sequence = next_sequence;
         const bool stealable_high = !own_pinned && task.priority == Priority::High;
         Level& level = levels[static_cast<int>(task.priority)];
@@ -528,7 +528,7 @@ struct alignas(64) Worker {
     // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
     // order they arrived and neither kind can starve the other; while the use_caller thread
     // helps, its pinned tasks first (they have no one else to run them).
-    __attribute__((always_inline)) bool pop_locked(QueuedTask& out) {
+    FIBER_SCHED_ALWAYS_INLINE bool pop_locked(QueuedTask& out) {
         // All Normal, the common case, costs one look at the empty High level.
         Level* level = &levels[static_cast<int>(Priority::Normal)];
         if (!levels[static_cast<int>(Priority::High)].empty()) {
@@ -2201,7 +2201,7 @@ namespace this_fiber {
 
 namespace {
 // yield() outside a scheduler task, out of line so that the task's path stays short.
-__attribute__((noinline, cold)) void yield_outside_task() {
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
     detail::SchedulerCore* core = detail::caller_may_help();
     // The use_caller thread runs one ready task instead, if there is one.
     if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
