@@ -241,17 +241,17 @@ inline void cpu_relax() noexcept {
 // acquires memory, a stack or an fd can be made to fail, to test that the failure reaches
 // the caller or the exception handler with nothing lost or leaked.
 enum class FaultSite : int {
-    stack_map,    // mapping a fiber stack
-    fd_open,      // an epoll instance or eventfd of a Scheduler
-    task_queue,   // queueing a scheduled task
-    fiber_alloc,  // the fiber a worker makes for a callback
-    timer_alloc,  // room for a sleep's or a timed wait's timer
-    wait_alloc,   // the shared state of a timed wait
-    io_alloc,     // the record of an fd that a fiber waits for
-    thread_start, // starting a worker thread
-    enqueue_pause,  // not a failure: a 2 ms pause between queueing a task and waking a
-                    // worker, to widen that race in tests
-    count
+    StackMap,      // mapping a fiber stack
+    FdOpen,        // an epoll instance or eventfd of a Scheduler
+    TaskQueue,     // queueing a scheduled task
+    FiberAlloc,    // the fiber a worker makes for a callback
+    TimerAlloc,    // room for a sleep's or a timed wait's timer
+    WaitAlloc,     // the shared state of a timed wait
+    IoAlloc,       // the record of an fd that a fiber waits for
+    ThreadStart,   // starting a worker thread
+    EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
+                   // worker, to widen that race in tests
+    Count
 };
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 // True when this hit of `site` is to fail.
@@ -1420,13 +1420,13 @@ private:
     std::atomic<bool> heir_{false};  // a waiter has claimed the next turn (see above)
 };
 
-enum class WaitStatus : std::uint8_t { waiting, notified, timed_out };
+enum class WaitStatus : std::uint8_t { Waiting, Notified, TimedOut };
 
 // How one blocked fiber or thread is woken.
 struct WaitState {
-    // waiting -> notified (a notifier's CAS) or waiting -> timed_out (the timer's or the
+    // Waiting -> Notified (a notifier's CAS) or Waiting -> TimedOut (the timer's or the
     // waiting thread's CAS); acq_rel: the winner's writes (a handed-over value) are seen.
-    std::atomic<WaitStatus> status{WaitStatus::waiting};
+    std::atomic<WaitStatus> status{WaitStatus::Waiting};
     Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
     struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
 };
@@ -1513,8 +1513,8 @@ inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* de
 }
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
-    WaitStatus expected = WaitStatus::waiting;
-    return w.state->status.compare_exchange_strong(expected, WaitStatus::notified, std::memory_order_acq_rel);
+    WaitStatus expected = WaitStatus::Waiting;
+    return w.state->status.compare_exchange_strong(expected, WaitStatus::Notified, std::memory_order_acq_rel);
 }
 // Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
 // nullptr if none. Call under the lock.
@@ -1533,7 +1533,7 @@ inline void pop_all_claimed(WaitList& list, WaitList& woken) noexcept {
 // are dropped on the way (they unlink themselves only if still linked). Call under the lock.
 inline Waiter* front_waiting(WaitList& list) noexcept {
     while (Waiter* w = list.front()) {
-        if (w->state->status.load(std::memory_order_acquire) == WaitStatus::waiting) return w;
+        if (w->state->status.load(std::memory_order_acquire) == WaitStatus::Waiting) return w;
         list.remove(w);
     }
     return nullptr;
@@ -2004,7 +2004,7 @@ std::atomic<std::uint64_t> next_fiber_id{1};
 
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 namespace {
-std::atomic<long> fault_countdown[static_cast<int>(FaultSite::count)];
+std::atomic<long> fault_countdown[static_cast<int>(FaultSite::Count)];
 std::atomic<bool> assert_throws{false};
 }  // namespace
 
@@ -3696,7 +3696,7 @@ private:
     }
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
-        if (FIBER_SCHED_FAULT(stack_map)) return false;
+        if (FIBER_SCHED_FAULT(StackMap)) return false;
         // The budget is an estimate: the OS may still refuse the guard.
         void* mem = os::map_guarded_stack(size + guard_, guard_);
         if (!mem) return false;
@@ -3712,7 +3712,7 @@ private:
             // of its own, so that it can be unmapped on release.
             const std::size_t count =
                 cls.size > reuse_limit ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, reuse_limit / cls.size));
-            void* mem = FIBER_SCHED_FAULT(stack_map) ? nullptr : os::map_stack_memory(cls.size * count);
+            void* mem = FIBER_SCHED_FAULT(StackMap) ? nullptr : os::map_stack_memory(cls.size * count);
             if (!mem) throw StackMapFailed();
             cls.slab_next = static_cast<char*>(mem);
             cls.slab_left = count;
@@ -4357,7 +4357,7 @@ struct WorkerIdle {
     std::atomic<bool> is_poller{false};
 
     const char* open() noexcept {
-        if (FIBER_SCHED_FAULT(fd_open)) {
+        if (FIBER_SCHED_FAULT(FdOpen)) {
             errno = EMFILE;
             return "fiber_sched: epoll_create1";
         }
@@ -4533,14 +4533,14 @@ struct Timer {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
     // A timed wait already satisfied (or given up) by someone else: nothing left to do.
-    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::waiting; }
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::Waiting; }
 };
 
 // How a queued fiber is to be taken when its task runs.
 enum class TaskKind : std::uint8_t {
-    fresh,    // schedule(): claim it, or defer when it is still running or parked
-    woken,    // coming back from a park: Parked, and this task is its wake-up
-    claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
+    Fresh,    // schedule(): claim it, or defer when it is still running or parked
+    Woken,    // coming back from a park: Parked, and this task is its wake-up
+    Claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
 };
 
 // What the queues hold: a scheduled task (from a ScheduleTask, the API's record, once
@@ -4555,7 +4555,7 @@ struct QueuedTask {
     TaskFunction cb;
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
-    TaskKind kind = TaskKind::fresh;
+    TaskKind kind = TaskKind::Fresh;
     std::uint64_t sequence = 0;
 };
 
@@ -5050,7 +5050,7 @@ struct alignas(64) Worker {
         out.cb = nullptr;
         out.worker = -1;
         out.priority = Priority::Normal;
-        out.kind = TaskKind::woken;
+        out.kind = TaskKind::Woken;
         ++runnext_streak;
         runnext_state.store(runnext_sets << 1, std::memory_order_relaxed);
         update_hints();
@@ -5350,7 +5350,7 @@ struct SchedulerCore {
                                          : *workers[outside_target()];
         const bool pinned = task.worker >= 0;
         target.push(std::move(task), pinned);
-        if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        if (FIBER_SCHED_FAULT(EnqueuePause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         after_push(target, pinned, 1);
     }
 
@@ -5675,13 +5675,13 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         next.fiber = std::move(yielded);
         next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
         next.priority = Priority::Normal;
-        next.kind = TaskKind::claimed;
+        next.kind = TaskKind::Claimed;
         return;
     }
     QueuedTask back;
     back.worker = target.worker;
     back.priority = target.priority;  // a yielding fiber keeps its task's priority
-    back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
+    back.kind = TaskKind::Claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -5699,7 +5699,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
             next.fiber = local_pop();
             next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
             next.priority = Priority::Normal;
-            next.kind = TaskKind::claimed;
+            next.kind = TaskKind::Claimed;
             if (waiting_locked() == 0 && local_reserve()) {
                 local_push(back.fiber);
             } else {
@@ -5776,7 +5776,7 @@ inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
     if (!from_pinned && !level.pinned.empty()) return 0;
     TaskQueue& from = from_pinned ? level.pinned : level.tasks;
     std::size_t moved = 0;
-    while (!from.empty() && from.front().kind == TaskKind::claimed && local_reserve()) {
+    while (!from.empty() && from.front().kind == TaskKind::Claimed && local_reserve()) {
         local_push(from.front().fiber);
         from.pop_front();
         ++moved;
@@ -5793,7 +5793,7 @@ inline void Worker::flush_local_locked() noexcept {
         QueuedTask task;
         task.fiber = std::move(local_ring[newest]);
         task.worker = FiberAccess::lifecycle(*task.fiber).resume_target().worker;
-        task.kind = TaskKind::claimed;
+        task.kind = TaskKind::Claimed;
         try {
             push_front_locked(std::move(task), task.worker >= 0);
         } catch (...) {
@@ -5810,7 +5810,7 @@ inline bool Worker::take_local(QueuedTask& next) {
         next.fiber = local_pop();
         next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
         next.priority = Priority::Normal;
-        next.kind = TaskKind::claimed;
+        next.kind = TaskKind::Claimed;
         return true;
     }
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -5821,7 +5821,7 @@ inline bool Worker::take_local(QueuedTask& next) {
     next.fiber = local_pop();
     next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
     next.priority = Priority::Normal;
-    next.kind = TaskKind::claimed;
+    next.kind = TaskKind::Claimed;
     return true;
 }
 
@@ -5856,7 +5856,7 @@ inline void Worker::stop_helping() noexcept {
         const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
         back.worker = target.worker;
         back.priority = target.priority;
-        back.kind = TaskKind::claimed;
+        back.kind = TaskKind::Claimed;
         back.fiber = std::move(yielded);
         core.enqueue_fiber(std::move(back));
     }
@@ -5938,7 +5938,7 @@ void SchedulerCore::close_idle() noexcept {
 
 inline void Worker::reserve_timer() {
     std::lock_guard<SpinLock> lock(timer_lock);
-    if (FIBER_SCHED_FAULT(timer_alloc)) throw std::bad_alloc();
+    if (FIBER_SCHED_FAULT(TimerAlloc)) throw std::bad_alloc();
     if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
 }
 
@@ -6000,8 +6000,8 @@ inline bool Worker::fire_due_timers() {
         }
         Fiber::ptr fiber = std::move(due.fiber);
         if (due.wait) {
-            WaitStatus expected = WaitStatus::waiting;
-            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) continue;
+            WaitStatus expected = WaitStatus::Waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) continue;
             fiber = std::move(due.wait->fiber);
         }
         wake_fiber(std::move(fiber));  // to its pinned worker, if any
@@ -6057,7 +6057,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
 }
 
 inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
-    if (FIBER_SCHED_FAULT(fiber_alloc)) throw std::bad_alloc();
+    if (FIBER_SCHED_FAULT(FiberAlloc)) throw std::bad_alloc();
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
         spare_fibers.pop_back();
@@ -6089,13 +6089,13 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     task = QueuedTask{};
     switch (kind) {
-    case TaskKind::fresh:
+    case TaskKind::Fresh:
         if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
         break;
-    case TaskKind::woken:
+    case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
         break;
-    case TaskKind::claimed:
+    case TaskKind::Claimed:
         break;
     }
     ThreadState* ts = thread_state();
@@ -6195,7 +6195,7 @@ inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
         if (runnext) {
             QueuedTask back;
             back.fiber = std::move(runnext);
-            back.kind = TaskKind::woken;
+            back.kind = TaskKind::Woken;
             try {
                 push_locked(std::move(back), false);  // strong guarantee
             } catch (...) {
@@ -6310,7 +6310,7 @@ void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
     const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
     QueuedTask task;
-    task.kind = TaskKind::claimed;
+    task.kind = TaskKind::Claimed;
     task.fiber = fiber.shared_from_this();
     task.worker = target.worker;
     task.priority = target.priority;
@@ -6335,7 +6335,7 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
         if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;
     }
     QueuedTask task;
-    task.kind = TaskKind::woken;
+    task.kind = TaskKind::Woken;
     task.worker = target.worker;
     task.priority = target.priority;  // a woken fiber keeps its task's priority
     task.fiber = std::move(fiber);
@@ -6396,7 +6396,7 @@ void SchedulerCore::launch_threads() {
     for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
         Worker* worker = workers[i].get();
         if (worker->thread.joinable()) continue;
-        if (FIBER_SCHED_FAULT(thread_start)) {
+        if (FIBER_SCHED_FAULT(ThreadStart)) {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
         worker->thread = std::thread([this, worker] {
@@ -6571,7 +6571,7 @@ void Scheduler::submit(detail::NewTask task) {
     detail::QueuedTask queued(std::move(task));
     core.count_new(1);
     try {
-        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+        if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
         core.enqueue(std::move(queued));
     } catch (...) {
         core.task_finished();  // not queued: not outstanding either
@@ -6636,7 +6636,7 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
                 try {
                     for (const bool own_pinned : {true, false}) {
                         for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
-                            if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                            if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
                             w.push_locked(std::move(t), own_pinned);
                         }
                     }
@@ -6747,7 +6747,7 @@ void release_after_park(Fiber*, void* arg) {
 
 void prepare_timed_wait(Waiter& w) {
     if (w.shared || !in_scheduler_task()) return;
-    if (FIBER_SCHED_FAULT(wait_alloc)) throw std::bad_alloc();
+    if (FIBER_SCHED_FAULT(WaitAlloc)) throw std::bad_alloc();
     // The timer may outlive the waiter's frame: the state it races for lives on the heap.
     w.shared = std::make_shared<WaitState>();
     w.state = w.shared.get();
@@ -6770,7 +6770,7 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         }
         ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
-        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::notified) return true;
+        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified) return true;
         std::lock_guard<SpinLock> guard(lock);
         unlink(context, w);
         return false;
@@ -6783,8 +6783,8 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         lock.unlock();
         help_until(*core, &signal.done, deadline);
         if (!signal.done.load(std::memory_order_seq_cst)) {
-            WaitStatus expected = WaitStatus::waiting;
-            if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
+            WaitStatus expected = WaitStatus::Waiting;
+            if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
                 std::lock_guard<SpinLock> guard(lock);
                 unlink(context, w);
                 return false;
@@ -6799,8 +6799,8 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     lock.unlock();
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
-        WaitStatus expected = WaitStatus::waiting;
-        if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
+        WaitStatus expected = WaitStatus::Waiting;
+        if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
             signal_lock.unlock();
             std::lock_guard<SpinLock> guard(lock);
             unlink(context, w);
@@ -7118,7 +7118,7 @@ void WaitGroup::wait() {
 // short read still empties the queue). So a TCP socket whose mark is above 1 when its first
 // short read asks (with SO_PROTOCOL: IoFd::short_reads) never skips a read. The mark can be
 // raised at any time behind io's back, and raising it sends no edge: so the wait of a
-// skipped read always joins the unverified waiters (IoWait::skipped_read), and the sweep
+// skipped read always joins the unverified waiters (WaitKind::SkippedRead), and the sweep
 // that checks it, 1 to 2 intervals after its park, also asks FIONREAD (which, unlike
 // poll(), ignores the mark): data queued wakes it to read, and its socket's reads are all
 // made from then on. A queue the sweep finds empty means the read left out would have
@@ -7480,9 +7480,9 @@ bool ready_now(int fd, io::Ready what) noexcept {
 // a read that would fail (a skipped read: see "Reads that would fail" at the top of this
 // file); from io::wait(), which reports the fd ready only when it is; or as io::connect's
 // pause before it tries again (a wait that only cancel() or its deadline ends; an edge that
-// ends it early only brings the next try forward). Each but ready_only ends with ETIMEDOUT
+// ends it early only brings the next try forward). Each but ReadyOnly ends with ETIMEDOUT
 // when its deadline passes, without asking poll(): its caller makes its call once more.
-enum class WaitKind { after_eagain, skipped_read, ready_only, pause };
+enum class WaitKind { AfterEagain, SkippedRead, ReadyOnly, Pause };
 
 // The calling thread's eventfd, which cancel() writes to end a plain thread's poll(); -1 with
 // errno set when none can be made (the next call tries again). A child of fork() makes its
@@ -7506,16 +7506,16 @@ struct IoCall {
     ~IoCall();
 
     enum class Start : unsigned char {
-        not_yet,     // no step under io_lock yet
-        recorded,    // `cancels` is the entry's count at the first step
-        unrecorded,  // no entry could be made at the first step (no memory): it never waits
+        NotYet,      // no step under io_lock yet
+        Recorded,    // `cancels` is the entry's count at the first step
+        Unrecorded,  // no entry could be made at the first step (no memory): it never waits
     };
     const int fd;
     // The scheduler whose epoll instance the call's waits use: a scheduler task's, or the
     // use_caller thread's outside its tasks; nullptr for a plain thread, which polls.
     SchedulerIdle* idle = nullptr;
     bool in_task = false;  // a scheduler task's: its reads and writes may go the fast way
-    Start start = Start::not_yet;
+    Start start = Start::NotYet;
     std::uint64_t cancels = 0;  // IoFd::cancels at the call's first step
     // A plain thread's call, in io_registry().thread_waits for the whole call, unless
     // `thread_error` says why it could not be (eventfd()'s errno, or ENOMEM): its waits then
@@ -7574,24 +7574,24 @@ IoCall::~IoCall() {
 IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     cancelled = false;
     SchedulerIdle& idle = *call.idle;
-    if (call.start == IoCall::Start::unrecorded) return nullptr;
+    if (call.start == IoCall::Start::Unrecorded) return nullptr;
     auto it = idle.io_fds.find(call.fd);
-    if (call.start == IoCall::Start::recorded) {
+    if (call.start == IoCall::Start::Recorded) {
         // Entries are never erased while their scheduler lives (forget_file).
         cancelled = it == idle.io_fds.end() || it->second.cancels != call.cancels;
         return it == idle.io_fds.end() ? nullptr : &it->second;
     }
     if (it == idle.io_fds.end()) {
-        call.start = IoCall::Start::unrecorded;  // unless the entry is made now
+        call.start = IoCall::Start::Unrecorded;  // unless the entry is made now
         if (call.fd < 0) return nullptr;         // its call fails with EBADF
         try {
-            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            if (FIBER_SCHED_FAULT(IoAlloc)) throw std::bad_alloc();
             it = idle.io_fds.try_emplace(call.fd).first;
         } catch (const std::bad_alloc&) {
             return nullptr;
         }
     }
-    call.start = IoCall::Start::recorded;
+    call.start = IoCall::Start::Recorded;
     call.cancels = it->second.cancels;
     return &it->second;
 }
@@ -7655,7 +7655,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     }
     const unsigned bit = static_cast<unsigned>(what);
     bool cancelled;
-    if (kind == WaitKind::ready_only) {
+    if (kind == WaitKind::ReadyOnly) {
         // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
         // Readiness from after this poll comes as a new edge (see the top of this file).
         idle.io_lock.lock();
@@ -7676,7 +7676,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     if (stated && !stat_fd(idle, fd, st)) return false;
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     if (auto hook = io_before_park.load(std::memory_order_relaxed);
-        hook && (kind == WaitKind::after_eagain || kind == WaitKind::skipped_read)) {
+        hook && (kind == WaitKind::AfterEagain || kind == WaitKind::SkippedRead)) {
         hook(fd);
     }
 #endif
@@ -7737,7 +7737,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
     // A skipped read's wait always joins: the sweep also checks that its read would have
     // failed ("Reads that would fail" at the top of this file).
-    wait.skipped_read = kind == WaitKind::skipped_read;
+    wait.skipped_read = kind == WaitKind::SkippedRead;
     if (!stated || wait.skipped_read) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
     // must be polling for it (the caller thread that runs it may not sleep again for long).
@@ -7750,7 +7750,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         // io::wait(): the timer may fire before any worker has asked epoll about the fd (all
         // were busy): a wait that ends with the fd ready reports it ready, as poll() would.
         // The others' callers make their call once more instead (see "Timeouts").
-        if (kind == WaitKind::ready_only) {
+        if (kind == WaitKind::ReadyOnly) {
             if (cancelled_now(call)) {
                 set_errno(ECANCELED);
                 return false;
@@ -7785,7 +7785,7 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
         if (it != idle.io_fds.end()) {
             entry = &it->second;
         } else {
-            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            if (FIBER_SCHED_FAULT(IoAlloc)) throw std::bad_alloc();
             entry = &idle.io_fds[fd];
         }
     } catch (const std::bad_alloc&) {
@@ -7932,13 +7932,13 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
 bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     auto hook = io_before_park.load(std::memory_order_relaxed);
-    if (hook && kind == WaitKind::after_eagain) hook(call.fd);
+    if (hook && kind == WaitKind::AfterEagain) hook(call.fd);
 #endif
     if (!call.thread_registered) {
         set_errno(call.thread_error);
         return false;
     }
-    pollfd fds[2] = {kind == WaitKind::pause ? pollfd{-1, 0, 0} : poll_entry(call.fd, what),
+    pollfd fds[2] = {kind == WaitKind::Pause ? pollfd{-1, 0, 0} : poll_entry(call.fd, what),
                      {call.thread.cancel_fd, POLLIN, 0}};
     // cancel() sets the flag, then writes the eventfd: a cancel before this load is seen
     // here, one after it ends the poll().
@@ -7968,14 +7968,14 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         // A zero timeout (or one a retry has used up): io::wait() asks, like poll(fd, 0),
         // without parking (a parked fiber's timer could fire before anyone asked epoll
         // whether the fd is ready); the other callers make their call once more.
-        if (kind == WaitKind::ready_only) return ready_now(call.fd, what);
+        if (kind == WaitKind::ReadyOnly) return ready_now(call.fd, what);
         set_errno(ETIMEDOUT);
         return false;
     }
     if (!call.idle) return thread_wait(call, what, deadline, kind);
     for (;;) {
         if (!fiber_wait(call, what, deadline, kind, nonblocking_known, trusted)) return false;
-        if (kind != WaitKind::ready_only) return true;
+        if (kind != WaitKind::ReadyOnly) return true;
         // io::wait() promises "ready", and the edge that woke it may be from data another
         // thread took between epoll_wait's return and the dispatch (the kernel drops edges
         // that are no longer ready only when it hands them out): ask again, and wait again
@@ -8058,7 +8058,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             io_read_skip_count.fetch_add(1, std::memory_order_relaxed);
 #endif
             may_skip_read = false;
-            if (!wait_until(io, what, deadline.get(), WaitKind::skipped_read, checked, fast)) {
+            if (!wait_until(io, what, deadline.get(), WaitKind::SkippedRead, checked, fast)) {
                 if (current_errno() != ETIMEDOUT) return -1;
                 last_try = true;
             }
@@ -8081,7 +8081,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             set_errno(ETIMEDOUT);
             return -1;
         }
-        if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) {
+        if (!wait_until(io, what, deadline.get(), WaitKind::AfterEagain, checked, fast)) {
             if (current_errno() != ETIMEDOUT) return -1;
             last_try = true;
         }
@@ -8112,12 +8112,12 @@ int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milli
             return -1;
         }
         const TimePoint until = deadline.has && deadline.at < now + pause ? deadline.at : now + pause;
-        if (!wait_until(call, io::Ready::Write, &until, WaitKind::pause, true) && current_errno() != ETIMEDOUT) {
+        if (!wait_until(call, io::Ready::Write, &until, WaitKind::Pause, true) && current_errno() != ETIMEDOUT) {
             return -1;  // ECANCELED, or the pause could not be made
         }
         pause = std::min(pause * 2, longest_pause);
     }
-    if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ready_only, false)) return -1;
+    if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ReadyOnly, false)) return -1;
     int error = 0;
     socklen_t error_len = sizeof error;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
@@ -8272,7 +8272,7 @@ int last_error() noexcept { return detail::current_errno(); }
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
     detail::IoCall call(fd);
-    return detail::wait_until(call, what, deadline.get(), detail::WaitKind::ready_only, false);
+    return detail::wait_until(call, what, deadline.get(), detail::WaitKind::ReadyOnly, false);
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {

@@ -137,17 +137,17 @@ inline void cpu_relax() noexcept {
 // acquires memory, a stack or an fd can be made to fail, to test that the failure reaches
 // the caller or the exception handler with nothing lost or leaked.
 enum class FaultSite : int {
-    stack_map,    // mapping a fiber stack
-    fd_open,      // an epoll instance or eventfd of a Scheduler
-    task_queue,   // queueing a scheduled task
-    fiber_alloc,  // the fiber a worker makes for a callback
-    timer_alloc,  // room for a sleep's or a timed wait's timer
-    wait_alloc,   // the shared state of a timed wait
-    io_alloc,     // the record of an fd that a fiber waits for
-    thread_start, // starting a worker thread
-    enqueue_pause,  // not a failure: a 2 ms pause between queueing a task and waking a
-                    // worker, to widen that race in tests
-    count
+    StackMap,      // mapping a fiber stack
+    FdOpen,        // an epoll instance or eventfd of a Scheduler
+    TaskQueue,     // queueing a scheduled task
+    FiberAlloc,    // the fiber a worker makes for a callback
+    TimerAlloc,    // room for a sleep's or a timed wait's timer
+    WaitAlloc,     // the shared state of a timed wait
+    IoAlloc,       // the record of an fd that a fiber waits for
+    ThreadStart,   // starting a worker thread
+    EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
+                   // worker, to widen that race in tests
+    Count
 };
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 // True when this hit of `site` is to fail.

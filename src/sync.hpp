@@ -80,13 +80,13 @@ private:
     std::atomic<bool> heir_{false};  // a waiter has claimed the next turn (see above)
 };
 
-enum class WaitStatus : std::uint8_t { waiting, notified, timed_out };
+enum class WaitStatus : std::uint8_t { Waiting, Notified, TimedOut };
 
 // How one blocked fiber or thread is woken.
 struct WaitState {
-    // waiting -> notified (a notifier's CAS) or waiting -> timed_out (the timer's or the
+    // Waiting -> Notified (a notifier's CAS) or Waiting -> TimedOut (the timer's or the
     // waiting thread's CAS); acq_rel: the winner's writes (a handed-over value) are seen.
-    std::atomic<WaitStatus> status{WaitStatus::waiting};
+    std::atomic<WaitStatus> status{WaitStatus::Waiting};
     Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
     struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
 };
@@ -173,8 +173,8 @@ inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* de
 }
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
-    WaitStatus expected = WaitStatus::waiting;
-    return w.state->status.compare_exchange_strong(expected, WaitStatus::notified, std::memory_order_acq_rel);
+    WaitStatus expected = WaitStatus::Waiting;
+    return w.state->status.compare_exchange_strong(expected, WaitStatus::Notified, std::memory_order_acq_rel);
 }
 // Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
 // nullptr if none. Call under the lock.
@@ -193,7 +193,7 @@ inline void pop_all_claimed(WaitList& list, WaitList& woken) noexcept {
 // are dropped on the way (they unlink themselves only if still linked). Call under the lock.
 inline Waiter* front_waiting(WaitList& list) noexcept {
     while (Waiter* w = list.front()) {
-        if (w->state->status.load(std::memory_order_acquire) == WaitStatus::waiting) return w;
+        if (w->state->status.load(std::memory_order_acquire) == WaitStatus::Waiting) return w;
         list.remove(w);
     }
     return nullptr;

@@ -52,7 +52,7 @@ using test::Failures;
 TEST_CASE("a stack that cannot be mapped is std::bad_alloc to whoever asked, and costs nothing") {
     const auto before = fsched::stack_stats();
     {
-        Fault fault(FaultSite::stack_map, 1);
+        Fault fault(FaultSite::StackMap, 1);
         // A size no cache or pool holds, so the stack must be mapped.
         CHECK_THROWS_AS(Fiber([] {}, 333 * 4096), std::bad_alloc);
         CHECK_THROWS_AS(std::make_shared<Fiber>([] {}, 334 * 4096), std::bad_alloc);
@@ -74,7 +74,7 @@ TEST_CASE("a worker that cannot make a fiber for a callback reports it and runs 
         constexpr int tasks = 200;
         {
             // From the 50th fiber a worker makes (or takes from its pool) on, every one fails.
-            Fault fault(FaultSite::fiber_alloc, 50);
+            Fault fault(FaultSite::FiberAlloc, 50);
             for (int i = 0; i < tasks; ++i) {
                 s.schedule([&] {
                     fsched::this_fiber::yield();
@@ -103,7 +103,7 @@ TEST_CASE("schedule() that cannot queue a task throws std::bad_alloc and stop() 
     s.start();
     s.schedule([&] { ran++; });
     {
-        Fault fault(FaultSite::task_queue, 1);
+        Fault fault(FaultSite::TaskQueue, 1);
         CHECK_THROWS_AS(s.schedule([&] { ran++; }), std::bad_alloc);
         std::vector<std::function<void()>> batch(10, [&] { ran++; });
         CHECK_THROWS_AS(s.schedule(batch.begin(), batch.end()), std::bad_alloc);
@@ -111,7 +111,7 @@ TEST_CASE("schedule() that cannot queue a task throws std::bad_alloc and stop() 
     {
         // A batch spread over both workers that fails half way: what was queued runs, what
         // was not is not counted (stop() would otherwise wait for it forever).
-        Fault fault(FaultSite::task_queue, 8);
+        Fault fault(FaultSite::TaskQueue, 8);
         std::vector<std::function<void()>> batch(10, [&] { ran++; });
         CHECK_THROWS_AS(s.schedule(batch.begin(), batch.end()), std::bad_alloc);
     }
@@ -129,7 +129,7 @@ TEST_CASE("a sleep with no room for its timer throws std::bad_alloc in the fiber
     s.start();
     s.schedule([&] {
         {
-            Fault fault(FaultSite::timer_alloc, 1);
+            Fault fault(FaultSite::TimerAlloc, 1);
             try {
                 fsched::this_fiber::sleep_for(1ms);
             } catch (const std::bad_alloc&) {
@@ -140,7 +140,7 @@ TEST_CASE("a sleep with no room for its timer throws std::bad_alloc in the fiber
         later_sleep_ok = true;
     });
     s.schedule([&] {
-        Fault fault(FaultSite::timer_alloc, 1);
+        Fault fault(FaultSite::TimerAlloc, 1);
         fsched::this_fiber::sleep_for(1ms);  // uncaught: the handler gets it
     });
     s.stop();
@@ -150,7 +150,7 @@ TEST_CASE("a sleep with no room for its timer throws std::bad_alloc in the fiber
 }
 
 TEST_CASE("a timed wait that cannot allocate throws with the lock held and leaves no waiter") {
-    for (FaultSite site : {FaultSite::wait_alloc, FaultSite::timer_alloc}) {
+    for (FaultSite site : {FaultSite::WaitAlloc, FaultSite::TimerAlloc}) {
         Scheduler s(2, false, "no-wait");
         fsched::Mutex m;
         fsched::ConditionVariable cv;
@@ -188,7 +188,7 @@ TEST_CASE("a timed wait that cannot allocate throws with the lock held and leave
 TEST_CASE("a Scheduler that cannot open its fds throws std::system_error and leaks none") {
     const int before = open_fds();
     for (long nth : {1L, 2L, 4L}) {
-        Fault fault(FaultSite::fd_open, nth);  // the nth worker's epoll instance fails
+        Fault fault(FaultSite::FdOpen, nth);  // the nth worker's epoll instance fails
         CHECK_THROWS_AS(Scheduler(4, false), std::system_error);
     }
     CHECK(open_fds() == before);
@@ -208,12 +208,12 @@ TEST_CASE("an io wait that cannot record itself fails with ENOMEM and leaves the
     s.start();
     s.schedule([&] {
         {
-            Fault fault(FaultSite::io_alloc, 1);
+            Fault fault(FaultSite::IoAlloc, 1);
             CHECK_FALSE(fsched::io::wait(fds[0], fsched::io::Ready::Read));
             error = fsched::io::last_error();
         }
         {
-            Fault fault(FaultSite::wait_alloc, 1);
+            Fault fault(FaultSite::WaitAlloc, 1);
             CHECK_FALSE(fsched::io::wait(fds[0], fsched::io::Ready::Read, 5s));
             error_timed = fsched::io::last_error();
         }
@@ -235,7 +235,7 @@ TEST_CASE("a start() that cannot start every worker thread can be retried; stop(
     std::atomic<int> ran{0};
     for (int w = 0; w < 3; ++w) s.schedule([&] { ran++; }, w);  // one pinned to each worker
     {
-        Fault fault(FaultSite::thread_start, 2);  // the second worker's thread fails
+        Fault fault(FaultSite::ThreadStart, 2);  // the second worker's thread fails
         CHECK_THROWS_AS(s.start(), std::system_error);
     }
     s.stop();  // starts the workers that have no thread yet
@@ -255,7 +255,7 @@ TEST_CASE("a Scheduler destroyed without threads to be had runs every task on th
             const std::thread::id destroyer = std::this_thread::get_id();
             std::atomic<int> on_destroyer{0};
             {
-                Fault fault(FaultSite::thread_start, nth);
+                Fault fault(FaultSite::ThreadStart, nth);
                 Scheduler s(3, use_caller, "no-threads");
                 fsched::Mutex m;
                 int shared = 0;
@@ -315,7 +315,7 @@ TEST_CASE("stop() whose restart for a late task finds no thread runs that task i
         {
             Scheduler s(2, false, "late");
             s.start();
-            Fault fault(FaultSite::thread_start, 1);
+            Fault fault(FaultSite::ThreadStart, 1);
             std::thread feeder([&] {
                 for (int i = 0; i < 5000; ++i) {
                     try {
@@ -361,7 +361,7 @@ TEST_CASE("a thread whose wake-up is the last task does not outlive the schedule
             });
             while (!waiting) std::this_thread::yield();
             waker = std::thread([&] {
-                Fault fault(FaultSite::enqueue_pause, 1);
+                Fault fault(FaultSite::EnqueuePause, 1);
                 {
                     std::lock_guard<fsched::Mutex> lock(m);
                     ready = true;

@@ -828,9 +828,9 @@ TEST_CASE("io reliability: an accept that cannot record its new fd still returns
         const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         REQUIRE(client >= 0);
         REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-        fsched::detail::inject_fault(fsched::detail::FaultSite::io_alloc, 1);
+        fsched::detail::inject_fault(fsched::detail::FaultSite::IoAlloc, 1);
         const int server = fsched::io::accept(listener, nullptr, nullptr, 5s);
-        fsched::detail::inject_fault(fsched::detail::FaultSite::io_alloc, 0);
+        fsched::detail::inject_fault(fsched::detail::FaultSite::IoAlloc, 0);
         REQUIRE(server >= 0);
         const long stats0 = fsched::detail::io_fd_stats();
         got = read_after_park(server, &c, 8s, [&] { CHECK(::write(client, "f", 1) == 1); });

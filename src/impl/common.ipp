@@ -14,7 +14,7 @@ std::atomic<std::uint64_t> next_fiber_id{1};
 
 #if defined(FIBER_SCHED_FAULT_INJECTION)
 namespace {
-std::atomic<long> fault_countdown[static_cast<int>(FaultSite::count)];
+std::atomic<long> fault_countdown[static_cast<int>(FaultSite::Count)];
 std::atomic<bool> assert_throws{false};
 }  // namespace
 

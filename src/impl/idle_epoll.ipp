@@ -217,7 +217,7 @@ struct WorkerIdle {
     std::atomic<bool> is_poller{false};
 
     const char* open() noexcept {
-        if (FIBER_SCHED_FAULT(fd_open)) {
+        if (FIBER_SCHED_FAULT(FdOpen)) {
             errno = EMFILE;
             return "fiber_sched: epoll_create1";
         }

@@ -105,7 +105,7 @@
 // short read still empties the queue). So a TCP socket whose mark is above 1 when its first
 // short read asks (with SO_PROTOCOL: IoFd::short_reads) never skips a read. The mark can be
 // raised at any time behind io's back, and raising it sends no edge: so the wait of a
-// skipped read always joins the unverified waiters (IoWait::skipped_read), and the sweep
+// skipped read always joins the unverified waiters (WaitKind::SkippedRead), and the sweep
 // that checks it, 1 to 2 intervals after its park, also asks FIONREAD (which, unlike
 // poll(), ignores the mark): data queued wakes it to read, and its socket's reads are all
 // made from then on. A queue the sweep finds empty means the read left out would have
@@ -467,9 +467,9 @@ bool ready_now(int fd, io::Ready what) noexcept {
 // a read that would fail (a skipped read: see "Reads that would fail" at the top of this
 // file); from io::wait(), which reports the fd ready only when it is; or as io::connect's
 // pause before it tries again (a wait that only cancel() or its deadline ends; an edge that
-// ends it early only brings the next try forward). Each but ready_only ends with ETIMEDOUT
+// ends it early only brings the next try forward). Each but ReadyOnly ends with ETIMEDOUT
 // when its deadline passes, without asking poll(): its caller makes its call once more.
-enum class WaitKind { after_eagain, skipped_read, ready_only, pause };
+enum class WaitKind { AfterEagain, SkippedRead, ReadyOnly, Pause };
 
 // The calling thread's eventfd, which cancel() writes to end a plain thread's poll(); -1 with
 // errno set when none can be made (the next call tries again). A child of fork() makes its
@@ -493,16 +493,16 @@ struct IoCall {
     ~IoCall();
 
     enum class Start : unsigned char {
-        not_yet,     // no step under io_lock yet
-        recorded,    // `cancels` is the entry's count at the first step
-        unrecorded,  // no entry could be made at the first step (no memory): it never waits
+        NotYet,      // no step under io_lock yet
+        Recorded,    // `cancels` is the entry's count at the first step
+        Unrecorded,  // no entry could be made at the first step (no memory): it never waits
     };
     const int fd;
     // The scheduler whose epoll instance the call's waits use: a scheduler task's, or the
     // use_caller thread's outside its tasks; nullptr for a plain thread, which polls.
     SchedulerIdle* idle = nullptr;
     bool in_task = false;  // a scheduler task's: its reads and writes may go the fast way
-    Start start = Start::not_yet;
+    Start start = Start::NotYet;
     std::uint64_t cancels = 0;  // IoFd::cancels at the call's first step
     // A plain thread's call, in io_registry().thread_waits for the whole call, unless
     // `thread_error` says why it could not be (eventfd()'s errno, or ENOMEM): its waits then
@@ -561,24 +561,24 @@ IoCall::~IoCall() {
 IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     cancelled = false;
     SchedulerIdle& idle = *call.idle;
-    if (call.start == IoCall::Start::unrecorded) return nullptr;
+    if (call.start == IoCall::Start::Unrecorded) return nullptr;
     auto it = idle.io_fds.find(call.fd);
-    if (call.start == IoCall::Start::recorded) {
+    if (call.start == IoCall::Start::Recorded) {
         // Entries are never erased while their scheduler lives (forget_file).
         cancelled = it == idle.io_fds.end() || it->second.cancels != call.cancels;
         return it == idle.io_fds.end() ? nullptr : &it->second;
     }
     if (it == idle.io_fds.end()) {
-        call.start = IoCall::Start::unrecorded;  // unless the entry is made now
+        call.start = IoCall::Start::Unrecorded;  // unless the entry is made now
         if (call.fd < 0) return nullptr;         // its call fails with EBADF
         try {
-            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            if (FIBER_SCHED_FAULT(IoAlloc)) throw std::bad_alloc();
             it = idle.io_fds.try_emplace(call.fd).first;
         } catch (const std::bad_alloc&) {
             return nullptr;
         }
     }
-    call.start = IoCall::Start::recorded;
+    call.start = IoCall::Start::Recorded;
     call.cancels = it->second.cancels;
     return &it->second;
 }
@@ -642,7 +642,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     }
     const unsigned bit = static_cast<unsigned>(what);
     bool cancelled;
-    if (kind == WaitKind::ready_only) {
+    if (kind == WaitKind::ReadyOnly) {
         // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
         // Readiness from after this poll comes as a new edge (see the top of this file).
         idle.io_lock.lock();
@@ -663,7 +663,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     if (stated && !stat_fd(idle, fd, st)) return false;
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     if (auto hook = io_before_park.load(std::memory_order_relaxed);
-        hook && (kind == WaitKind::after_eagain || kind == WaitKind::skipped_read)) {
+        hook && (kind == WaitKind::AfterEagain || kind == WaitKind::SkippedRead)) {
         hook(fd);
     }
 #endif
@@ -724,7 +724,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
     // A skipped read's wait always joins: the sweep also checks that its read would have
     // failed ("Reads that would fail" at the top of this file).
-    wait.skipped_read = kind == WaitKind::skipped_read;
+    wait.skipped_read = kind == WaitKind::SkippedRead;
     if (!stated || wait.skipped_read) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
     // must be polling for it (the caller thread that runs it may not sleep again for long).
@@ -737,7 +737,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         // io::wait(): the timer may fire before any worker has asked epoll about the fd (all
         // were busy): a wait that ends with the fd ready reports it ready, as poll() would.
         // The others' callers make their call once more instead (see "Timeouts").
-        if (kind == WaitKind::ready_only) {
+        if (kind == WaitKind::ReadyOnly) {
             if (cancelled_now(call)) {
                 set_errno(ECANCELED);
                 return false;
@@ -772,7 +772,7 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
         if (it != idle.io_fds.end()) {
             entry = &it->second;
         } else {
-            if (FIBER_SCHED_FAULT(io_alloc)) throw std::bad_alloc();
+            if (FIBER_SCHED_FAULT(IoAlloc)) throw std::bad_alloc();
             entry = &idle.io_fds[fd];
         }
     } catch (const std::bad_alloc&) {
@@ -919,13 +919,13 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
 bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     auto hook = io_before_park.load(std::memory_order_relaxed);
-    if (hook && kind == WaitKind::after_eagain) hook(call.fd);
+    if (hook && kind == WaitKind::AfterEagain) hook(call.fd);
 #endif
     if (!call.thread_registered) {
         set_errno(call.thread_error);
         return false;
     }
-    pollfd fds[2] = {kind == WaitKind::pause ? pollfd{-1, 0, 0} : poll_entry(call.fd, what),
+    pollfd fds[2] = {kind == WaitKind::Pause ? pollfd{-1, 0, 0} : poll_entry(call.fd, what),
                      {call.thread.cancel_fd, POLLIN, 0}};
     // cancel() sets the flag, then writes the eventfd: a cancel before this load is seen
     // here, one after it ends the poll().
@@ -955,14 +955,14 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         // A zero timeout (or one a retry has used up): io::wait() asks, like poll(fd, 0),
         // without parking (a parked fiber's timer could fire before anyone asked epoll
         // whether the fd is ready); the other callers make their call once more.
-        if (kind == WaitKind::ready_only) return ready_now(call.fd, what);
+        if (kind == WaitKind::ReadyOnly) return ready_now(call.fd, what);
         set_errno(ETIMEDOUT);
         return false;
     }
     if (!call.idle) return thread_wait(call, what, deadline, kind);
     for (;;) {
         if (!fiber_wait(call, what, deadline, kind, nonblocking_known, trusted)) return false;
-        if (kind != WaitKind::ready_only) return true;
+        if (kind != WaitKind::ReadyOnly) return true;
         // io::wait() promises "ready", and the edge that woke it may be from data another
         // thread took between epoll_wait's return and the dispatch (the kernel drops edges
         // that are no longer ready only when it hands them out): ask again, and wait again
@@ -1045,7 +1045,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             io_read_skip_count.fetch_add(1, std::memory_order_relaxed);
 #endif
             may_skip_read = false;
-            if (!wait_until(io, what, deadline.get(), WaitKind::skipped_read, checked, fast)) {
+            if (!wait_until(io, what, deadline.get(), WaitKind::SkippedRead, checked, fast)) {
                 if (current_errno() != ETIMEDOUT) return -1;
                 last_try = true;
             }
@@ -1068,7 +1068,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
             set_errno(ETIMEDOUT);
             return -1;
         }
-        if (!wait_until(io, what, deadline.get(), WaitKind::after_eagain, checked, fast)) {
+        if (!wait_until(io, what, deadline.get(), WaitKind::AfterEagain, checked, fast)) {
             if (current_errno() != ETIMEDOUT) return -1;
             last_try = true;
         }
@@ -1099,12 +1099,12 @@ int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milli
             return -1;
         }
         const TimePoint until = deadline.has && deadline.at < now + pause ? deadline.at : now + pause;
-        if (!wait_until(call, io::Ready::Write, &until, WaitKind::pause, true) && current_errno() != ETIMEDOUT) {
+        if (!wait_until(call, io::Ready::Write, &until, WaitKind::Pause, true) && current_errno() != ETIMEDOUT) {
             return -1;  // ECANCELED, or the pause could not be made
         }
         pause = std::min(pause * 2, longest_pause);
     }
-    if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ready_only, false)) return -1;
+    if (!wait_until(call, io::Ready::Write, deadline.get(), WaitKind::ReadyOnly, false)) return -1;
     int error = 0;
     socklen_t error_len = sizeof error;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) != 0) return -1;
@@ -1259,7 +1259,7 @@ int last_error() noexcept { return detail::current_errno(); }
 bool wait(int fd, Ready what, std::chrono::milliseconds timeout) {
     const detail::Deadline deadline(timeout);
     detail::IoCall call(fd);
-    return detail::wait_until(call, what, deadline.get(), detail::WaitKind::ready_only, false);
+    return detail::wait_until(call, what, deadline.get(), detail::WaitKind::ReadyOnly, false);
 }
 
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout) {

@@ -47,14 +47,14 @@ struct Timer {
         return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
     }
     // A timed wait already satisfied (or given up) by someone else: nothing left to do.
-    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::waiting; }
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::Waiting; }
 };
 
 // How a queued fiber is to be taken when its task runs.
 enum class TaskKind : std::uint8_t {
-    fresh,    // schedule(): claim it, or defer when it is still running or parked
-    woken,    // coming back from a park: Parked, and this task is its wake-up
-    claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
+    Fresh,    // schedule(): claim it, or defer when it is still running or parked
+    Woken,    // coming back from a park: Parked, and this task is its wake-up
+    Claimed,  // a deferred schedule() taking effect: already Running (claimed) for us
 };
 
 // What the queues hold: a scheduled task (from a ScheduleTask, the API's record, once
@@ -69,7 +69,7 @@ struct QueuedTask {
     TaskFunction cb;
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
-    TaskKind kind = TaskKind::fresh;
+    TaskKind kind = TaskKind::Fresh;
     std::uint64_t sequence = 0;
 };
 
@@ -564,7 +564,7 @@ struct alignas(64) Worker {
         out.cb = nullptr;
         out.worker = -1;
         out.priority = Priority::Normal;
-        out.kind = TaskKind::woken;
+        out.kind = TaskKind::Woken;
         ++runnext_streak;
         runnext_state.store(runnext_sets << 1, std::memory_order_relaxed);
         update_hints();
@@ -864,7 +864,7 @@ struct SchedulerCore {
                                          : *workers[outside_target()];
         const bool pinned = task.worker >= 0;
         target.push(std::move(task), pinned);
-        if (FIBER_SCHED_FAULT(enqueue_pause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        if (FIBER_SCHED_FAULT(EnqueuePause)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         after_push(target, pinned, 1);
     }
 
@@ -1189,13 +1189,13 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         next.fiber = std::move(yielded);
         next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
         next.priority = Priority::Normal;
-        next.kind = TaskKind::claimed;
+        next.kind = TaskKind::Claimed;
         return;
     }
     QueuedTask back;
     back.worker = target.worker;
     back.priority = target.priority;  // a yielding fiber keeps its task's priority
-    back.kind = TaskKind::claimed;  // still Running: this_fiber::yield() parks without leaving it
+    back.kind = TaskKind::Claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
     const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -1213,7 +1213,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
             next.fiber = local_pop();
             next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
             next.priority = Priority::Normal;
-            next.kind = TaskKind::claimed;
+            next.kind = TaskKind::Claimed;
             if (waiting_locked() == 0 && local_reserve()) {
                 local_push(back.fiber);
             } else {
@@ -1290,7 +1290,7 @@ inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
     if (!from_pinned && !level.pinned.empty()) return 0;
     TaskQueue& from = from_pinned ? level.pinned : level.tasks;
     std::size_t moved = 0;
-    while (!from.empty() && from.front().kind == TaskKind::claimed && local_reserve()) {
+    while (!from.empty() && from.front().kind == TaskKind::Claimed && local_reserve()) {
         local_push(from.front().fiber);
         from.pop_front();
         ++moved;
@@ -1307,7 +1307,7 @@ inline void Worker::flush_local_locked() noexcept {
         QueuedTask task;
         task.fiber = std::move(local_ring[newest]);
         task.worker = FiberAccess::lifecycle(*task.fiber).resume_target().worker;
-        task.kind = TaskKind::claimed;
+        task.kind = TaskKind::Claimed;
         try {
             push_front_locked(std::move(task), task.worker >= 0);
         } catch (...) {
@@ -1324,7 +1324,7 @@ inline bool Worker::take_local(QueuedTask& next) {
         next.fiber = local_pop();
         next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
         next.priority = Priority::Normal;
-        next.kind = TaskKind::claimed;
+        next.kind = TaskKind::Claimed;
         return true;
     }
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -1335,7 +1335,7 @@ inline bool Worker::take_local(QueuedTask& next) {
     next.fiber = local_pop();
     next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
     next.priority = Priority::Normal;
-    next.kind = TaskKind::claimed;
+    next.kind = TaskKind::Claimed;
     return true;
 }
 
@@ -1370,7 +1370,7 @@ inline void Worker::stop_helping() noexcept {
         const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
         back.worker = target.worker;
         back.priority = target.priority;
-        back.kind = TaskKind::claimed;
+        back.kind = TaskKind::Claimed;
         back.fiber = std::move(yielded);
         core.enqueue_fiber(std::move(back));
     }
@@ -1452,7 +1452,7 @@ void SchedulerCore::close_idle() noexcept {
 
 inline void Worker::reserve_timer() {
     std::lock_guard<SpinLock> lock(timer_lock);
-    if (FIBER_SCHED_FAULT(timer_alloc)) throw std::bad_alloc();
+    if (FIBER_SCHED_FAULT(TimerAlloc)) throw std::bad_alloc();
     if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
 }
 
@@ -1514,8 +1514,8 @@ inline bool Worker::fire_due_timers() {
         }
         Fiber::ptr fiber = std::move(due.fiber);
         if (due.wait) {
-            WaitStatus expected = WaitStatus::waiting;
-            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) continue;
+            WaitStatus expected = WaitStatus::Waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) continue;
             fiber = std::move(due.wait->fiber);
         }
         wake_fiber(std::move(fiber));  // to its pinned worker, if any
@@ -1571,7 +1571,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
 }
 
 inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
-    if (FIBER_SCHED_FAULT(fiber_alloc)) throw std::bad_alloc();
+    if (FIBER_SCHED_FAULT(FiberAlloc)) throw std::bad_alloc();
     if (!spare_fibers.empty()) {
         Fiber::ptr fiber = std::move(spare_fibers.back());
         spare_fibers.pop_back();
@@ -1603,13 +1603,13 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     task = QueuedTask{};
     switch (kind) {
-    case TaskKind::fresh:
+    case TaskKind::Fresh:
         if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
         break;
-    case TaskKind::woken:
+    case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
         break;
-    case TaskKind::claimed:
+    case TaskKind::Claimed:
         break;
     }
     ThreadState* ts = thread_state();
@@ -1709,7 +1709,7 @@ inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
         if (runnext) {
             QueuedTask back;
             back.fiber = std::move(runnext);
-            back.kind = TaskKind::woken;
+            back.kind = TaskKind::Woken;
             try {
                 push_locked(std::move(back), false);  // strong guarantee
             } catch (...) {
@@ -1824,7 +1824,7 @@ void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
     const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
     QueuedTask task;
-    task.kind = TaskKind::claimed;
+    task.kind = TaskKind::Claimed;
     task.fiber = fiber.shared_from_this();
     task.worker = target.worker;
     task.priority = target.priority;
@@ -1849,7 +1849,7 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
         if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;
     }
     QueuedTask task;
-    task.kind = TaskKind::woken;
+    task.kind = TaskKind::Woken;
     task.worker = target.worker;
     task.priority = target.priority;  // a woken fiber keeps its task's priority
     task.fiber = std::move(fiber);
@@ -1910,7 +1910,7 @@ void SchedulerCore::launch_threads() {
     for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
         Worker* worker = workers[i].get();
         if (worker->thread.joinable()) continue;
-        if (FIBER_SCHED_FAULT(thread_start)) {
+        if (FIBER_SCHED_FAULT(ThreadStart)) {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
         worker->thread = std::thread([this, worker] {
@@ -2085,7 +2085,7 @@ void Scheduler::submit(detail::NewTask task) {
     detail::QueuedTask queued(std::move(task));
     core.count_new(1);
     try {
-        if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+        if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
         core.enqueue(std::move(queued));
     } catch (...) {
         core.task_finished();  // not queued: not outstanding either
@@ -2150,7 +2150,7 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
                 try {
                     for (const bool own_pinned : {true, false}) {
                         for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
-                            if (FIBER_SCHED_FAULT(task_queue)) throw std::bad_alloc();
+                            if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
                             w.push_locked(std::move(t), own_pinned);
                         }
                     }

@@ -314,7 +314,7 @@ private:
     }
 
     bool map_guarded(std::size_t size, Stack& out) noexcept {
-        if (FIBER_SCHED_FAULT(stack_map)) return false;
+        if (FIBER_SCHED_FAULT(StackMap)) return false;
         // The budget is an estimate: the OS may still refuse the guard.
         void* mem = os::map_guarded_stack(size + guard_, guard_);
         if (!mem) return false;
@@ -330,7 +330,7 @@ private:
             // of its own, so that it can be unmapped on release.
             const std::size_t count =
                 cls.size > reuse_limit ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(slab_stacks, reuse_limit / cls.size));
-            void* mem = FIBER_SCHED_FAULT(stack_map) ? nullptr : os::map_stack_memory(cls.size * count);
+            void* mem = FIBER_SCHED_FAULT(StackMap) ? nullptr : os::map_stack_memory(cls.size * count);
             if (!mem) throw StackMapFailed();
             cls.slab_next = static_cast<char*>(mem);
             cls.slab_left = count;

@@ -28,7 +28,7 @@ void release_after_park(Fiber*, void* arg) {
 
 void prepare_timed_wait(Waiter& w) {
     if (w.shared || !in_scheduler_task()) return;
-    if (FIBER_SCHED_FAULT(wait_alloc)) throw std::bad_alloc();
+    if (FIBER_SCHED_FAULT(WaitAlloc)) throw std::bad_alloc();
     // The timer may outlive the waiter's frame: the state it races for lives on the heap.
     w.shared = std::make_shared<WaitState>();
     w.state = w.shared.get();
@@ -51,7 +51,7 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         }
         ParkArgs args{w.state, &lock, deadline, &w.shared};
         park(&release_after_park, &args);
-        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::notified) return true;
+        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified) return true;
         std::lock_guard<SpinLock> guard(lock);
         unlink(context, w);
         return false;
@@ -64,8 +64,8 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         lock.unlock();
         help_until(*core, &signal.done, deadline);
         if (!signal.done.load(std::memory_order_seq_cst)) {
-            WaitStatus expected = WaitStatus::waiting;
-            if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
+            WaitStatus expected = WaitStatus::Waiting;
+            if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
                 std::lock_guard<SpinLock> guard(lock);
                 unlink(context, w);
                 return false;
@@ -80,8 +80,8 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
     lock.unlock();
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
-        WaitStatus expected = WaitStatus::waiting;
-        if (w.state->status.compare_exchange_strong(expected, WaitStatus::timed_out, std::memory_order_acq_rel)) {
+        WaitStatus expected = WaitStatus::Waiting;
+        if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
             signal_lock.unlock();
             std::lock_guard<SpinLock> guard(lock);
             unlink(context, w);
