@@ -5478,13 +5478,17 @@ inline void Worker::run_loop(const CallerWait* wait) {
     while (!finished) {
         if (wait && wait->satisfied()) break;
         poll_io_now_and_then();
-        if (next_task(task) || (was_idle = true, spin_for_work(task)) || sleep_until_work(task, finished, wait)) {
-            if (was_idle) {
-                was_idle = false;
-                hand_on_runnext_watch();
-            }
-            run_task(task);
+        bool found = next_task(task);
+        if (!found) {
+            was_idle = true;
+            found = spin_for_work(task) || sleep_until_work(task, finished, wait);
         }
+        if (!found) continue;
+        if (was_idle) {
+            was_idle = false;
+            hand_on_runnext_watch();
+        }
+        run_task(task);
     }
     if (was_idle) hand_on_runnext_watch();
     direct_yield = false;
