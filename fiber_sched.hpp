@@ -549,7 +549,7 @@ void decay_stack_pool() noexcept;
 // ---- begin src/fiber_state.hpp ----
 // ---------------------------------------------------------------------------
 // A fiber's life cycle: every state and every transition, in one place. Fiber holds one
-// FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/scheduler.ipp)
+// FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/sched_*.ipp)
 // only call the transitions below, each named after the event that causes it.
 //
 // Fiber::State is what users see; the scheduler needs three more internal states:
@@ -929,7 +929,7 @@ private:
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
-    // fiber has fully switched out (the scheduler's race-free park, see impl/scheduler.ipp).
+    // fiber has fully switched out (the scheduler's race-free park, see impl/sched_park.ipp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
     // The park is this_fiber::yield(): the fiber goes straight back to a run queue and stays
@@ -2105,7 +2105,7 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
 
 // Builds the library's process-wide objects (the stack pool, the io registry) and registers
 // every fork handler, once; before main() and in each Scheduler's constructor, so before
-// any thread of the library exists (scheduler.ipp, where it is defined, says why).
+// any thread of the library exists (sched_fork.ipp, where it is defined, says why).
 void build_process_state();
 
 EhState* eh_globals(ThreadState* ts) noexcept {
@@ -3401,7 +3401,7 @@ namespace fsched {
 namespace detail {
 
 // How long surplus stacks sit unused before their memory goes back: an idle scheduler's
-// wait (scheduler.ipp), or the pool's decay (StackPool::decay_locked).
+// wait (sched_run_loop.ipp), or the pool's decay (StackPool::decay_locked).
 // FIBER_SCHED_STACK_TRIM_MS; tests change it. Relaxed: a setting.
 std::atomic<long> stack_trim_delay_ms{FIBER_SCHED_STACK_TRIM_MS};
 #if defined(FIBER_SCHED_FAULT_INJECTION)
@@ -4274,7 +4274,7 @@ struct WorkerIdle;
 struct SchedulerCore;
 struct SchedulerIdle;
 // Wakes one sleeping worker of idle's scheduler, if any, so that it sleeps again as the
-// poller (scheduler.ipp): a fiber parks for IO while no worker polls.
+// poller (sched_park.ipp): a fiber parks for IO while no worker polls.
 void wake_for_io(SchedulerIdle& idle) noexcept;
 
 struct SchedulerIdle {
@@ -4483,58 +4483,20 @@ struct WorkerIdle {
 }  // namespace fsched
 // ---- end src/impl/idle_condvar.ipp ----
 #endif
-// ---- begin src/impl/scheduler.ipp ----
+// The scheduler, one concept per part: the queues, a worker, what the workers share, then
+// the parts that define the workers' steps (each file's top comment says what it owns).
+// ---- begin src/impl/sched_task_queue.ipp ----
 // ---------------------------------------------------------------------------
-// Implementation: the scheduler.
-//
-// Each worker owns a run queue (a TaskQueue under the worker's queue_lock) and a queue
-// of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
-// own queues first, highest level first, then steals from the back of the other workers'
-// run queues, the highest level its victim has; pinned queues are never stolen from. While
-// any worker has a stealable High task (SchedulerCore::stealable_high), one looking for work
-// takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
-// an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
-// worker go to its own queue; tasks from other threads go round-robin across the workers.
-// Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
-//
-// Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
-// its idle wait (WorkerIdle::wait, idle_epoll.ipp or idle_condvar.ipp), the one place a
-// worker blocks, until notified or until the earliest timer is due. New work wakes one
-// sleeping worker, and only when no worker is spinning already (a spinner will find it);
-// pinned work wakes its own worker. Why no wake-up is lost: above Worker::sleep_until_work.
-
-// Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
-// after_switch_); resume() runs the hook on the worker only after the switch is complete,
-// so whoever the hook hands the fiber to may resume it at once: no fiber is ever queued
-// while still running on another worker (a fiber resumed twice at once cannot happen).
-// schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
-// the one case where a fiber can be found Running: claim_or_defer() then marks it
-// RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
-//
-// Timers: each worker keeps a heap of the fibers that parked on it with a deadline; it adds
-// to it, any worker fires its due timers, and an idle wait ends at the earliest deadline of
-// all the workers.
+// The scheduler's task queues: what a queue holds (QueuedTask, and how its fiber is taken:
+// TaskKind) and the queue itself (TaskQueue, a deque whose blocks come from slabs the queue
+// maps itself: TaskBlockSlabs). Owns no lock: a worker's queue_lock guards its queues
+// (sched_worker.ipp).
+// Relies on: Fiber (fiber.hpp), TaskFunction, NewTask and Priority (scheduler.hpp), the OS
+// layer's page mapping (os.ipp).
 // ---------------------------------------------------------------------------
 
 namespace fsched {
 namespace detail {
-
-// A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
-inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
-constexpr std::int64_t no_deadline = INT64_MAX;
-
-struct Timer {
-    TimePoint deadline;
-    std::uint64_t sequence;  // FIFO among equal deadlines
-    Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
-    // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
-    std::shared_ptr<WaitState> wait;
-    bool operator>(const Timer& other) const noexcept {
-        return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
-    }
-    // A timed wait already satisfied (or given up) by someone else: nothing left to do.
-    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::Waiting; }
-};
 
 // How a queued fiber is to be taken when its task runs.
 enum class TaskKind : std::uint8_t {
@@ -4811,6 +4773,42 @@ private:
     TaskBlockSlabs cache_;  // before tasks_: built first, destroyed last
     std::deque<QueuedTask, TaskBlockAllocator<QueuedTask>> tasks_;
     std::size_t high_water_ = 0;  // the most tasks held since it last started small
+};
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_task_queue.ipp ----
+// ---- begin src/impl/sched_worker.ipp ----
+// ---------------------------------------------------------------------------
+// A worker: its queues by priority and the tasks pinned to it, the run-next slot, the
+// local ring of a single worker's yielded fibers, its timer heap, its idle wait, and the
+// operations on its queues that run under its queue_lock (push, pop, steal). Each lock sits
+// above the fields it guards. The steps of its run loop are declared here and defined in
+// the parts that own them: sched_find.ipp (where the next task comes from),
+// sched_run_loop.ipp (the loop, spinning, sleeping, running a task), sched_yield.ipp,
+// sched_timers.ipp, sched_runnext.ipp and sched_caller.ipp.
+// Relies on: sched_task_queue.ipp, the idle wait (idle_epoll.ipp or idle_condvar.ipp),
+// SpinLock and WaitState (sync.hpp), FiberAccess (common.ipp).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
+inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
+constexpr std::int64_t no_deadline = INT64_MAX;
+
+struct Timer {
+    TimePoint deadline;
+    std::uint64_t sequence;  // FIFO among equal deadlines
+    Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
+    // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
+    std::shared_ptr<WaitState> wait;
+    bool operator>(const Timer& other) const noexcept {
+        return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
+    }
+    // A timed wait already satisfied (or given up) by someone else: nothing left to do.
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::Waiting; }
 };
 
 // What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
@@ -5176,6 +5174,52 @@ struct alignas(64) Worker {
     Fiber::ptr fiber_for(TaskFunction&& cb);
 };
 
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_worker.ipp ----
+// ---- begin src/impl/sched_core.ipp ----
+// ---------------------------------------------------------------------------
+// SchedulerCore: what one Scheduler's workers share. The count of outstanding tasks and
+// the exit protocol's bits, the counts of sleeping and spinning workers, the round robin
+// for tasks from outside, the exception handler; and the inline paths every submit and
+// wake-up takes (enqueue, after_push, wake_worker).
+// Relies on: sched_worker.ipp (Worker), the idle wait's shared part (SchedulerIdle).
+//
+// The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them):
+//
+// Each worker owns a run queue (a TaskQueue under the worker's queue_lock) and a queue
+// of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
+// own queues first, highest level first, then steals from the back of the other workers'
+// run queues, the highest level its victim has; pinned queues are never stolen from. While
+// any worker has a stealable High task (SchedulerCore::stealable_high), one looking for work
+// takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
+// an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
+// worker go to its own queue; tasks from other threads go round-robin across the workers.
+// Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
+//
+// Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
+// its idle wait (WorkerIdle::wait, idle_epoll.ipp or idle_condvar.ipp), the one place a
+// worker blocks, until notified or until the earliest timer is due. New work wakes one
+// sleeping worker, and only when no worker is spinning already (a spinner will find it);
+// pinned work wakes its own worker. Why no wake-up is lost: above Worker::sleep_until_work
+// (sched_run_loop.ipp).
+//
+// Parking: a task fiber parks by switching out with an after-switch hook (Fiber's
+// after_switch_); resume() runs the hook on the worker only after the switch is complete,
+// so whoever the hook hands the fiber to may resume it at once: no fiber is ever queued
+// while still running on another worker (a fiber resumed twice at once cannot happen).
+// schedule(fiber) on a fiber that a user let escape before its Fiber::yield() finished is
+// the one case where a fiber can be found Running: claim_or_defer() then marks it
+// RunningResumePending and the resumer re-enqueues it after the switch (fiber_state.hpp).
+//
+// Timers: each worker keeps a heap of the fibers that parked on it with a deadline; it adds
+// to it, any worker fires its due timers, and an idle wait ends at the earliest deadline of
+// all the workers.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
         : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
@@ -5455,6 +5499,92 @@ struct SchedulerCore {
     }
 };
 
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_core.ipp ----
+// ---- begin src/impl/sched_find.ipp ----
+// ---------------------------------------------------------------------------
+// Where a worker's next task comes from, in one place: next_task() is the run loop's one
+// choice of what runs next (a task a steal could not queue, the fiber that yielded, the
+// local ring, then find_task), and find_task() its order of looks (due timers, a High task
+// anywhere, its own queues, other workers' due timers, stealing, a stuck run-next slot).
+// A different policy (a seeded choice for simulation, say) replaces these two functions.
+// Relies on: sched_core.ipp (Worker, SchedulerCore).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+inline bool Worker::next_task(QueuedTask& task) {
+    if (!overflow.empty()) {
+        task = std::move(overflow.back());
+        overflow.pop_back();
+        return true;
+    }
+    if (yielded) {
+        requeue_yielded(task);
+        return true;
+    }
+    if (local_size != 0 && take_local(task)) return true;
+    if (find_task(task)) return true;
+    return core.idle.poll_io(false) && find_task(task);
+}
+
+inline void Worker::high_moved(long delta) noexcept {
+    core.stealable_high.fetch_add(delta, std::memory_order_relaxed);
+}
+
+inline bool Worker::take_high(QueuedTask& out) {
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        if (!levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
+    }
+    const std::size_t n = core.workers.size();
+    for (std::size_t i = 1; i < n; ++i) {
+        if (core.workers[(static_cast<std::size_t>(index) + i) % n]->steal_into(*this, out, true, true)) return true;
+    }
+    return false;
+}
+
+inline bool Worker::find_task(QueuedTask& out, bool thorough) {
+    fire_due_timers();
+    // A High task anywhere goes before this worker's own Normal and Low ones.
+    if (core.stealable_high.load(std::memory_order_relaxed) > 0 && take_high(out)) return true;
+    if (pop(out, !thorough)) return true;
+    const std::size_t n = core.workers.size();
+    // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
+    // look again; a woken unpinned fiber comes to this worker's queue.
+    bool fired = false;
+    for (std::size_t i = 1; i < n; ++i) {
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers() || fired;
+    }
+    if (fired && pop(out, false)) return true;
+    // Every other worker once, starting somewhere new each time a steal succeeds.
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+        const std::size_t offset = 1 + (steal_start + i) % (n - 1);
+        Worker& victim = *core.workers[(static_cast<std::size_t>(index) + offset) % n];
+        if (victim.steal_into(*this, out, !thorough)) {
+            ++steal_start;
+            return true;
+        }
+    }
+    return n > 1 && take_stuck_runnext(out);
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_find.ipp ----
+// ---- begin src/impl/sched_run_loop.ipp ----
+// ---------------------------------------------------------------------------
+// The run loop and its steps: run_loop(), IO polled now and then, the spin, the sleep with
+// the lost-wake-up argument, giving back a burst's queue slabs, and running one task
+// (run_task: a pooled fiber for a callback, the claim, the switch, and what happens after).
+// Relies on: sched_core.ipp, sched_find.ipp (next_task), the idle wait.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
 // The run loop: each pass takes one step of a fixed policy.
 // A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
 // however the tasks arrive; then the worker's own queues and due timers (its own, then
@@ -5513,21 +5643,6 @@ inline void Worker::poll_io_now_and_then() {
         // A busy scheduler never idles long enough to trim the stack pool: decay it instead.
         decay_stack_pool();
     }
-}
-
-inline bool Worker::next_task(QueuedTask& task) {
-    if (!overflow.empty()) {
-        task = std::move(overflow.back());
-        overflow.pop_back();
-        return true;
-    }
-    if (yielded) {
-        requeue_yielded(task);
-        return true;
-    }
-    if (local_size != 0 && take_local(task)) return true;
-    if (find_task(task)) return true;
-    return core.idle.poll_io(false) && find_task(task);
 }
 
 inline bool Worker::spin_for_work(QueuedTask& task) {
@@ -5661,6 +5776,120 @@ inline void Worker::release_surplus_slabs() noexcept {
     }
     for (void* slabs : detached) TaskBlockSlabs::unmap_detached(slabs);  // a system call each
 }
+
+inline void Worker::notify() { idle.notify(core.idle); }
+
+inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
+    if (FIBER_SCHED_FAULT(FiberAlloc)) throw std::bad_alloc();
+    if (!spare_fibers.empty()) {
+        Fiber::ptr fiber = std::move(spare_fibers.back());
+        spare_fibers.pop_back();
+        FiberAccess::reuse(*fiber, std::move(cb));
+        return fiber;
+    }
+    return FiberAccess::make_in_stack(std::move(cb));
+}
+
+inline void Worker::run_task(QueuedTask& task) {
+    bool pooled = !task.fiber;
+    const int worker = task.worker;
+    const Priority priority = task.priority;
+    const TaskKind kind = task.kind;
+    Fiber::ptr fiber;
+    if (pooled) {
+        try {
+            fiber = fiber_for(std::move(task.cb));
+        } catch (...) {
+            // No memory or no stack for the callback's fiber: the task cannot run. Its
+            // failure goes to the exception handler like one it threw; the rest run on.
+            task = QueuedTask{};
+            core.report(std::current_exception());
+            core.task_finished();
+            return;
+        }
+    } else {
+        fiber = std::move(task.fiber);
+    }
+    task = QueuedTask{};
+    switch (kind) {
+    case TaskKind::Fresh:
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
+        break;
+    case TaskKind::Woken:
+        FiberAccess::lifecycle(*fiber).claim_woken();
+        break;
+    case TaskKind::Claimed:
+        break;
+    }
+    ThreadState* ts = thread_state();
+    SwitchOutcome outcome;
+    for (;;) {
+        ts->task_fiber = fiber.get();
+        ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
+        try {
+            outcome = FiberAccess::run(*fiber);
+        } catch (...) {
+            outcome = SwitchOutcome::Returned;
+            ts->task_fiber = nullptr;
+            core.report(std::current_exception());
+        }
+        // Back on this worker's stack: in the child of a fork() made inside the task, this
+        // thread is no worker (forget_schedulers_in_child), and this loop's scheduler is not
+        // there. One load of a line this thread has just used.
+        FIBER_SCHED_ASSERT(ts->worker == this &&
+                           "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
+                           "ends or yields to its worker (the child has no workers)");
+        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
+        // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
+        yield_pending = false;
+        if (!direct_yield_next(fiber)) {
+            yielded = std::move(fiber);  // run_loop puts it back in line (requeue_yielded)
+            break;
+        }
+        pooled = false;  // the fiber now in hand may be a user's: never pool it
+    }
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
+    // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    // A fiber goes back to the pool only when nothing but this worker's reference can reach
+    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
+    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
+    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
+    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
+    // the last shared_ptr user code kept (at once when it kept none), and until then it is
+    // this task's fiber: a weak_ptr never locks onto a later task's.
+    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
+        spare_fibers.size() < 64) {
+        spare_fibers.push_back(std::move(fiber));
+    }
+    fiber.reset();
+    core.task_finished();
+}
+
+std::size_t queue_slabs(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->queue_lock);
+        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+    }
+    return n;
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_run_loop.ipp ----
+// ---- begin src/impl/sched_yield.ipp ----
+// ---------------------------------------------------------------------------
+// this_fiber::yield() inside a scheduler task: the fiber goes back in line
+// (requeue_yielded) or, on a scheduler's only worker, into its local ring, and the direct
+// yield path hands the worker from one yielder to the next without going round run_loop.
+// Relies on: sched_core.ipp, sched_timers.ipp (fire_due_timers), sched_caller.ipp (a
+// yield outside a task, on the use_caller thread).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
 
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
@@ -5829,116 +6058,73 @@ inline bool Worker::take_local(QueuedTask& next) {
     return true;
 }
 
-inline std::size_t Worker::run_ready(std::size_t max_tasks, TimePoint until) {
-    ThreadState* ts = thread_state();
-    Scheduler* const outer_scheduler = ts->scheduler;
-    ts->scheduler = &core.owner;
-    ts->worker = this;
-    caller_helping = true;
-    std::size_t ran = 0;
-    QueuedTask task;
-    while (ran < max_tasks) {
-        if (until != TimePoint::max() && std::chrono::steady_clock::now() >= until) break;
-        poll_io_now_and_then();
-        if (!next_task(task)) break;
-        run_task(task);
-        ++ran;
-    }
-    stop_helping();
-    ts->scheduler = outer_scheduler;
-    ts->worker = nullptr;  // called outside every loop (caller_may_help, run_pending)
-    ts->task_fiber = nullptr;
-    ts->task_ref = nullptr;
-    return ran;
-}
-
-inline void Worker::stop_helping() noexcept {
-    caller_helping = false;
-    if (yielded) {
-        // Back in line at its level; enqueue() wakes a sleeper for it unless it is pinned here.
-        QueuedTask back;
-        const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
-        back.worker = target.worker;
-        back.priority = target.priority;
-        back.kind = TaskKind::Claimed;
-        back.fiber = std::move(yielded);
-        core.enqueue_fiber(std::move(back));
-    }
+// The direct yield path: on a scheduler's only worker, inside run_loop, `fiber` has just
+// yielded and nothing waits in the shared queues (by their hint). What run_loop's next
+// pass would do, without a QueuedTask: count the pass for IO polling (but leave the 32nd to
+// run_loop, which polls), end a caller's wait when it is satisfied, fire due timers (which
+// queue what they wake, so the check of the queues comes after), and then swap `fiber`
+// for the ring's oldest (requeue_yielded's unlocked branch, whose rules the ring keeps:
+// see local_ring), or run it again when it is alone. False: leave it to run_loop.
+inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
+    if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
+    if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
+    if (loop_wait && loop_wait->satisfied()) return false;
+    if (timer_earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
+    if (queued.load(std::memory_order_relaxed) != 0) return false;
+    ++tasks_since_io_poll;
     if (local_size != 0) {
-        std::lock_guard<SpinLock> lock(queue_lock);
-        flush_local_locked();  // a single worker: no one else to wake for them
-        update_hints();
+        // Pop the oldest, then push `fiber` behind the rest: the slot freed by the pop
+        // leaves room, so the ring never grows here. Two swaps, through the free slot
+        // behind the newest: no reference count is touched, nothing to release.
+        const std::size_t mask = local_ring.size() - 1;
+        Fiber::ptr& oldest = local_ring[local_head];
+        fiber.swap(oldest);
+        oldest.swap(local_ring[(local_head + local_size) & mask]);  // that slot is empty or `oldest` itself
+        local_head = (local_head + 1) & mask;
     }
-    {
-        // A fiber a task woke here into the run-next slot: to the stealable queue, so that
-        // others may run it (counted below).
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (runnext) {
-            QueuedTask task;
-            take_runnext_locked(task);
-            try {
-                push_locked(std::move(task), false);
-            } catch (...) {
-                runnext = std::move(task.fiber);  // out of memory: it waits for the next help
-                runnext_state.store((++runnext_sets << 1) | 1, std::memory_order_seq_cst);
-            }
-            update_hints();
-        }
+    return true;
+}
+
+}  // namespace detail
+
+namespace this_fiber {
+
+namespace {
+// yield() outside a scheduler task, out of line so that the task's path stays short.
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
+    detail::SchedulerCore* core = detail::caller_may_help();
+    // The use_caller thread runs one ready task instead, if there is one.
+    if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
+}
+}  // namespace
+
+void yield() {
+    detail::ThreadState* ts = detail::thread_state();
+    if (!ts->task_fiber || ts->current != ts->task_fiber) {
+        yield_outside_task();
+        return;
     }
-    // Stolen tasks were queued here without waking anyone (the thief was to run them).
-    const std::size_t left = stealable.load(std::memory_order_relaxed);
-    if (left > 0) core.after_push(*this, false, left);
-    // Tasks in `overflow` (a steal that found no memory) wait for the next help or stop().
+    // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
+    // back and takes the next task under one lock (run_loop); the fiber stays claimed
+    // meanwhile (fiber_state.hpp). The hook runs on that worker once the switch is done.
+    detail::FiberAccess::park_current(
+        ts->current, [](Fiber*, void* worker) { static_cast<detail::Worker*>(worker)->yield_pending = true; },
+        ts->worker, true);
 }
 
-SchedulerCore* caller_may_help() noexcept {
-    ThreadState* ts = thread_state();
-    SchedulerCore* core = ts->caller_core;
-    if (!core || ts->current || ts->worker || core->closed()) return nullptr;
-    return core;
-}
+}  // namespace this_fiber
+}  // namespace fsched
+// ---- end src/impl/sched_yield.ipp ----
+// ---- begin src/impl/sched_timers.ipp ----
+// ---------------------------------------------------------------------------
+// Timers: each worker's heap of the fibers that parked on it with a deadline, added to only
+// by that worker, fired by any (an idle worker serves a busy one's), with the earliest
+// deadline published for idle waits; and sleep_until_steady(), the fiber-aware sleep.
+// Relies on: sched_core.ipp, sched_park.ipp (wake_fiber, park).
+// ---------------------------------------------------------------------------
 
-void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePoint* deadline) {
-    const CallerWait wait{done, deadline};
-    core.workers[0]->run_loop(&wait);
-}
-
-void wake_caller(SchedulerCore& core) noexcept { core.wake_worker(*core.workers[0]); }
-
-inline void Worker::notify() { idle.notify(core.idle); }
-
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-void wake_for_io(SchedulerIdle& idle) noexcept {
-    SchedulerCore& core = *idle.core;
-    for (auto& w : core.workers) {
-        if (core.wake_worker(*w)) return;
-    }
-}
-#endif
-
-void SchedulerCore::open_idle() {
-    const char* failed = idle.open();
-    for (std::size_t i = 0; !failed && i < workers.size(); ++i) failed = workers[i]->idle.open();
-    if (failed) {
-        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
-        // close_idle(): release the fds here, before building the exception, which may itself
-        // need memory (or, under UBSan, a pipe).
-        const int error = errno;
-        close_idle();
-        throw std::system_error(error, std::generic_category(), failed);
-    }
-    try {
-        idle.register_for_cancel();  // only a fully opened scheduler
-    } catch (...) {
-        close_idle();
-        throw;
-    }
-}
-
-void SchedulerCore::close_idle() noexcept {
-    idle.close();  // first: io::cancel() must not find it half closed
-    for (auto& w : workers) w->idle.close();
-}
+namespace fsched {
+namespace detail {
 
 inline void Worker::reserve_timer() {
     std::lock_guard<SpinLock> lock(timer_lock);
@@ -6019,161 +6205,48 @@ inline std::int64_t Worker::earliest_deadline() const noexcept {
     return earliest;
 }
 
-inline void Worker::high_moved(long delta) noexcept {
-    core.stealable_high.fetch_add(delta, std::memory_order_relaxed);
+void reserve_timer() { thread_state()->worker->reserve_timer(); }
+
+std::size_t pending_timers(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->timer_lock);
+        n += w->timers.size();
+    }
+    return n;
 }
 
-inline bool Worker::take_high(QueuedTask& out) {
-    {
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (!levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
-    }
-    const std::size_t n = core.workers.size();
-    for (std::size_t i = 1; i < n; ++i) {
-        if (core.workers[(static_cast<std::size_t>(index) + i) % n]->steal_into(*this, out, true, true)) return true;
-    }
-    return false;
-}
-
-inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    fire_due_timers();
-    // A High task anywhere goes before this worker's own Normal and Low ones.
-    if (core.stealable_high.load(std::memory_order_relaxed) > 0 && take_high(out)) return true;
-    if (pop(out, !thorough)) return true;
-    const std::size_t n = core.workers.size();
-    // Nothing of our own: serve other workers' due timers (a busy worker cannot), then
-    // look again; a woken unpinned fiber comes to this worker's queue.
-    bool fired = false;
-    for (std::size_t i = 1; i < n; ++i) {
-        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers() || fired;
-    }
-    if (fired && pop(out, false)) return true;
-    // Every other worker once, starting somewhere new each time a steal succeeds.
-    for (std::size_t i = 0; i + 1 < n; ++i) {
-        const std::size_t offset = 1 + (steal_start + i) % (n - 1);
-        Worker& victim = *core.workers[(static_cast<std::size_t>(index) + offset) % n];
-        if (victim.steal_into(*this, out, !thorough)) {
-            ++steal_start;
-            return true;
+void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
+    if (!in_scheduler_task()) {
+        if (SchedulerCore* core = caller_may_help()) {
+            help_until(*core, nullptr, &deadline);
+        } else {
+            // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
+            // sleep rounds down to whole milliseconds, so it can return before the deadline.
+            while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
         }
+        return;
     }
-    return n > 1 && take_stuck_runnext(out);
+    reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
+    park([](Fiber*, void* arg) {
+        // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
+        thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
+                                          take_task_ref(), nullptr);
+    }, &deadline);
 }
 
-inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
-    if (FIBER_SCHED_FAULT(FiberAlloc)) throw std::bad_alloc();
-    if (!spare_fibers.empty()) {
-        Fiber::ptr fiber = std::move(spare_fibers.back());
-        spare_fibers.pop_back();
-        FiberAccess::reuse(*fiber, std::move(cb));
-        return fiber;
-    }
-    return FiberAccess::make_in_stack(std::move(cb));
-}
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_timers.ipp ----
+// ---- begin src/impl/sched_runnext.ipp ----
+// ---------------------------------------------------------------------------
+// The run-next slot (put_runnext): a woken fiber runs next on its waker's worker; how
+// another worker takes a slot stuck behind a busy task, and why no fiber is stranded there.
+// Relies on: sched_core.ipp.
+// ---------------------------------------------------------------------------
 
-inline void Worker::run_task(QueuedTask& task) {
-    bool pooled = !task.fiber;
-    const int worker = task.worker;
-    const Priority priority = task.priority;
-    const TaskKind kind = task.kind;
-    Fiber::ptr fiber;
-    if (pooled) {
-        try {
-            fiber = fiber_for(std::move(task.cb));
-        } catch (...) {
-            // No memory or no stack for the callback's fiber: the task cannot run. Its
-            // failure goes to the exception handler like one it threw; the rest run on.
-            task = QueuedTask{};
-            core.report(std::current_exception());
-            core.task_finished();
-            return;
-        }
-    } else {
-        fiber = std::move(task.fiber);
-    }
-    task = QueuedTask{};
-    switch (kind) {
-    case TaskKind::Fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
-        break;
-    case TaskKind::Woken:
-        FiberAccess::lifecycle(*fiber).claim_woken();
-        break;
-    case TaskKind::Claimed:
-        break;
-    }
-    ThreadState* ts = thread_state();
-    SwitchOutcome outcome;
-    for (;;) {
-        ts->task_fiber = fiber.get();
-        ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
-        try {
-            outcome = FiberAccess::run(*fiber);
-        } catch (...) {
-            outcome = SwitchOutcome::Returned;
-            ts->task_fiber = nullptr;
-            core.report(std::current_exception());
-        }
-        // Back on this worker's stack: in the child of a fork() made inside the task, this
-        // thread is no worker (forget_schedulers_in_child), and this loop's scheduler is not
-        // there. One load of a line this thread has just used.
-        FIBER_SCHED_ASSERT(ts->worker == this &&
-                           "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
-                           "ends or yields to its worker (the child has no workers)");
-        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
-        // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
-        yield_pending = false;
-        if (!direct_yield_next(fiber)) {
-            yielded = std::move(fiber);  // run_loop puts it back in line (requeue_yielded)
-            break;
-        }
-        pooled = false;  // the fiber now in hand may be a user's: never pool it
-    }
-    ts->task_fiber = nullptr;
-    ts->task_ref = nullptr;
-    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
-    // Returned, or left the scheduler through Fiber::yield(): the task is done.
-    // A fiber goes back to the pool only when nothing but this worker's reference can reach
-    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
-    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
-    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
-    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
-    // the last shared_ptr user code kept (at once when it kept none), and until then it is
-    // this task's fiber: a weak_ptr never locks onto a later task's.
-    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
-        spare_fibers.size() < 64) {
-        spare_fibers.push_back(std::move(fiber));
-    }
-    fiber.reset();
-    core.task_finished();
-}
-
-// The direct yield path: on a scheduler's only worker, inside run_loop, `fiber` has just
-// yielded and nothing waits in the shared queues (by their hint). What run_loop's next
-// pass would do, without a QueuedTask: count the pass for IO polling (but leave the 32nd to
-// run_loop, which polls), end a caller's wait when it is satisfied, fire due timers (which
-// queue what they wake, so the check of the queues comes after), and then swap `fiber`
-// for the ring's oldest (requeue_yielded's unlocked branch, whose rules the ring keeps:
-// see local_ring), or run it again when it is alone. False: leave it to run_loop.
-inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
-    if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
-    if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
-    if (loop_wait && loop_wait->satisfied()) return false;
-    if (timer_earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
-    if (queued.load(std::memory_order_relaxed) != 0) return false;
-    ++tasks_since_io_poll;
-    if (local_size != 0) {
-        // Pop the oldest, then push `fiber` behind the rest: the slot freed by the pop
-        // leaves room, so the ring never grows here. Two swaps, through the free slot
-        // behind the newest: no reference count is touched, nothing to release.
-        const std::size_t mask = local_ring.size() - 1;
-        Fiber::ptr& oldest = local_ring[local_head];
-        fiber.swap(oldest);
-        oldest.swap(local_ring[(local_head + local_size) & mask]);  // that slot is empty or `oldest` itself
-        local_head = (local_head + 1) & mask;
-    }
-    return true;
-}
+namespace fsched {
+namespace detail {
 
 // The run-next slot and the lost wake-up: the slot belongs to a worker that is awake (it
 // runs the waker), and that worker takes it before it may spin or sleep (pop_locked, which
@@ -6265,39 +6338,6 @@ inline void Worker::hand_on_runnext_watch() noexcept {
     }
 }
 
-// A waker that finds the use_caller thread asleep in a wait (help_until) sees worker 0 as
-// any sleeper, and may claim it for work that is not worker 0's own: after_push wakes the
-// first sleeper for a task queued on a busy worker, add_timer the first sleeper whose
-// deadline is later than a new timer's, wake_for_io the first sleeper to take the poller
-// role. If the caller's wait ends at that moment, it leaves (run_loop's first step) without
-// looking, and the task waited behind the busy worker, the timer fired late, the ready fd
-// went unseen, while other workers slept. So on leaving, if any of that may be there, it
-// wakes another sleeper, which looks for tasks, serves due timers, sleeps again until the
-// earliest deadline and takes the poller role if it is vacant. Each test is a load of what
-// the waker itself read; a wrong guess costs one wake-up.
-inline void Worker::hand_on_caller_wake() noexcept {
-    if (core.workers.size() < 2 || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
-    bool wanted = false;
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-    wanted = core.idle.io_waiters.load(std::memory_order_seq_cst) > 0 &&
-             core.idle.poller.load(std::memory_order_seq_cst) == nullptr;
-#endif
-    std::int64_t earliest_sleeper = no_deadline;
-    for (auto& w : core.workers) {
-        if (w.get() == this) continue;
-        if (w->stealable.load(std::memory_order_relaxed) != 0) wanted = true;
-        if (w->sleeping.load(std::memory_order_seq_cst)) {
-            earliest_sleeper = std::min(earliest_sleeper, w->sleep_deadline.load(std::memory_order_seq_cst));
-        }
-    }
-    const std::int64_t earliest_timer = earliest_deadline();
-    if (earliest_timer != no_deadline && earliest_timer < earliest_sleeper) wanted = true;
-    if (!wanted) return;
-    for (auto& w : core.workers) {
-        if (w.get() != this && core.wake_worker(*w)) return;
-    }
-}
-
 inline bool Worker::runnext_activity() noexcept {
     bool active = false;
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
@@ -6309,6 +6349,33 @@ inline bool Worker::runnext_activity() noexcept {
     }
     return active;
 }
+
+std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
+    return SchedulerCore::of(scheduler).runnext_stuck_taken.load(std::memory_order_relaxed);
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/sched_runnext.ipp ----
+// ---- begin src/impl/sched_park.ipp ----
+// ---------------------------------------------------------------------------
+// Parking and waking, the interface every primitive uses (scheduler.hpp): park(),
+// wake_fiber() (into the waker's run-next slot, else a queue), a deferred resume, and the
+// worker an ended IO wait wakes (wake_for_io).
+// Relies on: sched_core.ipp, sched_runnext.ipp (put_runnext).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+void wake_for_io(SchedulerIdle& idle) noexcept {
+    SchedulerCore& core = *idle.core;
+    for (auto& w : core.workers) {
+        if (core.wake_worker(*w)) return;
+    }
+}
+#endif
 
 void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
@@ -6351,47 +6418,188 @@ bool in_scheduler_task() noexcept {
     return ts->task_fiber && ts->current == ts->task_fiber;
 }
 
-void reserve_timer() { thread_state()->worker->reserve_timer(); }
+}  // namespace detail
 
-std::size_t pending_timers(Scheduler& scheduler) noexcept {
-    std::size_t n = 0;
-    for (auto& w : SchedulerCore::of(scheduler).workers) {
-        std::lock_guard<SpinLock> lock(w->timer_lock);
-        n += w->timers.size();
+namespace this_fiber {
+
+std::uint64_t id() {
+    Fiber* fiber = detail::running_fiber();
+    return fiber ? fiber->id() : 0;
+}
+
+}  // namespace this_fiber
+}  // namespace fsched
+// ---- end src/impl/sched_park.ipp ----
+// ---- begin src/impl/sched_caller.ipp ----
+// ---------------------------------------------------------------------------
+// The use_caller thread's help: outside stop(), while it blocks (help_until) or in a game
+// loop's run_pending(), it runs worker 0's tasks; how it leaves without taking a wake-up
+// meant for others (stop_helping, hand_on_caller_wake).
+// Relies on: sched_core.ipp, sched_run_loop.ipp (run_loop, run_task).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+inline std::size_t Worker::run_ready(std::size_t max_tasks, TimePoint until) {
+    ThreadState* ts = thread_state();
+    Scheduler* const outer_scheduler = ts->scheduler;
+    ts->scheduler = &core.owner;
+    ts->worker = this;
+    caller_helping = true;
+    std::size_t ran = 0;
+    QueuedTask task;
+    while (ran < max_tasks) {
+        if (until != TimePoint::max() && std::chrono::steady_clock::now() >= until) break;
+        poll_io_now_and_then();
+        if (!next_task(task)) break;
+        run_task(task);
+        ++ran;
     }
-    return n;
+    stop_helping();
+    ts->scheduler = outer_scheduler;
+    ts->worker = nullptr;  // called outside every loop (caller_may_help, run_pending)
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    return ran;
 }
 
-std::size_t queue_slabs(Scheduler& scheduler) noexcept {
-    std::size_t n = 0;
-    for (auto& w : SchedulerCore::of(scheduler).workers) {
-        std::lock_guard<SpinLock> lock(w->queue_lock);
-        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+inline void Worker::stop_helping() noexcept {
+    caller_helping = false;
+    if (yielded) {
+        // Back in line at its level; enqueue() wakes a sleeper for it unless it is pinned here.
+        QueuedTask back;
+        const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
+        back.worker = target.worker;
+        back.priority = target.priority;
+        back.kind = TaskKind::Claimed;
+        back.fiber = std::move(yielded);
+        core.enqueue_fiber(std::move(back));
     }
-    return n;
-}
-
-std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
-    return SchedulerCore::of(scheduler).runnext_stuck_taken.load(std::memory_order_relaxed);
-}
-
-void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
-    if (!in_scheduler_task()) {
-        if (SchedulerCore* core = caller_may_help()) {
-            help_until(*core, nullptr, &deadline);
-        } else {
-            // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
-            // sleep rounds down to whole milliseconds, so it can return before the deadline.
-            while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
+    if (local_size != 0) {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        flush_local_locked();  // a single worker: no one else to wake for them
+        update_hints();
+    }
+    {
+        // A fiber a task woke here into the run-next slot: to the stealable queue, so that
+        // others may run it (counted below).
+        std::lock_guard<SpinLock> lock(queue_lock);
+        if (runnext) {
+            QueuedTask task;
+            take_runnext_locked(task);
+            try {
+                push_locked(std::move(task), false);
+            } catch (...) {
+                runnext = std::move(task.fiber);  // out of memory: it waits for the next help
+                runnext_state.store((++runnext_sets << 1) | 1, std::memory_order_seq_cst);
+            }
+            update_hints();
         }
-        return;
     }
-    reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
-    park([](Fiber*, void* arg) {
-        // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
-        thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
-                                          take_task_ref(), nullptr);
-    }, &deadline);
+    // Stolen tasks were queued here without waking anyone (the thief was to run them).
+    const std::size_t left = stealable.load(std::memory_order_relaxed);
+    if (left > 0) core.after_push(*this, false, left);
+    // Tasks in `overflow` (a steal that found no memory) wait for the next help or stop().
+}
+
+SchedulerCore* caller_may_help() noexcept {
+    ThreadState* ts = thread_state();
+    SchedulerCore* core = ts->caller_core;
+    if (!core || ts->current || ts->worker || core->closed()) return nullptr;
+    return core;
+}
+
+void help_until(SchedulerCore& core, const std::atomic<bool>* done, const TimePoint* deadline) {
+    const CallerWait wait{done, deadline};
+    core.workers[0]->run_loop(&wait);
+}
+
+void wake_caller(SchedulerCore& core) noexcept { core.wake_worker(*core.workers[0]); }
+
+// A waker that finds the use_caller thread asleep in a wait (help_until) sees worker 0 as
+// any sleeper, and may claim it for work that is not worker 0's own: after_push wakes the
+// first sleeper for a task queued on a busy worker, add_timer the first sleeper whose
+// deadline is later than a new timer's, wake_for_io the first sleeper to take the poller
+// role. If the caller's wait ends at that moment, it leaves (run_loop's first step) without
+// looking, and the task waited behind the busy worker, the timer fired late, the ready fd
+// went unseen, while other workers slept. So on leaving, if any of that may be there, it
+// wakes another sleeper, which looks for tasks, serves due timers, sleeps again until the
+// earliest deadline and takes the poller role if it is vacant. Each test is a load of what
+// the waker itself read; a wrong guess costs one wake-up.
+inline void Worker::hand_on_caller_wake() noexcept {
+    if (core.workers.size() < 2 || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    bool wanted = false;
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    wanted = core.idle.io_waiters.load(std::memory_order_seq_cst) > 0 &&
+             core.idle.poller.load(std::memory_order_seq_cst) == nullptr;
+#endif
+    std::int64_t earliest_sleeper = no_deadline;
+    for (auto& w : core.workers) {
+        if (w.get() == this) continue;
+        if (w->stealable.load(std::memory_order_relaxed) != 0) wanted = true;
+        if (w->sleeping.load(std::memory_order_seq_cst)) {
+            earliest_sleeper = std::min(earliest_sleeper, w->sleep_deadline.load(std::memory_order_seq_cst));
+        }
+    }
+    const std::int64_t earliest_timer = earliest_deadline();
+    if (earliest_timer != no_deadline && earliest_timer < earliest_sleeper) wanted = true;
+    if (!wanted) return;
+    for (auto& w : core.workers) {
+        if (w.get() != this && core.wake_worker(*w)) return;
+    }
+}
+
+}  // namespace detail
+
+std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
+    detail::SchedulerCore& core = *core_;
+    const detail::ThreadState* ts = detail::thread_state();
+    FIBER_SCHED_ASSERT(core.use_caller && "run_pending(): the scheduler has no use_caller thread (made with use_caller = false)");
+    FIBER_SCHED_ASSERT(!core.closed() && "run_pending(): the scheduler has stopped");
+    FIBER_SCHED_ASSERT(core.caller_linked && std::this_thread::get_id() == core.caller_thread && !ts->current &&
+                       !ts->worker &&
+                       "run_pending(): call it on the scheduler's use_caller thread, outside its tasks and outside stop()");
+    const detail::TimePoint until = budget == std::chrono::microseconds::max() ? detail::TimePoint::max()
+                                                                              : detail::deadline_after(budget);
+    return core.workers[0]->run_ready(SIZE_MAX, until);
+}
+
+}  // namespace fsched
+// ---- end src/impl/sched_caller.ipp ----
+// ---- begin src/impl/sched_lifecycle.ipp ----
+// ---------------------------------------------------------------------------
+// A Scheduler's life: construction (its idle wait's fds), start() (the worker threads),
+// stop() and the exit protocol (SchedulerCore::outstanding), and the stopping thread
+// standing in for workers that got no thread.
+// Relies on: sched_core.ipp, sched_run_loop.ipp, sched_caller.ipp (run_ready).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+void SchedulerCore::open_idle() {
+    const char* failed = idle.open();
+    for (std::size_t i = 0; !failed && i < workers.size(); ++i) failed = workers[i]->idle.open();
+    if (failed) {
+        // Out of fds (EMFILE) or kernel memory. The constructor throws, so no destructor runs
+        // close_idle(): release the fds here, before building the exception, which may itself
+        // need memory (or, under UBSan, a pipe).
+        const int error = errno;
+        close_idle();
+        throw std::system_error(error, std::generic_category(), failed);
+    }
+    try {
+        idle.register_for_cancel();  // only a fully opened scheduler
+    } catch (...) {
+        close_idle();
+        throw;
+    }
+}
+
+void SchedulerCore::close_idle() noexcept {
+    idle.close();  // first: io::cancel() must not find it half closed
+    for (auto& w : workers) w->idle.close();
 }
 
 void SchedulerCore::launch_threads() {
@@ -6451,67 +6659,6 @@ void SchedulerCore::stand_in_until_finished() {
     }
 }
 
-// fork() (POSIX): the child has one thread, the one that forked, and none of the parent's
-// workers. Whatever that thread was in the parent (a use_caller thread, a worker in the
-// middle of a task), in the child it is a plain thread: a sleep, a wait or an io call there
-// that went on helping or parking would run a worker loop of a scheduler that is not there,
-// on copies of its queues and on the epoll instance and eventfds the child shares with the
-// parent, taking the parent's events. So the child forgets every scheduler this thread
-// worked for or helped, and in_scheduler_task() and caller_may_help() are false there. Its
-// current fiber, if any, stays current: the thread is on that fiber's stack and goes on
-// running its code, as a plain thread's fiber. A task that forked must not end or yield to
-// its worker in the child (Worker::run_task asserts so): the worker is gone.
-void forget_schedulers_in_child() noexcept {
-    ThreadState* ts = thread_state();
-    ts->scheduler = nullptr;
-    ts->worker = nullptr;
-    ts->task_fiber = nullptr;
-    ts->task_ref = nullptr;
-    ts->caller_core = nullptr;  // the parent's use_caller schedulers, none of them here
-}
-
-// Why before any thread of the library exists. The stack pool and the io registry are
-// function-local statics, built on first use (so that a Scheduler made by another
-// translation unit's global constructor finds them), and they register their own fork
-// handlers. A thread inside such a constructor when another thread forks leaves the
-// static's guard taken in the child for good: the child's first Fiber then hung in
-// __cxa_guard_acquire (a worker used to build the pool on its first idle look at it). And
-// a lock whose handlers are registered only after some thread could hold it may be
-// inherited held. Built here, the objects exist before a Scheduler starts its first thread
-// (its constructor calls this), and before main() (below) for a plain thread's first Fiber
-// or io wait; each fork handler is registered before anyone can take its lock.
-void build_process_state() {
-    static const bool built = [] {
-        (void)stack_pool();  // registers its handlers (stack.ipp)
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-        build_io_registry();  // and its (io.ipp)
-#endif
-        // install_stack_overflow_handler()'s lock, which it takes only after calling this.
-        (void)overflow_install_mutex();
-        os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
-                    [] {
-                        overflow_install_mutex().unlock();
-                        forget_schedulers_in_child();
-                    });
-        return true;
-    }();
-    (void)built;
-}
-
-namespace {
-// A dynamic initialiser of the implementation's translation unit: before main() unless
-// another unit's global constructor starts threads first. Out of memory here, the first
-// Scheduler tries again (a Fiber or an io wait meanwhile builds what it needs itself).
-struct BuildProcessStateAtStart {
-    BuildProcessStateAtStart() noexcept {
-        try {
-            build_process_state();
-        } catch (...) {
-        }
-    }
-} build_process_state_at_start;
-}  // namespace
-
 }  // namespace detail
 
 Scheduler::Scheduler(std::size_t threads, bool use_caller, std::string name)
@@ -6568,6 +6715,18 @@ void Scheduler::stop() {
     // A thread that queued one of the last tasks may still be reading this scheduler.
     while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
+
+}  // namespace fsched
+// ---- end src/impl/sched_lifecycle.ipp ----
+// ---- begin src/impl/sched_submit.ipp ----
+// ---------------------------------------------------------------------------
+// Submission: Scheduler::submit() (one task) and submit_batch() (one lock per worker,
+// all of a worker's share or none), and the Scheduler's small public calls.
+// Relies on: sched_core.ipp (enqueue, after_push, count_new).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
 
 void Scheduler::submit(detail::NewTask task) {
     detail::SchedulerCore& core = *core_;
@@ -6661,19 +6820,6 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     }
 }
 
-std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
-    detail::SchedulerCore& core = *core_;
-    const detail::ThreadState* ts = detail::thread_state();
-    FIBER_SCHED_ASSERT(core.use_caller && "run_pending(): the scheduler has no use_caller thread (made with use_caller = false)");
-    FIBER_SCHED_ASSERT(!core.closed() && "run_pending(): the scheduler has stopped");
-    FIBER_SCHED_ASSERT(core.caller_linked && std::this_thread::get_id() == core.caller_thread && !ts->current &&
-                       !ts->worker &&
-                       "run_pending(): call it on the scheduler's use_caller thread, outside its tasks and outside stop()");
-    const detail::TimePoint until = budget == std::chrono::microseconds::max() ? detail::TimePoint::max()
-                                                                              : detail::deadline_after(budget);
-    return core.workers[0]->run_ready(SIZE_MAX, until);
-}
-
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
 
 int Scheduler::worker_index() noexcept {
@@ -6687,39 +6833,84 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
     core_->handler = std::move(shared);
 }
 
-namespace this_fiber {
+}  // namespace fsched
+// ---- end src/impl/sched_submit.ipp ----
+// ---- begin src/impl/sched_fork.ipp ----
+// ---------------------------------------------------------------------------
+// fork() and the process-wide state: what a forked child's only thread forgets
+// (forget_schedulers_in_child), and build_process_state(), which makes the stack pool, the
+// io registry and their fork handlers exist before any thread of the library does.
+// Relies on: the stack pool (stack.ipp), the io registry (io.ipp, declared in
+// idle_epoll.ipp), the OS layer's fork hooks.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// fork() (POSIX): the child has one thread, the one that forked, and none of the parent's
+// workers. Whatever that thread was in the parent (a use_caller thread, a worker in the
+// middle of a task), in the child it is a plain thread: a sleep, a wait or an io call there
+// that went on helping or parking would run a worker loop of a scheduler that is not there,
+// on copies of its queues and on the epoll instance and eventfds the child shares with the
+// parent, taking the parent's events. So the child forgets every scheduler this thread
+// worked for or helped, and in_scheduler_task() and caller_may_help() are false there. Its
+// current fiber, if any, stays current: the thread is on that fiber's stack and goes on
+// running its code, as a plain thread's fiber. A task that forked must not end or yield to
+// its worker in the child (Worker::run_task asserts so): the worker is gone.
+void forget_schedulers_in_child() noexcept {
+    ThreadState* ts = thread_state();
+    ts->scheduler = nullptr;
+    ts->worker = nullptr;
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    ts->caller_core = nullptr;  // the parent's use_caller schedulers, none of them here
+}
+
+// Why before any thread of the library exists. The stack pool and the io registry are
+// function-local statics, built on first use (so that a Scheduler made by another
+// translation unit's global constructor finds them), and they register their own fork
+// handlers. A thread inside such a constructor when another thread forks leaves the
+// static's guard taken in the child for good: the child's first Fiber then hung in
+// __cxa_guard_acquire (a worker used to build the pool on its first idle look at it). And
+// a lock whose handlers are registered only after some thread could hold it may be
+// inherited held. Built here, the objects exist before a Scheduler starts its first thread
+// (its constructor calls this), and before main() (below) for a plain thread's first Fiber
+// or io wait; each fork handler is registered before anyone can take its lock.
+void build_process_state() {
+    static const bool built = [] {
+        (void)stack_pool();  // registers its handlers (stack.ipp)
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+        build_io_registry();  // and its (io.ipp)
+#endif
+        // install_stack_overflow_handler()'s lock, which it takes only after calling this.
+        (void)overflow_install_mutex();
+        os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
+                    [] {
+                        overflow_install_mutex().unlock();
+                        forget_schedulers_in_child();
+                    });
+        return true;
+    }();
+    (void)built;
+}
 
 namespace {
-// yield() outside a scheduler task, out of line so that the task's path stays short.
-FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
-    detail::SchedulerCore* core = detail::caller_may_help();
-    // The use_caller thread runs one ready task instead, if there is one.
-    if (!core || core->workers[0]->run_ready(1, detail::TimePoint::max()) == 0) std::this_thread::yield();
-}
+// A dynamic initialiser of the implementation's translation unit: before main() unless
+// another unit's global constructor starts threads first. Out of memory here, the first
+// Scheduler tries again (a Fiber or an io wait meanwhile builds what it needs itself).
+struct BuildProcessStateAtStart {
+    BuildProcessStateAtStart() noexcept {
+        try {
+            build_process_state();
+        } catch (...) {
+        }
+    }
+} build_process_state_at_start;
 }  // namespace
 
-void yield() {
-    detail::ThreadState* ts = detail::thread_state();
-    if (!ts->task_fiber || ts->current != ts->task_fiber) {
-        yield_outside_task();
-        return;
-    }
-    // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
-    // back and takes the next task under one lock (run_loop); the fiber stays claimed
-    // meanwhile (fiber_state.hpp). The hook runs on that worker once the switch is done.
-    detail::FiberAccess::park_current(
-        ts->current, [](Fiber*, void* worker) { static_cast<detail::Worker*>(worker)->yield_pending = true; },
-        ts->worker, true);
-}
-
-std::uint64_t id() {
-    Fiber* fiber = detail::running_fiber();
-    return fiber ? fiber->id() : 0;
-}
-
-}  // namespace this_fiber
+}  // namespace detail
 }  // namespace fsched
-// ---- end src/impl/scheduler.ipp ----
+// ---- end src/impl/sched_fork.ipp ----
 // ---- begin src/impl/sync.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: blocking and waking for the synchronisation primitives.

@@ -157,7 +157,7 @@ private:
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     std::uint64_t id_ = 0;
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
-    // fiber has fully switched out (the scheduler's race-free park, see impl/scheduler.ipp).
+    // fiber has fully switched out (the scheduler's race-free park, see impl/sched_park.ipp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
     void* after_switch_arg_ = nullptr;
     // The park is this_fiber::yield(): the fiber goes straight back to a run queue and stays

@@ -212,7 +212,21 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #else
 #include "impl/idle_condvar.ipp"
 #endif
-#include "impl/scheduler.ipp"
+// The scheduler, one concept per part: the queues, a worker, what the workers share, then
+// the parts that define the workers' steps (each file's top comment says what it owns).
+#include "impl/sched_task_queue.ipp"
+#include "impl/sched_worker.ipp"
+#include "impl/sched_core.ipp"
+#include "impl/sched_find.ipp"
+#include "impl/sched_run_loop.ipp"
+#include "impl/sched_yield.ipp"
+#include "impl/sched_timers.ipp"
+#include "impl/sched_runnext.ipp"
+#include "impl/sched_park.ipp"
+#include "impl/sched_caller.ipp"
+#include "impl/sched_lifecycle.ipp"
+#include "impl/sched_submit.ipp"
+#include "impl/sched_fork.ipp"
 #include "impl/sync.ipp"
 #include "impl/io.ipp"
 

@@ -1,6 +1,6 @@
 // ---------------------------------------------------------------------------
 // A fiber's life cycle: every state and every transition, in one place. Fiber holds one
-// FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/scheduler.ipp)
+// FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/sched_*.ipp)
 // only call the transitions below, each named after the event that causes it.
 //
 // Fiber::State is what users see; the scheduler needs three more internal states:

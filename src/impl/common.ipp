@@ -115,7 +115,7 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
 
 // Builds the library's process-wide objects (the stack pool, the io registry) and registers
 // every fork handler, once; before main() and in each Scheduler's constructor, so before
-// any thread of the library exists (scheduler.ipp, where it is defined, says why).
+// any thread of the library exists (sched_fork.ipp, where it is defined, says why).
 void build_process_state();
 
 EhState* eh_globals(ThreadState* ts) noexcept {

@@ -134,7 +134,7 @@ struct WorkerIdle;
 struct SchedulerCore;
 struct SchedulerIdle;
 // Wakes one sleeping worker of idle's scheduler, if any, so that it sleeps again as the
-// poller (scheduler.ipp): a fiber parks for IO while no worker polls.
+// poller (sched_park.ipp): a fiber parks for IO while no worker polls.
 void wake_for_io(SchedulerIdle& idle) noexcept;
 
 struct SchedulerIdle {

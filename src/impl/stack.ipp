@@ -19,7 +19,7 @@ namespace fsched {
 namespace detail {
 
 // How long surplus stacks sit unused before their memory goes back: an idle scheduler's
-// wait (scheduler.ipp), or the pool's decay (StackPool::decay_locked).
+// wait (sched_run_loop.ipp), or the pool's decay (StackPool::decay_locked).
 // FIBER_SCHED_STACK_TRIM_MS; tests change it. Relaxed: a setting.
 std::atomic<long> stack_trim_delay_ms{FIBER_SCHED_STACK_TRIM_MS};
 #if defined(FIBER_SCHED_FAULT_INJECTION)

@@ -1,0 +1,303 @@
+// ---------------------------------------------------------------------------
+// The run loop and its steps: run_loop(), IO polled now and then, the spin, the sleep with
+// the lost-wake-up argument, giving back a burst's queue slabs, and running one task
+// (run_task: a pooled fiber for a callback, the claim, the switch, and what happens after).
+// Relies on: sched_core.ipp, sched_find.ipp (next_task), the idle wait.
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// The run loop: each pass takes one step of a fixed policy.
+// A fiber that yielded goes back in line first; ready fds are harvested every 32 tasks
+// however the tasks arrive; then the worker's own queues and due timers (its own, then
+// any other worker's), then stealing; then a short spin; then the sleep, whose last look
+// at the queues is what the lost-wake-up argument (at sleep_until_work) is about.
+inline void Worker::run_loop(const CallerWait* wait) {
+    ThreadState* ts = thread_state();
+    // Saved and restored: a use_caller scheduler may run inside a task of another one.
+    Scheduler* const outer_scheduler = ts->scheduler;
+    Worker* const outer_worker = ts->worker;
+    Fiber* const outer_task = ts->task_fiber;
+    std::shared_ptr<Fiber>* const outer_ref = ts->task_ref;
+    ts->scheduler = &core.owner;
+    ts->worker = this;
+    caller_helping = wait != nullptr;
+    direct_yield = true;
+    loop_wait = wait;
+    QueuedTask task;
+    bool finished = false;
+    bool was_idle = false;  // spun or slept since the last task (see hand_on_runnext_watch)
+    while (!finished) {
+        if (wait && wait->satisfied()) break;
+        poll_io_now_and_then();
+        bool found = next_task(task);
+        if (!found) {
+            was_idle = true;
+            found = spin_for_work(task) || sleep_until_work(task, finished, wait);
+        }
+        if (!found) continue;
+        if (was_idle) {
+            was_idle = false;
+            hand_on_runnext_watch();
+        }
+        run_task(task);
+    }
+    if (was_idle) hand_on_runnext_watch();
+    direct_yield = false;
+    loop_wait = nullptr;
+    if (wait) {
+        stop_helping();
+        hand_on_caller_wake();
+    }
+    ts->scheduler = outer_scheduler;
+    ts->worker = outer_worker;
+    ts->task_fiber = outer_task;
+    ts->task_ref = outer_ref;
+}
+
+inline void Worker::poll_io_now_and_then() {
+    // While every worker is busy no one sleeps in epoll_wait: look at ready fds now and
+    // then, so fibers waiting for IO are not starved by a busy scheduler, nor by a task
+    // that yields in a loop.
+    if (++tasks_since_io_poll >= 32) {
+        tasks_since_io_poll = 0;
+        core.idle.poll_io(true);
+        // A busy scheduler never idles long enough to trim the stack pool: decay it instead.
+        decay_stack_pool();
+    }
+}
+
+inline bool Worker::spin_for_work(QueuedTask& task) {
+    // Spin a few microseconds before paying for a sleep and a wake-up.
+    core.spinning.fetch_add(1, std::memory_order_seq_cst);
+    bool found = false;
+    for (int i = 0; i < 64 && !found; ++i) {
+        cpu_relax();
+        found = find_task(task);
+    }
+    core.spinning.fetch_sub(1, std::memory_order_seq_cst);
+    return found;
+}
+
+// Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
+//
+// The lost-wake-up argument: a worker going to sleep increments `sleepers`, sets `sleeping`,
+// then looks at every queue once more, taking each queue's lock (not trusting the size
+// hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
+// (SchedulerCore::after_push). The two lock the same queue in some order: if the
+// submitter's lock comes second, the sleeper's increment happens-before the submitter's
+// load, which sees the sleeper and wakes it; if the sleeper's lock comes second, the push
+// happens-before its look, which finds the task. So a submitter needs no read-modify-write,
+// and on x86 its check is two plain loads. A spinner that stops spinning goes to sleep by
+// the same path. `outstanding` reaching zero during stop() pairs through seq_cst operations
+// on `outstanding`, `stopping` and `sleeping`; a timer added meanwhile through
+// `timer_earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
+// in a wait (help_until) is worker 0 sleeping by the same path, and its wait's end pairs
+// the same way: the notifier stores `done` (seq_cst) and then claims `sleeping`
+// (wake_caller); the sleeper stores `sleeping` and then loads `done` (CallerWait); one of
+// the two sees the other. Its own deadline is folded into the idle wait's deadline. The
+// fibers in a single worker's local ring (requeue_yielded) are invisible to everyone else
+// and need no wake-up: next_task() takes from the ring before the worker may spin or sleep,
+// so a worker with fibers there never sleeps; and a task pushed meanwhile is seen through
+// the `queued` hint at the next yield, or by the thorough look if the ring ran dry first.
+// The direct yield path (run_task, direct_yield_next) keeps the worker inside run_task
+// while its fibers yield, never near a sleep, and reads the same `queued` hint at every
+// yield (a relaxed load of what the pusher stores under the lock, as requeue_yielded's
+// unlocked branch does: it sees the store once the hardware makes it visible), so a task
+// pushed meanwhile is taken as before; every 32nd pass still goes through run_loop, which
+// polls IO.
+// Stealable High tasks (stealable_high) are a hint on top, never needed for a wake-up:
+// their push wakes workers as any push does.
+// The count. A submitter that loads `sleepers` == 0 wakes no one, so the count must never
+// be below the number of workers asleep (`sleeping` set). It is incremented by the worker
+// before it sets `sleeping`, and decremented once per successful claim of that flag, after
+// the claim's CAS (claim_worker_wake): every decrement follows the increment it matches,
+// so the count is at least the number of flags set and not yet claimed. In the other order
+// a waker could claim the flag between the worker's store and its increment and decrement
+// first: the count read 0 for a moment while another worker slept, and a push pinned to that
+// worker in that moment woke no one (a pinned io::read stayed parked with its byte queued,
+// every worker idle; tests/test_faults.cpp holds a worker in that window). Counting first
+// costs at most one needless look at the flags of a worker about to sleep.
+inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait) {
+    idle.begin_sleep(core.idle);  // may take the poller role: before `sleeping` is set
+    // Counted before `sleeping` is set, never after: see "The count" above.
+    core.sleepers.fetch_add(1, std::memory_order_seq_cst);
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (auto hook = sleep_announce_hook.load(std::memory_order_relaxed)) hook(index);
+#endif
+    sleeping.store(true, std::memory_order_seq_cst);
+    // The look that pairs with every submitter (see the lost-wake-up argument).
+    if (find_task(task, true) || core.finished() || (wait && wait->satisfied())) {
+        idle.end_sleep(core.idle);
+        // If a submitter claimed the wake-up instead, its notify() only makes a later
+        // wait return early.
+        core.claim_worker_wake(*this);
+        finished = !(task.fiber || task.cb);
+        return !finished;
+    }
+    if (idle.poller_wanted(core.idle)) {
+        // Fibers wait for IO and no one polls: go round the loop again and take the role
+        // (side (b) of the argument at SchedulerIdle::poller).
+        core.claim_worker_wake(*this);
+        return false;
+    }
+    // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
+    // asleep and wakes us (add_timer).
+    std::int64_t deadline_ticks = earliest_deadline();
+    if (wait && wait->deadline) deadline_ticks = std::min(deadline_ticks, to_ticks(*wait->deadline));
+    // Loaded after `sleepers` is stored: see the run-next argument at put_runnext.
+    const bool watch = !single && runnext_activity();
+    if (watch) {
+        core.runnext_watchers.fetch_add(1, std::memory_order_seq_cst);
+        deadline_ticks = std::min(deadline_ticks, to_ticks(deadline_after(SchedulerCore::runnext_watch_period)));
+    }
+    sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
+    // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
+    // memory back once the scheduler has been idle a while, not while it is busy.
+    const bool trim_stacks = stack_pool_has_surplus();
+    const TimePoint trim_at =
+        trim_stacks ? deadline_after(std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)))
+                    : TimePoint::max();
+    // Likewise the slabs a burst of tasks left in this worker's queues (TaskBlockSlabs),
+    // sooner: they cost a page fault per 4 KiB to take again, not a stack's worth.
+    const bool trim_queues = has_surplus_slabs();
+    const TimePoint queue_trim_at = trim_queues ? deadline_after(queue_trim_delay) : TimePoint::max();
+    if (deadline_ticks == no_deadline && !trim_stacks && !trim_queues) {
+        idle.wait(core.idle, nullptr);
+    } else {
+        const TimePoint deadline =
+            std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at, queue_trim_at});
+        idle.wait(core.idle, &deadline);
+    }
+    if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
+    core.claim_worker_wake(*this);
+    sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
+    idle.end_sleep(core.idle);
+    const TimePoint now = trim_stacks || trim_queues ? std::chrono::steady_clock::now() : TimePoint{};
+    if (trim_stacks && now >= trim_at) trim_stack_pool();
+    if (trim_queues && now >= queue_trim_at) release_surplus_slabs();
+    return false;
+}
+
+inline bool Worker::has_surplus_slabs() noexcept {
+    std::lock_guard<SpinLock> lock(queue_lock);
+    for (const Level& level : levels) {
+        if (level.tasks.empty_slabs() > 1 || level.pinned.empty_slabs() > 1) return true;
+    }
+    return false;
+}
+
+inline void Worker::release_surplus_slabs() noexcept {
+    void* detached[2 * level_count];
+    {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        for (int i = 0; i < level_count; ++i) {
+            detached[2 * i] = levels[i].tasks.detach_empty_slabs();
+            detached[2 * i + 1] = levels[i].pinned.detach_empty_slabs();
+        }
+    }
+    for (void* slabs : detached) TaskBlockSlabs::unmap_detached(slabs);  // a system call each
+}
+
+inline void Worker::notify() { idle.notify(core.idle); }
+
+inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
+    if (FIBER_SCHED_FAULT(FiberAlloc)) throw std::bad_alloc();
+    if (!spare_fibers.empty()) {
+        Fiber::ptr fiber = std::move(spare_fibers.back());
+        spare_fibers.pop_back();
+        FiberAccess::reuse(*fiber, std::move(cb));
+        return fiber;
+    }
+    return FiberAccess::make_in_stack(std::move(cb));
+}
+
+inline void Worker::run_task(QueuedTask& task) {
+    bool pooled = !task.fiber;
+    const int worker = task.worker;
+    const Priority priority = task.priority;
+    const TaskKind kind = task.kind;
+    Fiber::ptr fiber;
+    if (pooled) {
+        try {
+            fiber = fiber_for(std::move(task.cb));
+        } catch (...) {
+            // No memory or no stack for the callback's fiber: the task cannot run. Its
+            // failure goes to the exception handler like one it threw; the rest run on.
+            task = QueuedTask{};
+            core.report(std::current_exception());
+            core.task_finished();
+            return;
+        }
+    } else {
+        fiber = std::move(task.fiber);
+    }
+    task = QueuedTask{};
+    switch (kind) {
+    case TaskKind::Fresh:
+        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
+        break;
+    case TaskKind::Woken:
+        FiberAccess::lifecycle(*fiber).claim_woken();
+        break;
+    case TaskKind::Claimed:
+        break;
+    }
+    ThreadState* ts = thread_state();
+    SwitchOutcome outcome;
+    for (;;) {
+        ts->task_fiber = fiber.get();
+        ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
+        try {
+            outcome = FiberAccess::run(*fiber);
+        } catch (...) {
+            outcome = SwitchOutcome::Returned;
+            ts->task_fiber = nullptr;
+            core.report(std::current_exception());
+        }
+        // Back on this worker's stack: in the child of a fork() made inside the task, this
+        // thread is no worker (forget_schedulers_in_child), and this loop's scheduler is not
+        // there. One load of a line this thread has just used.
+        FIBER_SCHED_ASSERT(ts->worker == this &&
+                           "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
+                           "ends or yields to its worker (the child has no workers)");
+        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
+        // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
+        yield_pending = false;
+        if (!direct_yield_next(fiber)) {
+            yielded = std::move(fiber);  // run_loop puts it back in line (requeue_yielded)
+            break;
+        }
+        pooled = false;  // the fiber now in hand may be a user's: never pool it
+    }
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
+    // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    // A fiber goes back to the pool only when nothing but this worker's reference can reach
+    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
+    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
+    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
+    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
+    // the last shared_ptr user code kept (at once when it kept none), and until then it is
+    // this task's fiber: a weak_ptr never locks onto a later task's.
+    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
+        spare_fibers.size() < 64) {
+        spare_fibers.push_back(std::move(fiber));
+    }
+    fiber.reset();
+    core.task_finished();
+}
+
+std::size_t queue_slabs(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->queue_lock);
+        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+    }
+    return n;
+}
+
+}  // namespace detail
+}  // namespace fsched

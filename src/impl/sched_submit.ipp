@@ -1,0 +1,115 @@
+// ---------------------------------------------------------------------------
+// Submission: Scheduler::submit() (one task) and submit_batch() (one lock per worker,
+// all of a worker's share or none), and the Scheduler's small public calls.
+// Relies on: sched_core.ipp (enqueue, after_push, count_new).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+
+
+void Scheduler::submit(detail::NewTask task) {
+    detail::SchedulerCore& core = *core_;
+    core.check_task(task);
+    detail::QueuedTask queued(std::move(task));
+    core.count_new(1);
+    try {
+        if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
+        core.enqueue(std::move(queued));
+    } catch (...) {
+        core.task_finished();  // not queued: not outstanding either
+        throw;
+    }
+}
+
+void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
+    detail::SchedulerCore& core = *core_;
+    if (tasks.empty()) return;
+    for (const detail::NewTask& task : tasks) core.check_task(task);
+    // One lock per worker: group pinned tasks by worker, deal the rest out in runs. Built
+    // before anything is counted, so running out of memory here changes nothing.
+    const std::size_t n = core.workers.size();
+    std::vector<std::vector<detail::QueuedTask>> pinned(n), unpinned(n);
+    detail::Worker* here = core.current_worker();
+    // From outside, dealt round robin past the use_caller thread's worker 0 (outside_target).
+    const std::size_t first = !here && core.use_caller && n > 1 ? 1 : 0;
+    const std::size_t slots = n - first;
+    std::size_t next = here ? static_cast<std::size_t>(here->index) : core.outside_target();
+    std::size_t free_count = 0;
+    std::vector<std::size_t> pinned_count(n);
+    for (const detail::NewTask& task : tasks) {
+        if (task.thread < 0) {
+            ++free_count;
+        } else {
+            ++pinned_count[static_cast<std::size_t>(task.thread)];
+        }
+    }
+    const std::size_t run = here ? free_count : (free_count + slots - 1) / slots;  // a worker's unpinned share, at most
+    for (std::size_t i = 0; i < n; ++i) {
+        pinned[i].reserve(pinned_count[i]);
+        if (!here || i == next) unpinned[i].reserve(run);
+    }
+    std::size_t in_run = 0;
+    for (detail::NewTask& task : tasks) {
+        detail::QueuedTask queued(std::move(task));
+        if (queued.worker >= 0) {
+            pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));
+            continue;
+        }
+        unpinned[next].push_back(std::move(queued));
+        if (++in_run == run) {
+            in_run = 0;
+            next = first + (next - first + 1) % slots;
+        }
+    }
+    const auto total = static_cast<std::int64_t>(tasks.size());
+    core.count_new(total);
+    const detail::SchedulerCore::OutsideEnqueue guard(core.outside_enqueues, here == nullptr);
+    std::int64_t queued_count = 0;
+    try {
+        for (std::size_t i = 0; i < n; ++i) {
+            detail::Worker& w = *core.workers[i];
+            if (pinned[i].empty() && unpinned[i].empty()) continue;
+            {
+                std::lock_guard<detail::SpinLock> lock(w.queue_lock);
+                // All of this worker's share or none of it: a failed push_back changed nothing,
+                // and what this loop pushed before is taken back.
+                detail::Worker::Sizes before;
+                w.sizes_locked(before);
+                try {
+                    for (const bool own_pinned : {true, false}) {
+                        for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
+                            if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
+                            w.push_locked(std::move(t), own_pinned);
+                        }
+                    }
+                } catch (...) {
+                    w.truncate_locked(before);
+                    throw;
+                }
+                w.update_hints();
+            }
+            queued_count += static_cast<std::int64_t>(pinned[i].size() + unpinned[i].size());
+            if (!pinned[i].empty()) core.after_push(w, true, 1);
+            if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
+        }
+    } catch (...) {
+        // The workers' shares queued so far run; the rest were not queued and are not counted.
+        core.tasks_finished(total - queued_count);
+        throw;
+    }
+}
+
+Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
+
+int Scheduler::worker_index() noexcept {
+    detail::Worker* worker = detail::thread_state()->worker;
+    return worker ? worker->index : -1;
+}
+
+void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> handler) {
+    auto shared = std::make_shared<const std::function<void(std::exception_ptr)>>(std::move(handler));
+    std::lock_guard<std::mutex> lock(core_->handler_mutex);
+    core_->handler = std::move(shared);
+}
+
+}  // namespace fsched

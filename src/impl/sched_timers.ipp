@@ -1,0 +1,121 @@
+// ---------------------------------------------------------------------------
+// Timers: each worker's heap of the fibers that parked on it with a deadline, added to only
+// by that worker, fired by any (an idle worker serves a busy one's), with the earliest
+// deadline published for idle waits; and sleep_until_steady(), the fiber-aware sleep.
+// Relies on: sched_core.ipp, sched_park.ipp (wake_fiber, park).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+inline void Worker::reserve_timer() {
+    std::lock_guard<SpinLock> lock(timer_lock);
+    if (FIBER_SCHED_FAULT(TimerAlloc)) throw std::bad_alloc();
+    if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
+}
+
+inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept {
+    const std::int64_t ticks = to_ticks(deadline);
+    bool earliest;
+    {
+        std::lock_guard<SpinLock> lock(timer_lock);
+        // Satisfied timed waits leave their timers behind (a notifier cannot reach into
+        // this heap); sweep them out whenever the heap has doubled, so memory follows the
+        // live timers, not every wait ever made. Amortised O(1) per timer.
+        if (timers.size() >= 64 && timers.size() >= 2 * timers_after_sweep) {
+            timers.erase(std::remove_if(timers.begin(), timers.end(), [](const Timer& t) { return t.dead(); }),
+                         timers.end());
+            std::make_heap(timers.begin(), timers.end(), std::greater<Timer>());
+            timers_after_sweep = timers.size();
+        }
+        // reserve_timer() made room (the sweep only shrinks): push_back does not allocate.
+        timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
+        std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
+        earliest = timers.front().sequence == timer_sequence - 1;
+        // Republished whenever the front changed: by this timer, or by the sweep (a swept
+        // front left behind would be a deadline in the past, and the idle wait would spin).
+        const std::int64_t front = to_ticks(timers.front().deadline);
+        if (timer_earliest.load(std::memory_order_relaxed) != front) {
+            timer_earliest.store(front, std::memory_order_seq_cst);
+        }
+    }
+    // A worker asleep until a later deadline would miss this one while this worker is busy:
+    // wake it to sleep again until this one. Its `sleeping` is set before it reads the
+    // deadlines (seq_cst both sides), so either it saw timer_earliest or we see it asleep.
+    if (!earliest || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
+    for (auto& w : core.workers) {
+        if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
+        if (ticks < w->sleep_deadline.load(std::memory_order_seq_cst)) {
+            core.wake_worker(*w);
+            return;
+        }
+    }
+}
+
+inline bool Worker::fire_due_timers() {
+    // No clock read while there are no timers: the yield and spawn paths pass here.
+    const std::int64_t earliest = timer_earliest.load(std::memory_order_relaxed);
+    if (earliest == no_deadline) return false;
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (earliest > to_ticks(now)) return false;
+    bool any = false;
+    for (;;) {
+        Timer due;
+        {
+            std::lock_guard<SpinLock> lock(timer_lock);
+            if (timers.empty() || timers.front().deadline > now) return any;
+            std::pop_heap(timers.begin(), timers.end(), std::greater<Timer>());
+            due = std::move(timers.back());
+            timers.pop_back();
+            timer_earliest.store(timers.empty() ? no_deadline : to_ticks(timers.front().deadline),
+                                 std::memory_order_seq_cst);
+        }
+        Fiber::ptr fiber = std::move(due.fiber);
+        if (due.wait) {
+            WaitStatus expected = WaitStatus::Waiting;
+            if (!due.wait->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) continue;
+            fiber = std::move(due.wait->fiber);
+        }
+        wake_fiber(std::move(fiber));  // to its pinned worker, if any
+        any = true;
+    }
+}
+
+inline std::int64_t Worker::earliest_deadline() const noexcept {
+    std::int64_t earliest = no_deadline;
+    for (auto& w : core.workers) earliest = std::min(earliest, w->timer_earliest.load(std::memory_order_seq_cst));
+    return earliest;
+}
+
+void reserve_timer() { thread_state()->worker->reserve_timer(); }
+
+std::size_t pending_timers(Scheduler& scheduler) noexcept {
+    std::size_t n = 0;
+    for (auto& w : SchedulerCore::of(scheduler).workers) {
+        std::lock_guard<SpinLock> lock(w->timer_lock);
+        n += w->timers.size();
+    }
+    return n;
+}
+
+void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
+    if (!in_scheduler_task()) {
+        if (SchedulerCore* core = caller_may_help()) {
+            help_until(*core, nullptr, &deadline);
+        } else {
+            // A loop: libstdc++'s sleep_until() on a steady clock sleeps once, and MinGW's
+            // sleep rounds down to whole milliseconds, so it can return before the deadline.
+            while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
+        }
+        return;
+    }
+    reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
+    park([](Fiber*, void* arg) {
+        // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
+        thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
+                                          take_task_ref(), nullptr);
+    }, &deadline);
+}
+
+}  // namespace detail
+}  // namespace fsched

@@ -1,0 +1,397 @@
+// ---------------------------------------------------------------------------
+// A worker: its queues by priority and the tasks pinned to it, the run-next slot, the
+// local ring of a single worker's yielded fibers, its timer heap, its idle wait, and the
+// operations on its queues that run under its queue_lock (push, pop, steal). Each lock sits
+// above the fields it guards. The steps of its run loop are declared here and defined in
+// the parts that own them: sched_find.ipp (where the next task comes from),
+// sched_run_loop.ipp (the loop, spinning, sleeping, running a task), sched_yield.ipp,
+// sched_timers.ipp, sched_runnext.ipp and sched_caller.ipp.
+// Relies on: sched_task_queue.ipp, the idle wait (idle_epoll.ipp or idle_condvar.ipp),
+// SpinLock and WaitState (sync.hpp), FiberAccess (common.ipp).
+// ---------------------------------------------------------------------------
+
+namespace fsched {
+namespace detail {
+
+// A steady_clock time point as one integer, so a worker's earliest deadline can be an atomic.
+inline std::int64_t to_ticks(TimePoint t) noexcept { return t.time_since_epoch().count(); }
+constexpr std::int64_t no_deadline = INT64_MAX;
+
+struct Timer {
+    TimePoint deadline;
+    std::uint64_t sequence;  // FIFO among equal deadlines
+    Fiber::ptr fiber;        // a sleeping fiber, woken at the deadline
+    // Or a timed wait: it wakes its fiber only if it wins the race against a notifier.
+    std::shared_ptr<WaitState> wait;
+    bool operator>(const Timer& other) const noexcept {
+        return deadline != other.deadline ? deadline > other.deadline : sequence > other.sequence;
+    }
+    // A timed wait already satisfied (or given up) by someone else: nothing left to do.
+    bool dead() const noexcept { return wait && wait->status.load(std::memory_order_acquire) != WaitStatus::Waiting; }
+};
+
+// What the use_caller thread waits for while it helps (help_until): `done` set (seq_cst,
+// paired with Worker::sleeping, see sleep_until_work), or `deadline` passed. Either may be
+// null.
+struct CallerWait {
+    const std::atomic<bool>* done;
+    const TimePoint* deadline;
+    bool satisfied() const noexcept {
+        return (done && done->load(std::memory_order_seq_cst)) ||
+               (deadline && std::chrono::steady_clock::now() >= *deadline);
+    }
+};
+
+struct alignas(64) Worker {
+    Worker(SchedulerCore& core_, int index_, bool single_) : core(core_), index(index_), single(single_) {
+        steal_buffer.reserve(32);  // a whole steal: see steal_into()
+        overflow.reserve(32);
+    }
+
+    SchedulerCore& core;
+    const int index;
+    const bool single;  // the scheduler's only worker (no thief, no other queue)
+    std::thread thread;
+
+    SpinLock queue_lock;
+    // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
+    struct Level {
+        TaskQueue tasks;
+        TaskQueue pinned;
+        bool empty() const noexcept { return tasks.empty() && pinned.empty(); }
+    };
+    static constexpr int level_count = 3;
+    Level levels[level_count];           // indexed by Priority; under queue_lock
+    std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
+    std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
+    // Orders a level's two queues (pop_locked): push_locked counts up from here, and
+    // push_front_locked down; under queue_lock.
+    std::uint64_t next_sequence = std::uint64_t{1} << 62;
+    std::uint64_t front_sequence = std::uint64_t{1} << 62;
+    // Set while the use_caller thread runs this worker (0) outside stop(): it takes pinned
+    // tasks before unpinned ones of the same level. Only the thread running the worker
+    // reads or writes it.
+    bool caller_helping = false;
+    // The two counts above, published under queue_lock and read without it as hints: a
+    // stale read only costs a needless lock or a later look. The last look before
+    // sleeping ignores them and takes every lock (see run_loop).
+    std::atomic<std::size_t> queued{0};
+    std::atomic<std::size_t> stealable{0};
+
+    // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this worker
+    // woke (put_runnext), which this worker runs next, ahead of its Normal queue, before it
+    // looks anywhere else; the woken fiber finds the waker's caches warm, and a pair that
+    // hands work to each other (a channel ping-pong, a mutex handed over) stays on one
+    // worker instead of crossing by steal at every message. A second wake puts the first
+    // fiber at the back of the Normal queue. Not stealable: another worker takes it only
+    // when it has sat there unchanged for runnext_stuck_looks of that worker's looks (a task
+    // that woke it and runs on without parking; see take_stuck_runnext). Under queue_lock.
+    Fiber::ptr runnext;
+    std::uint64_t runnext_sets = 0;  // under queue_lock
+    // (runnext_sets << 1) | occupied, stored under queue_lock, read without it by other
+    // workers as a hint; seq_cst when set, paired with `sleepers` (see put_runnext).
+    std::atomic<std::uint64_t> runnext_state{0};
+    // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
+    // queue's oldest goes first, so a pair waking each other cannot starve it. Under queue_lock.
+    unsigned runnext_streak = 0;
+    static constexpr unsigned runnext_streak_max = 16;
+    static constexpr unsigned runnext_stuck_looks = 16;
+
+    // Set by this worker before it sleeps; cleared by whoever claims waking it (a submitter,
+    // or the worker itself), and that one decrements core.sleepers. seq_cst: see
+    // sleep_until_work().
+    std::atomic<bool> sleeping{false};
+    // The deadline this worker's idle wait ends at (no_deadline: none, or awake). Written
+    // after `sleeping` is set and reset after waking; add_timer() reads it (see there).
+    std::atomic<std::int64_t> sleep_deadline{no_deadline};
+    // The idle wait (idle_epoll.ipp or idle_condvar.ipp); its part shared by the workers
+    // is SchedulerCore::idle.
+    WorkerIdle idle;
+
+    // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
+    // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
+    // On a cache line of their own: other workers read timer_earliest whenever they look
+    // for work, and must not pull the line of the hot queue lock across to do it.
+    alignas(64) SpinLock timer_lock;
+    std::vector<Timer> timers;          // under timer_lock
+    std::uint64_t timer_sequence = 0;   // under timer_lock
+    std::size_t timers_after_sweep = 0; // under timer_lock
+    // The earliest deadline in `timers` (no_deadline: none), for other workers to read
+    // without the lock; seq_cst, paired with `sleeping` (see add_timer).
+    std::atomic<std::int64_t> timer_earliest{no_deadline};
+
+    // Only this worker's thread touches these.
+    alignas(64) std::vector<Fiber::ptr> spare_fibers;
+    unsigned steal_start = 0;
+    Fiber::ptr yielded;  // the fiber that this_fiber::yield()ed, when run_task leaves it to run_loop
+    // Set by this_fiber::yield()'s park hook on this worker; run_task clears it.
+    bool yield_pending = false;
+    // Set while run_loop (not run_ready) runs this worker: run_task may then take the
+    // direct yield path (run_task), checking `loop_wait` as run_loop would.
+    bool direct_yield = false;
+    const CallerWait* loop_wait = nullptr;
+    unsigned tasks_since_io_poll = 0;
+    // A scheduler of one worker (no thief can want them): Normal fibers that yielded wait
+    // in this ring, the owner's alone, with no lock and no atomic read-modify-write, while
+    // the shared queues are empty by their hint. A fiber enters it only when the shared
+    // queues are empty, or from the front of the shared Normal line when the ring is empty
+    // (a yielded prefix, requeue_yielded), so its fibers are older than anything queued
+    // there. Once anything is queued, the worker takes the ring's oldest next and queues a
+    // yielding Normal fiber behind the rest (requeue_yielded), or, for a High task waiting
+    // and when no fiber yielded (take_local), moves the ring to the front of the shared
+    // queues, behind the lock and in order. So the order of arrival is kept, and a yielding
+    // loop starves nothing that others queue. While the shared queues stay empty, run_task
+    // hands the worker from one yielder to the ring's oldest directly (direct_yield_next).
+    // Capacity: 0 or a power of two.
+    std::vector<Fiber::ptr> local_ring;
+    std::size_t local_head = 0, local_size = 0;
+
+    // What this worker, as a thief, last saw of each worker's runnext_state: for
+    // take_stuck_runnext (`looks`: how many looks it has been unchanged) and for the watch
+    // before sleeping (`at_sleep`). Only this worker's thread touches it.
+    struct RunnextLook {
+        std::uint64_t state = 0;
+        unsigned looks = 0;
+        std::uint64_t at_sleep = 0;
+    };
+    std::vector<RunnextLook> runnext_looks;  // one per worker, sized by SchedulerCore
+
+    // Makes room for one more timer, so that add_timer() in a park hook cannot fail.
+    // Called by the fiber about to park on this worker; may throw std::bad_alloc.
+    void reserve_timer();
+    // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
+    // Only on this worker's thread, after reserve_timer(); never throws.
+    void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
+    // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
+    bool fire_due_timers();
+
+    // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
+    void update_hints() noexcept {
+        stealable.store(stealable_count, std::memory_order_relaxed);
+        queued.store(waiting_locked(), std::memory_order_relaxed);
+    }
+    // Every task this worker holds for itself to run: queued ones and the run-next slot.
+    std::size_t waiting_locked() const noexcept { return stealable_count + pinned_count + (runnext ? 1 : 0); }
+
+    // Appends at the task's level under queue_lock (held). Strong guarantee: on
+    // std::bad_alloc nothing changed.
+    FIBER_SCHED_ALWAYS_INLINE void push_locked(QueuedTask&& task, bool own_pinned) {
+        task.sequence = next_sequence;
+        const bool stealable_high = !own_pinned && task.priority == Priority::High;
+        Level& level = levels[static_cast<int>(task.priority)];
+        (own_pinned ? level.pinned : level.tasks).push_back(std::move(task));
+        ++next_sequence;
+        ++(own_pinned ? pinned_count : stealable_count);
+        if (stealable_high) high_moved(1);
+    }
+
+    // Puts a Normal task at the front of its queue, as if it had come before everything
+    // there (flush_local_locked), under queue_lock (held). Strong guarantee.
+    void push_front_locked(QueuedTask&& task, bool own_pinned) {
+        task.sequence = --front_sequence;
+        Level& level = levels[static_cast<int>(Priority::Normal)];
+        (own_pinned ? level.pinned : level.tasks).push_front(std::move(task));
+        ++(own_pinned ? pinned_count : stealable_count);
+    }
+
+    // Keeps SchedulerCore::stealable_high (defined below) in step with this worker's
+    // stealable High tasks; under queue_lock. Only High tasks pay for it.
+    void high_moved(long delta) noexcept;
+
+    // The queues' sizes, and taking them back to such sizes (undoing push_locked calls),
+    // under queue_lock (held).
+    using Sizes = std::size_t[level_count][2];
+    void sizes_locked(Sizes& out) const noexcept {
+        for (int i = 0; i < level_count; ++i) {
+            out[i][0] = levels[i].tasks.size();
+            out[i][1] = levels[i].pinned.size();
+        }
+    }
+    void truncate_locked(const Sizes& sizes) noexcept {
+        for (int i = 0; i < level_count; ++i) {
+            TaskQueue& t = levels[i].tasks;
+            TaskQueue& p = levels[i].pinned;
+            stealable_count -= t.size() - sizes[i][0];
+            pinned_count -= p.size() - sizes[i][1];
+            if (i == static_cast<int>(Priority::High) && t.size() != sizes[i][0]) {
+                high_moved(-static_cast<long>(t.size() - sizes[i][0]));
+            }
+            t.truncate(sizes[i][0]);
+            p.truncate(sizes[i][1]);
+        }
+    }
+
+    void push(QueuedTask&& task, bool own_pinned) {
+        std::lock_guard<SpinLock> lock(queue_lock);
+        push_locked(std::move(task), own_pinned);
+        update_hints();
+    }
+
+    // Takes a task of the highest level that has one, under queue_lock (held): the oldest
+    // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
+    // order they arrived and neither kind can starve the other; while the use_caller thread
+    // helps, its pinned tasks first (they have no one else to run them).
+    FIBER_SCHED_ALWAYS_INLINE bool pop_locked(QueuedTask& out) {
+        // All Normal, the common case, costs one look at the empty High level.
+        Level* level = &levels[static_cast<int>(Priority::Normal)];
+        if (!levels[static_cast<int>(Priority::High)].empty()) {
+            level = &levels[static_cast<int>(Priority::High)];
+        } else if (runnext && (runnext_streak < runnext_streak_max || level->empty())) {
+            take_runnext_locked(out);
+            return true;
+        } else if (level->empty()) {
+            level = &levels[static_cast<int>(Priority::Low)];
+            if (level->empty()) return false;
+        }
+        bool from_pinned;
+        if (level->pinned.empty()) {
+            from_pinned = false;
+        } else if (level->tasks.empty() || caller_helping) {
+            from_pinned = true;
+        } else {
+            from_pinned = level->pinned.front().sequence < level->tasks.front().sequence;
+        }
+        TaskQueue& from = from_pinned ? level->pinned : level->tasks;
+        out = std::move(from.front());
+        from.pop_front();
+        runnext_streak = 0;
+        --(from_pinned ? pinned_count : stealable_count);
+        if (!from_pinned && out.priority == Priority::High) high_moved(-1);
+        update_hints();
+        return true;
+    }
+
+    // Moves the run-next fiber into `out` (a wake-up), under queue_lock (held).
+    void take_runnext_locked(QueuedTask& out) noexcept {
+        out.fiber = std::move(runnext);
+        out.cb = nullptr;
+        out.worker = -1;
+        out.priority = Priority::Normal;
+        out.kind = TaskKind::Woken;
+        ++runnext_streak;
+        runnext_state.store(runnext_sets << 1, std::memory_order_relaxed);
+        update_hints();
+    }
+
+    // From a task running on this worker: `fiber` (parked, unpinned, Normal) is woken into
+    // the run-next slot. False, with `fiber` intact, when there is no memory to queue the
+    // fiber it displaces: the caller queues `fiber` as any wake-up.
+    bool put_runnext(Fiber::ptr& fiber) noexcept;
+    // Another worker's run-next fiber that has sat unchanged for runnext_stuck_looks of this
+    // worker's looks; true with it in `out`.
+    bool take_stuck_runnext(QueuedTask& out) noexcept;
+    // Whether another worker's run-next slot is occupied or was set since this worker last
+    // asked: the worker then sleeps for at most runnext_watch_period (sleep_until_work).
+    bool runnext_activity() noexcept;
+    // This worker stops being idle (it spun, or slept, perhaps as a watcher, and now runs a
+    // task or leaves its loop): put_runnext may have counted on it to look at a slot, so if
+    // one is in use and no one else watches or spins, wake a sleeper in its place.
+    void hand_on_runnext_watch() noexcept;
+    // The use_caller thread leaves its help (its wait is satisfied): pass on a wake-up that
+    // it may have been given for work elsewhere (see the definition).
+    void hand_on_caller_wake() noexcept;
+    // A slot is in use: unless a watcher or a spinner will look at it, or no one sleeps,
+    // wake a sleeping worker other than this one to look (put_runnext, hand_on_runnext_watch).
+    void wake_runnext_looker() noexcept;
+
+    bool pop(QueuedTask& out, bool trust_hint) {
+        if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
+        std::lock_guard<SpinLock> lock(queue_lock);
+        return pop_locked(out);
+    }
+
+    // Moves up to half (at most 32) of this worker's stealable tasks of the highest level
+    // it has into `thief`, where they keep their level. `high_only`: High tasks or nothing.
+    bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint, bool high_only = false) {
+        if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
+        std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
+        {
+            std::lock_guard<SpinLock> lock(queue_lock);
+            if (stealable_count == 0) return false;
+            int level = 0;
+            while (levels[level].tasks.empty()) ++level;  // one is not empty
+            if (high_only && level != static_cast<int>(Priority::High)) return false;
+            TaskQueue& tasks = levels[level].tasks;
+            const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
+            for (std::size_t i = 0; i < n; ++i) {
+                taken.push_back(std::move(tasks.back()));
+                tasks.pop_back();
+            }
+            stealable_count -= n;
+            if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
+            update_hints();
+        }
+        // The back of `taken` is the oldest: run it first, queue the rest oldest first.
+        first = std::move(taken.back());
+        taken.pop_back();
+        if (!taken.empty()) {
+            std::lock_guard<SpinLock> lock(thief.queue_lock);
+            try {
+                while (!taken.empty()) {
+                    thief.push_locked(std::move(taken.back()), false);  // strong guarantee
+                    taken.pop_back();
+                }
+            } catch (...) {
+                // Out of memory: keep the rest aside, in the same order (the back is the
+                // oldest). `overflow` was reserved for a whole steal.
+                for (QueuedTask& t : taken) thief.overflow.push_back(std::move(t));
+            }
+            thief.update_hints();
+        }
+        taken.clear();
+        return true;
+    }
+
+    std::vector<QueuedTask> steal_buffer;  // this worker's, as a thief; capacity 32
+    // Tasks a thief stole but could not queue for lack of memory (see steal_into), run
+    // before anything else, oldest (the back) first. Only this worker's thread touches it;
+    // its capacity is reserved at construction, so pushing a steal's worth never allocates.
+    std::vector<QueuedTask> overflow;
+
+    // Ends this worker's idle wait (or makes its next one return at once).
+    void notify();
+
+    // The run loop and its steps, in the order run_loop() takes them. With `wait`, the
+    // use_caller thread helps as worker 0 outside stop() and leaves once `wait` is satisfied.
+    void run_loop(const CallerWait* wait = nullptr);
+    bool next_task(QueuedTask& task);        // yielded fiber, then own queues, timers, steal
+    void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
+    bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
+    bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
+    // Whether this worker's queues keep more than one empty slab each (a burst's), and
+    // giving those back: after queue_trim_delay asleep.
+    bool has_surplus_slabs() noexcept;
+    void release_surplus_slabs() noexcept;
+    static constexpr std::chrono::milliseconds queue_trim_delay{10};
+    // The use_caller thread outside stop(), as worker 0: runs up to `max_tasks` ready tasks
+    // while `until` has not passed, never sleeping; returns how many ran.
+    std::size_t run_ready(std::size_t max_tasks, TimePoint until);
+    // The use_caller thread stops helping: a fiber it left yielded, and stolen tasks it
+    // queued here, go where others can run them.
+    void stop_helping() noexcept;
+    void requeue_yielded(QueuedTask& next);
+    // The local ring (single-worker schedulers): make room, push, pop, and take the next task when the ring holds any: its oldest fiber while the shared queues
+    // are empty, else the ring moved behind the lock and the next task from there.
+    bool local_reserve() noexcept;          // room for one more; false out of memory
+    void local_push(Fiber::ptr& fiber) noexcept;  // after local_reserve()
+    Fiber::ptr local_pop() noexcept;
+    bool take_local(QueuedTask& next);
+    void flush_local_locked() noexcept;  // under queue_lock
+    // Under queue_lock: moves the claimed (yielded) fibers at the front of the Normal level
+    // to the back of the ring; returns how many.
+    std::size_t take_yielded_prefix_locked() noexcept;
+    // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
+    // lock instead of trusting the size hints (the look before sleeping).
+    bool find_task(QueuedTask& out, bool thorough = false);
+    // Its own High task, else one stolen from another worker (find_task, while
+    // SchedulerCore::stealable_high says there are some).
+    bool take_high(QueuedTask& out);
+    // The earliest timer deadline of any worker (no_deadline: none).
+    std::int64_t earliest_deadline() const noexcept;
+    void run_task(QueuedTask& task);
+    bool direct_yield_next(Fiber::ptr& fiber);
+    Fiber::ptr fiber_for(TaskFunction&& cb);
+};
+
+}  // namespace detail
+}  // namespace fsched
