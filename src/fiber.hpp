@@ -146,6 +146,10 @@ private:
     // Runs a fiber already moved to Running; rethrows what its function threw. `scheduled`:
     // run by a Scheduler, so a concurrent schedule() may mark it RunningResumePending.
     detail::SwitchOutcome run_claimed(bool scheduled);
+    // run_claimed()'s steps: the switch in and back, with the sanitizers told, and what the
+    // fiber left behind when it switched out (returned, parked or yielded).
+    void switch_in(detail::Context& resumer_context) noexcept;
+    detail::SwitchOutcome after_switch_back(bool scheduled);
 
     detail::Context context_;                    // this fiber, while switched out
     detail::Context* resumer_context_ = nullptr; // where yield() goes: the resumer's frame

@@ -34,6 +34,44 @@ FIBER_SCHED_ALWAYS_INLINE inline void Fiber::resume() {
     run_claimed(false);
 }
 
+namespace detail {
+
+#if FIBER_SCHED_SWITCH_EH_STATE
+// The resumer's exception state, kept in run_claimed()'s frame while the fiber's is the
+// thread's. Field by field, at each field's width: a 16-byte copy of the struct would read
+// back two narrower stores made just before and stall store-to-load forwarding (~7 ns).
+// Almost always both sides are outside every handler (all four fields zero): then nothing
+// is stored, before the switch or after it.
+struct EhSwap {
+    FIBER_SCHED_ALWAYS_INLINE EhSwap(ThreadState* ts, const EhState& fiber) noexcept
+        : eh(ts->eh ? ts->eh : eh_globals(ts)), resumer_caught(eh->caught), resumer_uncaught(eh->uncaught),
+          swapped((reinterpret_cast<std::uintptr_t>(resumer_caught) | resumer_uncaught |
+                   reinterpret_cast<std::uintptr_t>(fiber.caught) | fiber.uncaught) != 0) {
+        if (FIBER_SCHED_UNLIKELY(swapped)) {
+            eh->caught = fiber.caught;
+            eh->uncaught = fiber.uncaught;
+        }
+    }
+    // After the switch back. Not swapped: the fiber's state was empty and the resumer's is
+    // still the thread's unless the fiber left one there (it switched out inside a handler).
+    FIBER_SCHED_ALWAYS_INLINE void back(EhState& fiber) noexcept {
+        if (FIBER_SCHED_UNLIKELY(swapped || eh->caught || eh->uncaught)) {
+            fiber.caught = eh->caught;
+            fiber.uncaught = eh->uncaught;
+            eh->caught = resumer_caught;
+            eh->uncaught = resumer_uncaught;
+        }
+    }
+
+    EhState* const eh;
+    void* const resumer_caught;
+    const unsigned int resumer_uncaught;
+    const bool swapped;
+};
+#endif
+
+}  // namespace detail
+
 FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
@@ -44,21 +82,18 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
     resumer_context_ = &resumer_context;
     ts->current = this;
 #if FIBER_SCHED_SWITCH_EH_STATE
-    // The resumer's exception state waits in this frame while the fiber's is the thread's.
-    // Field by field, at each field's width: a 16-byte copy of the struct would read back
-    // two narrower stores made just before and stall store-to-load forwarding (~7 ns).
-    // Almost always both sides are outside every handler (all four fields zero): then
-    // nothing is stored, here or after the switch back.
-    detail::EhState* eh = ts->eh ? ts->eh : detail::eh_globals(ts);
-    void* const resumer_caught = eh->caught;
-    const unsigned int resumer_uncaught = eh->uncaught;
-    const bool eh_swapped = (reinterpret_cast<std::uintptr_t>(resumer_caught) | resumer_uncaught |
-                             reinterpret_cast<std::uintptr_t>(eh_.caught) | eh_.uncaught) != 0;
-    if (FIBER_SCHED_UNLIKELY(eh_swapped)) {
-        eh->caught = eh_.caught;
-        eh->uncaught = eh_.uncaught;
-    }
+    detail::EhSwap eh_swap(ts, eh_);
 #endif
+    switch_in(resumer_context);
+    // Back on the thread that called resume(): a resumer cannot move while it waits here.
+    ts->current = resumer;
+#if FIBER_SCHED_SWITCH_EH_STATE
+    eh_swap.back(eh_);
+#endif
+    return after_switch_back(scheduled);
+}
+
+FIBER_SCHED_ALWAYS_INLINE inline void Fiber::switch_in(detail::Context& resumer_context) noexcept {
 #if defined(FIBER_SCHED_ASAN)
     void* fake_stack = nullptr;
     __sanitizer_start_switch_fiber(&fake_stack, stack_.base, stack_.size - top_block_);
@@ -71,18 +106,9 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #if defined(FIBER_SCHED_ASAN)
     __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
-    // Back on the thread that called resume(): a resumer cannot move while it waits here.
-    ts->current = resumer;
-#if FIBER_SCHED_SWITCH_EH_STATE
-    // Not swapped: the fiber's state was empty and the resumer's is still the thread's
-    // unless the fiber left one there (it switched out inside a handler).
-    if (FIBER_SCHED_UNLIKELY(eh_swapped || eh->caught || eh->uncaught)) {
-        eh_.caught = eh->caught;
-        eh_.uncaught = eh->uncaught;
-        eh->caught = resumer_caught;
-        eh->uncaught = resumer_uncaught;
-    }
-#endif
+}
+
+FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::after_switch_back(bool scheduled) {
     auto after_switch = after_switch_;
     void* after_switch_arg = after_switch_arg_;
     after_switch_ = nullptr;
