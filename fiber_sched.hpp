@@ -4857,6 +4857,7 @@ struct alignas(64) Worker {
     Worker(SchedulerCore& core_, int index_, bool single_) : core(core_), index(index_), single(single_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
+        spare_fibers.reserve(spare_fibers_max);  // so that pooling a fiber never allocates
     }
 
     SchedulerCore& core;
@@ -4932,7 +4933,8 @@ struct alignas(64) Worker {
     std::atomic<std::int64_t> timer_earliest{no_deadline};
 
     // Only this worker's thread touches these.
-    alignas(64) std::vector<Fiber::ptr> spare_fibers;
+    alignas(64) std::vector<Fiber::ptr> spare_fibers;  // finished callback fibers, for the next callbacks
+    static constexpr std::size_t spare_fibers_max = 64;
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // the fiber that this_fiber::yield()ed, when run_task leaves it to run_loop
     // Set by this_fiber::yield()'s park hook on this worker; run_task clears it.
@@ -5200,6 +5202,12 @@ struct alignas(64) Worker {
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
+    // run_task()'s steps: the task's fiber (a pooled one for a callback) claimed for this
+    // worker (false: it cannot run now, and nothing is left to do), run until it parks or
+    // is done (the direct yield path included), and, done, pooled or released.
+    bool claim_task_fiber(QueuedTask& task, Fiber::ptr& fiber);
+    SwitchOutcome run_task_fiber(Fiber::ptr& fiber, bool& pooled);
+    void retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept;
     bool direct_yield_next(Fiber::ptr& fiber);
     Fiber::ptr fiber_for(TaskFunction&& cb);
 };
@@ -5822,11 +5830,19 @@ inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
 
 inline void Worker::run_task(QueuedTask& task) {
     bool pooled = !task.fiber;
+    Fiber::ptr fiber;
+    if (!claim_task_fiber(task, fiber)) return;
+    const SwitchOutcome outcome = run_task_fiber(fiber, pooled);
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
+    // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    retire_task_fiber(fiber, pooled && outcome == SwitchOutcome::Returned);
+}
+
+FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task, Fiber::ptr& fiber) {
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
-    Fiber::ptr fiber;
-    if (pooled) {
+    if (!task.fiber) {
         try {
             fiber = fiber_for(std::move(task.cb));
         } catch (...) {
@@ -5835,7 +5851,7 @@ inline void Worker::run_task(QueuedTask& task) {
             task = QueuedTask{};
             core.report(std::current_exception());
             core.task_finished();
-            return;
+            return false;
         }
     } else {
         fiber = std::move(task.fiber);
@@ -5843,14 +5859,18 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::Fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
-        break;
+        // False: it runs when it has left the worker it is still running on.
+        return FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority});
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
-        break;
+        return true;
     case TaskKind::Claimed:
-        break;
+        return true;
     }
+    return true;
+}
+
+FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr& fiber, bool& pooled) {
     ThreadState* ts = thread_state();
     SwitchOutcome outcome;
     for (;;) {
@@ -5880,18 +5900,19 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
-    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
-    // Returned, or left the scheduler through Fiber::yield(): the task is done.
-    // A fiber goes back to the pool only when nothing but this worker's reference can reach
-    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
-    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
-    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
-    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
-    // the last shared_ptr user code kept (at once when it kept none), and until then it is
-    // this task's fiber: a weak_ptr never locks onto a later task's.
-    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
-        spare_fibers.size() < 64) {
-        spare_fibers.push_back(std::move(fiber));
+    return outcome;
+}
+
+// A fiber goes back to the pool only when nothing but this worker's reference can reach
+// it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
+// still be locked after that read) can only have come from a Fiber* that Fiber::current()
+// gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
+// loses this worker's reference below; it goes, and every weak_ptr to it expires, with
+// the last shared_ptr user code kept (at once when it kept none), and until then it is
+// this task's fiber: a weak_ptr never locks onto a later task's.
+FIBER_SCHED_ALWAYS_INLINE inline void Worker::retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept {
+    if (poolable && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) && spare_fibers.size() < spare_fibers_max) {
+        spare_fibers.push_back(std::move(fiber));  // reserved: never allocates
     }
     fiber.reset();
     core.task_finished();

@@ -215,11 +215,19 @@ inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
 
 inline void Worker::run_task(QueuedTask& task) {
     bool pooled = !task.fiber;
+    Fiber::ptr fiber;
+    if (!claim_task_fiber(task, fiber)) return;
+    const SwitchOutcome outcome = run_task_fiber(fiber, pooled);
+    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
+    // Returned, or left the scheduler through Fiber::yield(): the task is done.
+    retire_task_fiber(fiber, pooled && outcome == SwitchOutcome::Returned);
+}
+
+FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task, Fiber::ptr& fiber) {
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
-    Fiber::ptr fiber;
-    if (pooled) {
+    if (!task.fiber) {
         try {
             fiber = fiber_for(std::move(task.cb));
         } catch (...) {
@@ -228,7 +236,7 @@ inline void Worker::run_task(QueuedTask& task) {
             task = QueuedTask{};
             core.report(std::current_exception());
             core.task_finished();
-            return;
+            return false;
         }
     } else {
         fiber = std::move(task.fiber);
@@ -236,14 +244,18 @@ inline void Worker::run_task(QueuedTask& task) {
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::Fresh:
-        if (!FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) return;  // runs when it has left
-        break;
+        // False: it runs when it has left the worker it is still running on.
+        return FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority});
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
-        break;
+        return true;
     case TaskKind::Claimed:
-        break;
+        return true;
     }
+    return true;
+}
+
+FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr& fiber, bool& pooled) {
     ThreadState* ts = thread_state();
     SwitchOutcome outcome;
     for (;;) {
@@ -273,18 +285,19 @@ inline void Worker::run_task(QueuedTask& task) {
     }
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
-    if (outcome == SwitchOutcome::Parked) return;  // still outstanding; wake_fiber() queues it again
-    // Returned, or left the scheduler through Fiber::yield(): the task is done.
-    // A fiber goes back to the pool only when nothing but this worker's reference can reach
-    // it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
-    // still be locked after that read) can only have come from a Fiber* that Fiber::current()
-    // gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
-    // loses this worker's reference below; it goes, and every weak_ptr to it expires, with
-    // the last shared_ptr user code kept (at once when it kept none), and until then it is
-    // this task's fiber: a weak_ptr never locks onto a later task's.
-    if (outcome == SwitchOutcome::Returned && pooled && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) &&
-        spare_fibers.size() < 64) {
-        spare_fibers.push_back(std::move(fiber));
+    return outcome;
+}
+
+// A fiber goes back to the pool only when nothing but this worker's reference can reach
+// it: use_count() == 1 rules out another shared_ptr, and a weak_ptr (from which one could
+// still be locked after that read) can only have come from a Fiber* that Fiber::current()
+// gave out, which marked the fiber handed out (fiber_switch.hpp). A fiber not pooled
+// loses this worker's reference below; it goes, and every weak_ptr to it expires, with
+// the last shared_ptr user code kept (at once when it kept none), and until then it is
+// this task's fiber: a weak_ptr never locks onto a later task's.
+FIBER_SCHED_ALWAYS_INLINE inline void Worker::retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept {
+    if (poolable && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) && spare_fibers.size() < spare_fibers_max) {
+        spare_fibers.push_back(std::move(fiber));  // reserved: never allocates
     }
     fiber.reset();
     core.task_finished();

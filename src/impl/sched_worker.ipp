@@ -46,6 +46,7 @@ struct alignas(64) Worker {
     Worker(SchedulerCore& core_, int index_, bool single_) : core(core_), index(index_), single(single_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
+        spare_fibers.reserve(spare_fibers_max);  // so that pooling a fiber never allocates
     }
 
     SchedulerCore& core;
@@ -121,7 +122,8 @@ struct alignas(64) Worker {
     std::atomic<std::int64_t> timer_earliest{no_deadline};
 
     // Only this worker's thread touches these.
-    alignas(64) std::vector<Fiber::ptr> spare_fibers;
+    alignas(64) std::vector<Fiber::ptr> spare_fibers;  // finished callback fibers, for the next callbacks
+    static constexpr std::size_t spare_fibers_max = 64;
     unsigned steal_start = 0;
     Fiber::ptr yielded;  // the fiber that this_fiber::yield()ed, when run_task leaves it to run_loop
     // Set by this_fiber::yield()'s park hook on this worker; run_task clears it.
@@ -389,6 +391,12 @@ struct alignas(64) Worker {
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
     void run_task(QueuedTask& task);
+    // run_task()'s steps: the task's fiber (a pooled one for a callback) claimed for this
+    // worker (false: it cannot run now, and nothing is left to do), run until it parks or
+    // is done (the direct yield path included), and, done, pooled or released.
+    bool claim_task_fiber(QueuedTask& task, Fiber::ptr& fiber);
+    SwitchOutcome run_task_fiber(Fiber::ptr& fiber, bool& pooled);
+    void retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept;
     bool direct_yield_next(Fiber::ptr& fiber);
     Fiber::ptr fiber_for(TaskFunction&& cb);
 };
