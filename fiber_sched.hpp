@@ -5183,6 +5183,11 @@ struct alignas(64) Worker {
     // queued here, go where others can run them.
     void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
+    // requeue_yielded()'s steps, under queue_lock: behind the local ring (false when it
+    // stays empty), or in line at the back of the yielder's level; `next` as a claimed fiber.
+    bool requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next);
+    void requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring);
+    static void take_claimed(QueuedTask& next, Fiber::ptr&& fiber) noexcept;
     // The local ring (single-worker schedulers): make room, push, pop, and take the next task when the ring holds any: its oldest fiber while the shared queues
     // are empty, else the ring moved behind the lock and the next task from there.
     bool local_reserve() noexcept;          // room for one more; false out of memory
@@ -5956,10 +5961,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
             local_push(yielded);
             yielded = local_pop();
         }
-        next.fiber = std::move(yielded);
-        next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
-        next.priority = Priority::Normal;
-        next.kind = TaskKind::Claimed;
+        take_claimed(next, std::move(yielded));
         return;
     }
     QueuedTask back;
@@ -5967,40 +5969,51 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     back.priority = target.priority;  // a yielding fiber keeps its task's priority
     back.kind = TaskKind::Claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
-    const bool own_pinned = back.worker >= 0;
     std::lock_guard<SpinLock> lock(queue_lock);
-    if (ring && levels[static_cast<int>(Priority::High)].empty()) {
-        // The ring is older than everything queued, so its oldest runs next and this fiber
-        // goes behind everything: the ring is not flushed. Once it has run dry, the fibers
-        // that yielded earlier at the front of the Normal line go (back) into it, oldest
-        // first: a prefix of the line, so the ring stays the oldest, and with several
-        // yielders the shared queues empty out for the direct path. Each fiber moves between
-        // the ring and the shared queues at most twice per round: O(1) per yield.
-        // Not while the run-next slot is in use: it is behind the ring, not behind the
-        // yielded prefix, and would otherwise wait as long as fibers keep yielding.
-        if (local_size == 0 && !runnext) take_yielded_prefix_locked();
-        if (local_size != 0) {
-            next.fiber = local_pop();
-            next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
-            next.priority = Priority::Normal;
-            next.kind = TaskKind::Claimed;
-            if (waiting_locked() == 0 && local_reserve()) {
-                local_push(back.fiber);
-            } else {
-                try {
-                    push_locked(std::move(back), own_pinned);
-                } catch (...) {
-                    // No room to queue it: put the popped one back in front and run this one.
-                    local_head = (local_head - 1) & (local_ring.size() - 1);
-                    local_ring[local_head] = std::move(next.fiber);
-                    ++local_size;
-                    next = std::move(back);
-                }
-            }
-            update_hints();
-            return;
+    if (ring && levels[static_cast<int>(Priority::High)].empty() && requeue_behind_ring_locked(back, next)) return;
+    requeue_in_line_locked(back, next, ring);
+}
+
+// `next` becomes the claimed (yielded) Normal fiber `fiber`.
+inline void Worker::take_claimed(QueuedTask& next, Fiber::ptr&& fiber) noexcept {
+    next.fiber = std::move(fiber);
+    next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
+    next.priority = Priority::Normal;
+    next.kind = TaskKind::Claimed;
+}
+
+// The ring is older than everything queued, so its oldest runs next and the yielder (in
+// `back`) goes behind everything: the ring is not flushed. Once it has run dry, the fibers
+// that yielded earlier at the front of the Normal line go (back) into it, oldest first: a
+// prefix of the line, so the ring stays the oldest, and with several yielders the shared
+// queues empty out for the direct path. Each fiber moves between the ring and the shared
+// queues at most twice per round: O(1) per yield. Not while the run-next slot is in use: it
+// is behind the ring, not behind the yielded prefix, and would otherwise wait as long as
+// fibers keep yielding. False, with `back` intact, when the ring stays empty.
+inline bool Worker::requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next) {
+    if (local_size == 0 && !runnext) take_yielded_prefix_locked();
+    if (local_size == 0) return false;
+    take_claimed(next, local_pop());
+    if (waiting_locked() == 0 && local_reserve()) {
+        local_push(back.fiber);
+    } else {
+        try {
+            push_locked(std::move(back), back.worker >= 0);
+        } catch (...) {
+            // No room to queue it: put the popped one back in front and run this one.
+            local_head = (local_head - 1) & (local_ring.size() - 1);
+            local_ring[local_head] = std::move(next.fiber);
+            ++local_size;
+            next = std::move(back);
         }
     }
+    update_hints();
+    return true;
+}
+
+// The yielder (in `back`) goes to the back of its level and the oldest task runs next,
+// under queue_lock (held).
+inline void Worker::requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring) {
     if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
     const std::size_t waiting = waiting_locked();
     if (waiting == 0) {
@@ -6017,7 +6030,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
         return;
     }
     try {
-        push_locked(std::move(back), own_pinned);
+        push_locked(std::move(back), back.worker >= 0);
     } catch (...) {
         next = std::move(back);  // no room to queue it: run it now rather than lose it
         return;
@@ -6091,10 +6104,7 @@ inline void Worker::flush_local_locked() noexcept {
 inline bool Worker::take_local(QueuedTask& next) {
     fire_due_timers();
     if (queued.load(std::memory_order_relaxed) == 0) {
-        next.fiber = local_pop();
-        next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
-        next.priority = Priority::Normal;
-        next.kind = TaskKind::Claimed;
+        take_claimed(next, local_pop());
         return true;
     }
     std::lock_guard<SpinLock> lock(queue_lock);
@@ -6102,10 +6112,7 @@ inline bool Worker::take_local(QueuedTask& next) {
     if (pop_locked(next)) return true;
     // Out of memory with the queues empty: run the ring's oldest from there.
     if (local_size == 0) return false;
-    next.fiber = local_pop();
-    next.worker = FiberAccess::lifecycle(*next.fiber).resume_target().worker;
-    next.priority = Priority::Normal;
-    next.kind = TaskKind::Claimed;
+    take_claimed(next, local_pop());
     return true;
 }
 

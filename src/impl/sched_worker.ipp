@@ -372,6 +372,11 @@ struct alignas(64) Worker {
     // queued here, go where others can run them.
     void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
+    // requeue_yielded()'s steps, under queue_lock: behind the local ring (false when it
+    // stays empty), or in line at the back of the yielder's level; `next` as a claimed fiber.
+    bool requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next);
+    void requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring);
+    static void take_claimed(QueuedTask& next, Fiber::ptr&& fiber) noexcept;
     // The local ring (single-worker schedulers): make room, push, pop, and take the next task when the ring holds any: its oldest fiber while the shared queues
     // are empty, else the ring moved behind the lock and the next task from there.
     bool local_reserve() noexcept;          // room for one more; false out of memory
