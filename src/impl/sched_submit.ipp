@@ -5,6 +5,77 @@
 // ---------------------------------------------------------------------------
 
 namespace fsched {
+namespace detail {
+
+// A batch dealt out to the workers (submit_batch): each worker's pinned tasks, and its share
+// of the unpinned ones, indexed by worker.
+struct BatchShares {
+    std::vector<std::vector<QueuedTask>> pinned, unpinned;
+};
+
+// One lock per worker: pinned tasks grouped by worker, the rest dealt out in runs, from
+// outside round robin past the use_caller thread's worker 0 (outside_target), from a
+// worker all to it. Built before anything is counted, so running out of memory here
+// (std::bad_alloc) changes nothing; `tasks` is left moved from only when it returns.
+inline BatchShares deal_batch(SchedulerCore& core, const Worker* here, std::vector<NewTask>& tasks) {
+    const std::size_t n = core.workers.size();
+    BatchShares shares{std::vector<std::vector<QueuedTask>>(n), std::vector<std::vector<QueuedTask>>(n)};
+    const std::size_t first = !here && core.use_caller && n > 1 ? 1 : 0;
+    const std::size_t slots = n - first;
+    std::size_t next = here ? static_cast<std::size_t>(here->index) : core.outside_target();
+    std::size_t free_count = 0;
+    std::vector<std::size_t> pinned_count(n);
+    for (const NewTask& task : tasks) {
+        if (task.thread < 0) {
+            ++free_count;
+        } else {
+            ++pinned_count[static_cast<std::size_t>(task.thread)];
+        }
+    }
+    const std::size_t run = here ? free_count : (free_count + slots - 1) / slots;  // a worker's unpinned share, at most
+    for (std::size_t i = 0; i < n; ++i) {
+        shares.pinned[i].reserve(pinned_count[i]);
+        if (!here || i == next) shares.unpinned[i].reserve(run);
+    }
+    // Reserved above: from here on nothing allocates, so no task is left half moved.
+    std::size_t in_run = 0;
+    for (NewTask& task : tasks) {
+        QueuedTask queued(std::move(task));
+        if (queued.worker >= 0) {
+            shares.pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));
+            continue;
+        }
+        shares.unpinned[next].push_back(std::move(queued));
+        if (++in_run == run) {
+            in_run = 0;
+            next = first + (next - first + 1) % slots;
+        }
+    }
+    return shares;
+}
+
+// Queues one worker's share under its lock: all of it or none (a failed push_back changed
+// nothing, and what was pushed before it is taken back), then publishes the hints.
+inline void queue_share(Worker& w, std::vector<QueuedTask>& pinned, std::vector<QueuedTask>& unpinned) {
+    std::lock_guard<SpinLock> lock(w.queue_lock);
+    Worker::Sizes before;
+    w.sizes_locked(before);
+    try {
+        for (const bool own_pinned : {true, false}) {
+            for (QueuedTask& t : own_pinned ? pinned : unpinned) {
+                if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
+                w.push_locked(std::move(t), own_pinned);
+            }
+        }
+    } catch (...) {
+        w.truncate_locked(before);
+        throw;
+    }
+    w.update_hints();
+}
+
+}  // namespace detail
+
 
 
 void Scheduler::submit(detail::NewTask task) {
@@ -25,72 +96,22 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
     for (const detail::NewTask& task : tasks) core.check_task(task);
-    // One lock per worker: group pinned tasks by worker, deal the rest out in runs. Built
-    // before anything is counted, so running out of memory here changes nothing.
-    const std::size_t n = core.workers.size();
-    std::vector<std::vector<detail::QueuedTask>> pinned(n), unpinned(n);
     detail::Worker* here = core.current_worker();
-    // From outside, dealt round robin past the use_caller thread's worker 0 (outside_target).
-    const std::size_t first = !here && core.use_caller && n > 1 ? 1 : 0;
-    const std::size_t slots = n - first;
-    std::size_t next = here ? static_cast<std::size_t>(here->index) : core.outside_target();
-    std::size_t free_count = 0;
-    std::vector<std::size_t> pinned_count(n);
-    for (const detail::NewTask& task : tasks) {
-        if (task.thread < 0) {
-            ++free_count;
-        } else {
-            ++pinned_count[static_cast<std::size_t>(task.thread)];
-        }
-    }
-    const std::size_t run = here ? free_count : (free_count + slots - 1) / slots;  // a worker's unpinned share, at most
-    for (std::size_t i = 0; i < n; ++i) {
-        pinned[i].reserve(pinned_count[i]);
-        if (!here || i == next) unpinned[i].reserve(run);
-    }
-    std::size_t in_run = 0;
-    for (detail::NewTask& task : tasks) {
-        detail::QueuedTask queued(std::move(task));
-        if (queued.worker >= 0) {
-            pinned[static_cast<std::size_t>(queued.worker)].push_back(std::move(queued));
-            continue;
-        }
-        unpinned[next].push_back(std::move(queued));
-        if (++in_run == run) {
-            in_run = 0;
-            next = first + (next - first + 1) % slots;
-        }
-    }
+    detail::BatchShares shares = detail::deal_batch(core, here, tasks);  // may throw: nothing counted yet
     const auto total = static_cast<std::int64_t>(tasks.size());
     core.count_new(total);
     const detail::SchedulerCore::OutsideEnqueue guard(core.outside_enqueues, here == nullptr);
     std::int64_t queued_count = 0;
     try {
-        for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t i = 0; i < core.workers.size(); ++i) {
+            std::vector<detail::QueuedTask>& pinned = shares.pinned[i];
+            std::vector<detail::QueuedTask>& unpinned = shares.unpinned[i];
+            if (pinned.empty() && unpinned.empty()) continue;
             detail::Worker& w = *core.workers[i];
-            if (pinned[i].empty() && unpinned[i].empty()) continue;
-            {
-                std::lock_guard<detail::SpinLock> lock(w.queue_lock);
-                // All of this worker's share or none of it: a failed push_back changed nothing,
-                // and what this loop pushed before is taken back.
-                detail::Worker::Sizes before;
-                w.sizes_locked(before);
-                try {
-                    for (const bool own_pinned : {true, false}) {
-                        for (detail::QueuedTask& t : own_pinned ? pinned[i] : unpinned[i]) {
-                            if (FIBER_SCHED_FAULT(TaskQueue)) throw std::bad_alloc();
-                            w.push_locked(std::move(t), own_pinned);
-                        }
-                    }
-                } catch (...) {
-                    w.truncate_locked(before);
-                    throw;
-                }
-                w.update_hints();
-            }
-            queued_count += static_cast<std::int64_t>(pinned[i].size() + unpinned[i].size());
-            if (!pinned[i].empty()) core.after_push(w, true, 1);
-            if (!unpinned[i].empty()) core.after_push(w, false, unpinned[i].size());
+            detail::queue_share(w, pinned, unpinned);
+            queued_count += static_cast<std::int64_t>(pinned.size() + unpinned.size());
+            if (!pinned.empty()) core.after_push(w, true, 1);
+            if (!unpinned.empty()) core.after_push(w, false, unpinned.size());
         }
     } catch (...) {
         // The workers' shares queued so far run; the rest were not queued and are not counted.
