@@ -76,9 +76,11 @@ Result round_trip_fsched(const Options& opt) {
 
 #if !defined(_WIN32)
 // makecontext() passes only ints to the entry function, so the state travels in a global.
+// The contexts are locals of round_trip_ucontext(): glibc's riscv64 ucontext_t ends in a
+// zero-length array, which -Wpedantic refuses as a member.
 struct UcontextLoop {
-    ucontext_t caller;
-    ucontext_t fiber;
+    ucontext_t* caller = nullptr;
+    ucontext_t* fiber = nullptr;
     bool stop = false;
     std::uint64_t count = 0;
 };
@@ -88,25 +90,29 @@ void ucontext_loop_entry() {
     UcontextLoop& s = *g_uc_loop;
     while (!s.stop) {
         ++s.count;
-        swapcontext(&s.fiber, &s.caller);
+        swapcontext(s.fiber, s.caller);
     }
     // returning switches to uc_link (the caller)
 }
 
 Result round_trip_ucontext(const Options& opt) {
+    ucontext_t caller;
+    ucontext_t fiber;
     UcontextLoop s;
+    s.caller = &caller;
+    s.fiber = &fiber;
     g_uc_loop = &s;
     std::unique_ptr<char[]> stack(new char[stack_size_64k]);
-    getcontext(&s.fiber);
-    s.fiber.uc_stack.ss_sp = stack.get();
-    s.fiber.uc_stack.ss_size = stack_size_64k;
-    s.fiber.uc_link = &s.caller;
-    makecontext(&s.fiber, ucontext_loop_entry, 0);
+    getcontext(&fiber);
+    fiber.uc_stack.ss_sp = stack.get();
+    fiber.uc_stack.ss_size = stack_size_64k;
+    fiber.uc_link = &caller;
+    makecontext(&fiber, ucontext_loop_entry, 0);
     Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) swapcontext(&s.caller, &s.fiber);
+        for (std::uint64_t i = 0; i < n; ++i) swapcontext(&caller, &fiber);
     });
     s.stop = true;
-    swapcontext(&s.caller, &s.fiber);
+    swapcontext(&caller, &fiber);
     sink = s.count;
     g_uc_loop = nullptr;
     return r;

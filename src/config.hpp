@@ -111,8 +111,8 @@
 
 namespace fsched {
 
-// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext",
-// "asm-x86_64-win64", "winfiber".
+// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64",
+// "asm-riscv64", "ucontext", "asm-x86_64-win64", "winfiber".
 const char* backend() noexcept;
 
 namespace detail {

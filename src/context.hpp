@@ -12,8 +12,10 @@
 //   release_context(ctx)
 //                      free what make_context() acquired besides the stack (only the
 //                      winfiber backend has anything: its OS fiber),
-// and context_stack_reserve, the bytes of each fiber stack the backend uses itself (the
-// stack pool adds them to the size asked for).
+// context_stack_reserve, the bytes of each fiber stack the backend uses itself (the stack
+// pool adds them to the size asked for), and context_stack_record, the bytes at the very
+// top of every stack that the backend keeps there across the fibers made on it (the win64
+// backend's record; 0 for the others): a Fiber that lives at its stack's top stays below.
 // A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
 // address of a saved ucontext_t, an OS fiber), so nothing above this file knows which
 // backend is in use.

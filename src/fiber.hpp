@@ -130,11 +130,11 @@ public:
 private:
     friend struct detail::FiberAccess;
 
-    // Constructs a fiber that lives in the top `top_block` bytes of `stack` (make_in_stack,
-    // impl/fiber.ipp): its frames run below them, and ~Fiber leaves the stack to whoever
-    // frees that memory.
+    // Constructs a fiber that lives at the top of `stack` (make_in_stack, impl/fiber.ipp),
+    // without its context: make_in_stack sets top_block_, the bytes its frames run below,
+    // then calls finish_construction(). ~Fiber leaves the stack to whoever frees that memory.
     struct InStackTag {};
-    Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn);
+    Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept;
     void reset_function(detail::TaskFunction&& fn);
     // Both constructors' common part, once the stack and function are in place: checks the
     // function, makes the context (may throw; the caller frees the stack).

@@ -57,6 +57,7 @@ CONFIGURATION (define before including, the same in every translation unit)
 PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
     aarch64 Linux/BSD                   asm-aarch64
+    riscv64 Linux/BSD (LP64D)           asm-riscv64
     any other POSIX target              ucontext
     x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
     Windows, MSVC cl.exe (or forced)    winfiber (no fsched::io)
@@ -195,6 +196,9 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/context_x86_64_sysv.ipp"
 #elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_aarch64_aapcs.ipp"
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__riscv) && __riscv_xlen == 64 && \
+    defined(__riscv_float_abi_double) && (defined(__GNUC__) || defined(__clang__))
+#include "impl/context_riscv64_lp64d.ipp"
 #elif defined(FIBER_SCHED_USE_UCONTEXT) || defined(__unix__) || defined(__APPLE__)
 #include "impl/context_ucontext.ipp"
 #else

@@ -38,14 +38,6 @@ struct Stack {
     std::size_t guard = 0;
 };
 
-// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack),
-// with its shared_ptr control block, so a parked fiber's Fiber, state and top frames share
-// one page and it needs no heap memory. From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
-// a record there for the stack's next fiber), the control block, then the Fiber object.
-constexpr std::size_t in_stack_backend_slot = 16;
-constexpr std::size_t in_stack_control_block = 64;
-constexpr std::size_t in_stack_alignment = 64;
-
 // Returns a stack of at least `size` bytes (0: FIBER_SCHED_DEFAULT_STACK_SIZE), rounded up
 // to whole pages. Throws std::length_error for a size above max_stack_size, and
 // std::bad_alloc when no memory can be mapped.

@@ -304,6 +304,160 @@ static void scribble_registers() {
         : "x19", "x20", "x21", "x22", "x23", "x24", "x25", "x26", "x27", "x28", "d8", "d9", "d10",
           "d11", "d12", "d13", "d14", "d15");
 }
+#elif defined(__riscv) && __riscv_xlen == 64 && defined(__riscv_float_abi_double)
+#define TEST_HAVE_REGISTER_CHECK 1
+// s0-s11 and fs0-fs11 get markers (marker i = i * 0x0101010101010101 + 0x10), and frm
+// rounds towards zero, where the backend switches it (the marker is 1, RTZ; the scribblers
+// set 3, RUP). The caller's frm comes back on return.
+#if FIBER_SCHED_SWITCH_FP_CONTROL || defined(FIBER_SCHED_USE_UCONTEXT)
+#define TEST_MARK_FRM "    fsrmi 1\n"
+#define TEST_CHECK_FRM "    frrm t4\n    addi t4, t4, -1\n    snez t4, t4\n    add a0, a0, t4\n"
+#define TEST_SCRIBBLE_FRM "fsrmi 3\n\t"
+#else
+#define TEST_MARK_FRM ""
+#define TEST_CHECK_FRM ""
+#define TEST_SCRIBBLE_FRM ""
+#endif
+__asm__(
+    ".text\n"
+    ".globl call_with_marked_registers\n"
+    ".type call_with_marked_registers,%function\n"
+    "call_with_marked_registers:\n"
+    "    addi sp, sp, -208\n"
+    "    sd s0, 0(sp)\n"
+    "    sd s1, 8(sp)\n"
+    "    sd s2, 16(sp)\n"
+    "    sd s3, 24(sp)\n"
+    "    sd s4, 32(sp)\n"
+    "    sd s5, 40(sp)\n"
+    "    sd s6, 48(sp)\n"
+    "    sd s7, 56(sp)\n"
+    "    sd s8, 64(sp)\n"
+    "    sd s9, 72(sp)\n"
+    "    sd s10, 80(sp)\n"
+    "    sd s11, 88(sp)\n"
+    "    sd ra, 96(sp)\n"
+    "    fsd fs0, 104(sp)\n"
+    "    fsd fs1, 112(sp)\n"
+    "    fsd fs2, 120(sp)\n"
+    "    fsd fs3, 128(sp)\n"
+    "    fsd fs4, 136(sp)\n"
+    "    fsd fs5, 144(sp)\n"
+    "    fsd fs6, 152(sp)\n"
+    "    fsd fs7, 160(sp)\n"
+    "    fsd fs8, 168(sp)\n"
+    "    fsd fs9, 176(sp)\n"
+    "    fsd fs10, 184(sp)\n"
+    "    fsd fs11, 192(sp)\n"
+    "    frrm t0\n"
+    "    sd t0, 200(sp)\n"
+    "    mv t1, a0\n"
+    "    mv a0, a1\n"
+    "    li t2, 0x0101010101010101\n"
+    "    li s0, 0x10\n"
+    "    add s1, s0, t2\n"
+    "    add s2, s1, t2\n"
+    "    add s3, s2, t2\n"
+    "    add s4, s3, t2\n"
+    "    add s5, s4, t2\n"
+    "    add s6, s5, t2\n"
+    "    add s7, s6, t2\n"
+    "    add s8, s7, t2\n"
+    "    add s9, s8, t2\n"
+    "    add s10, s9, t2\n"
+    "    add s11, s10, t2\n"
+    "    add t3, s11, t2\n"
+    "    fmv.d.x fs0, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs1, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs2, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs3, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs4, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs5, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs6, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs7, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs8, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs9, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs10, t3\n    add t3, t3, t2\n"
+    "    fmv.d.x fs11, t3\n"
+    TEST_MARK_FRM
+    "    jalr t1\n"
+    // Recompute the markers in order and count mismatches in a0.
+    "    li t2, 0x0101010101010101\n"
+    "    li a0, 0\n"
+    "    li t3, 0x10\n"
+    "    xor t4, s0, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s1, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s2, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s3, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s4, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s6, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s7, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s8, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s9, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s10, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    xor t4, s11, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs0\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs1\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs2\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs3\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs4\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs5\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs6\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs7\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs8\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs9\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs10\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    "    fmv.x.d t5, fs11\n    xor t4, t5, t3\n    snez t4, t4\n    add a0, a0, t4\n    add t3, t3, t2\n"
+    TEST_CHECK_FRM
+    "    ld t0, 200(sp)\n"
+    "    fsrm t0\n"
+    "    ld s0, 0(sp)\n"
+    "    ld s1, 8(sp)\n"
+    "    ld s2, 16(sp)\n"
+    "    ld s3, 24(sp)\n"
+    "    ld s4, 32(sp)\n"
+    "    ld s5, 40(sp)\n"
+    "    ld s6, 48(sp)\n"
+    "    ld s7, 56(sp)\n"
+    "    ld s8, 64(sp)\n"
+    "    ld s9, 72(sp)\n"
+    "    ld s10, 80(sp)\n"
+    "    ld s11, 88(sp)\n"
+    "    ld ra, 96(sp)\n"
+    "    fld fs0, 104(sp)\n"
+    "    fld fs1, 112(sp)\n"
+    "    fld fs2, 120(sp)\n"
+    "    fld fs3, 128(sp)\n"
+    "    fld fs4, 136(sp)\n"
+    "    fld fs5, 144(sp)\n"
+    "    fld fs6, 152(sp)\n"
+    "    fld fs7, 160(sp)\n"
+    "    fld fs8, 168(sp)\n"
+    "    fld fs9, 176(sp)\n"
+    "    fld fs10, 184(sp)\n"
+    "    fld fs11, 192(sp)\n"
+    "    addi sp, sp, 208\n"
+    "    ret\n"
+    ".size call_with_marked_registers,.-call_with_marked_registers\n");
+
+// Overwrites every callee-saved register but s0 (the frame pointer) with garbage, and frm.
+static void scribble_registers() {
+    __asm__ volatile(
+        "li s1, -1\n\tli s2, -1\n\tli s3, -1\n\tli s4, -1\n\tli s5, -1\n\tli s6, -1\n\t"
+        "li s7, -1\n\tli s8, -1\n\tli s9, -1\n\tli s10, -1\n\tli s11, -1\n\t"
+        "fmv.d.x fs0, zero\n\tfmv.d.x fs1, zero\n\tfmv.d.x fs2, zero\n\tfmv.d.x fs3, zero\n\t"
+        "fmv.d.x fs4, zero\n\tfmv.d.x fs5, zero\n\tfmv.d.x fs6, zero\n\tfmv.d.x fs7, zero\n\t"
+        "fmv.d.x fs8, zero\n\tfmv.d.x fs9, zero\n\tfmv.d.x fs10, zero\n\tfmv.d.x fs11, zero\n\t"
+        TEST_SCRIBBLE_FRM
+        :
+        :
+        : "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "fs0", "fs1", "fs2",
+          "fs3", "fs4", "fs5", "fs6", "fs7", "fs8", "fs9", "fs10", "fs11");
+}
+#undef TEST_MARK_FRM
+#undef TEST_CHECK_FRM
+#undef TEST_SCRIBBLE_FRM
 #endif
 
 #if defined(TEST_HAVE_REGISTER_CHECK)
@@ -335,6 +489,8 @@ void resume_scribblers(void* arg) {
 }  // namespace
 
 TEST_CASE("callee-saved registers of the resumer survive fibers that overwrite them") {
+    // The scribblers may set the rounding mode (riscv64's frm): the thread's comes back after.
+    const int rounding = std::fegetround();
     // The scribblers never finish; their stacks are freed without unwinding.
     Scribblers scribblers;
     CHECK(call_with_marked_registers(&resume_scribblers, &scribblers) == 0);
@@ -350,6 +506,7 @@ TEST_CASE("callee-saved registers of the resumer survive fibers that overwrite t
         marked.resume();
         scribble_registers();
     }
+    std::fesetround(rounding);
 }
 #endif
 
@@ -454,6 +611,8 @@ TEST_CASE("backend() names the backend compiled in") {
     CHECK(std::strcmp(name, "asm-x86_64-sysv") == 0);
 #elif defined(__aarch64__)
     CHECK(std::strcmp(name, "asm-aarch64") == 0);
+#elif defined(__riscv) && __riscv_xlen == 64 && defined(__riscv_float_abi_double)
+    CHECK(std::strcmp(name, "asm-riscv64") == 0);
 #else
     CHECK(std::strcmp(name, "ucontext") == 0);
 #endif

@@ -146,6 +146,9 @@ struct FiberAccess {
     // stack (fiber.ipp): a parked one costs its touched stack pages and no heap memory.
     // Throws what acquire_stack() throws.
     static Fiber::ptr make_in_stack(TaskFunction&& fn);
+    // The bytes at the top of its stack that a Fiber made by make_in_stack lives in, with its
+    // control block; its frames run below them. Set before its context is made.
+    static void set_top_block(Fiber& f, std::size_t top_block) noexcept { f.top_block_ = top_block; }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, TaskFunction&& fn) {

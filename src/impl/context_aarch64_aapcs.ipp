@@ -90,6 +90,7 @@ namespace detail {
 const char* const backend_name = "asm-aarch64";
 // Nothing of the switch stays on a fiber's stack beyond its frames.
 constexpr std::size_t context_stack_reserve = 0;
+constexpr std::size_t context_stack_record = 0;
 
 struct Aarch64SwitchFrame {
     void* x19_x28[10];

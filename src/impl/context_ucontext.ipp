@@ -16,9 +16,11 @@ namespace detail {
 const char* const backend_name = "ucontext";
 
 struct FreshContext {
-    ucontext_t uc;
     ContextEntry entry;
     void* arg;
+    // The ucontext_t, made here by make_context. Raw storage: glibc's riscv64 ucontext_t ends
+    // in a zero-length array, and -Wpedantic refuses such a struct as a member.
+    alignas(ucontext_t) unsigned char uc_storage[sizeof(ucontext_t)];
 };
 
 // makecontext() passes int arguments only: the FreshContext's address arrives in two halves.
@@ -26,6 +28,7 @@ struct FreshContext {
 // at its top for the whole run, and a saved ucontext_t in the switch's frame while it is
 // switched out. The stack pool adds it to every stack, so a fiber can use what it asked for.
 constexpr std::size_t context_stack_reserve = sizeof(FreshContext) + 64 + sizeof(ucontext_t) + 256;
+constexpr std::size_t context_stack_record = 0;
 
 extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) {
     auto bits = (static_cast<std::uintptr_t>(high) << 16 << 16) | static_cast<std::uintptr_t>(low);
@@ -37,16 +40,17 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto record = (lo + size - sizeof(FreshContext)) & ~std::uintptr_t{63};
     auto* fresh = new (reinterpret_cast<void*>(record)) FreshContext;
-    const int rc = getcontext(&fresh->uc);
+    auto* uc = new (fresh->uc_storage) ucontext_t;
+    const int rc = getcontext(uc);
     FIBER_SCHED_ASSERT(rc == 0 && "make_context(): getcontext() failed");
-    fresh->uc.uc_stack.ss_sp = stack_lo;
-    fresh->uc.uc_stack.ss_size = record - lo;  // the frames run below the record
-    fresh->uc.uc_link = nullptr;
+    uc->uc_stack.ss_sp = stack_lo;
+    uc->uc_stack.ss_size = record - lo;  // the frames run below the record
+    uc->uc_link = nullptr;
     fresh->entry = entry;
     fresh->arg = arg;
-    makecontext(&fresh->uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
+    makecontext(uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
                 static_cast<unsigned int>(record >> 16 >> 16), static_cast<unsigned int>(record & 0xffffffffu));
-    ctx.sp = &fresh->uc;
+    ctx.sp = uc;
 }
 
 void release_context(Context&) noexcept {}

@@ -29,6 +29,8 @@ namespace detail {
 const char* const backend_name = "winfiber";
 // The record below, at the top of each pooled stack.
 constexpr std::size_t context_stack_reserve = 64;  // >= sizeof(WinFiberStart) + 16
+// The record is at the fiber's top, below a Fiber that lives in the stack: none above it.
+constexpr std::size_t context_stack_record = 0;
 
 // The floating-point control state a fiber must find again when it resumes.
 struct FloatControl {

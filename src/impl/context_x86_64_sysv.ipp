@@ -84,6 +84,7 @@ namespace detail {
 const char* const backend_name = "asm-x86_64-sysv";
 // Nothing of the switch stays on a fiber's stack beyond its frames.
 constexpr std::size_t context_stack_reserve = 0;
+constexpr std::size_t context_stack_record = 0;
 
 struct X86_64SwitchFrame {
     std::uint32_t mxcsr;

@@ -142,6 +142,8 @@ namespace detail {
 const char* const backend_name = "asm-x86_64-win64";
 // Nothing of the switch stays on a fiber's stack beyond its frames.
 constexpr std::size_t context_stack_reserve = 0;
+// The stack record (make_context): the last StackLimit of the stack's fibers, in its top word.
+constexpr std::size_t context_stack_record = sizeof(std::uintptr_t);
 
 struct alignas(16) Win64SwitchFrame {
     std::uint32_t mxcsr;
@@ -203,7 +205,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     // stack_record), with bit 0 set for a guarded stack; a new stack asks the OS.
     // The record is at the stack's own top, above a Fiber that lives in the stack (those
     // pass a size up to a page short of it: FiberAccess::make_in_stack leaves that slot).
-    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(lo + size) - 8);
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(lo + size) - context_stack_record);
     const std::uintptr_t kept = *record & ~std::uintptr_t{1};
     if (kept >= lo && kept < top && kept % os::page_size() == 0) {
         const bool guarded = (*record & 1) != 0;
@@ -229,7 +231,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 void release_context(Context& ctx) noexcept {
     if (!ctx.sp) return;
     const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
-    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(reinterpret_cast<std::uintptr_t>(frame->stack_base)) - 8);
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(reinterpret_cast<std::uintptr_t>(frame->stack_base)) -
+                                                      context_stack_record);
     *record = reinterpret_cast<std::uintptr_t>(frame->stack_limit) | (*record & 1);
     ctx.sp = nullptr;
 }

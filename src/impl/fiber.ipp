@@ -18,13 +18,10 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
     }
 }
 
-Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn)
+Fiber::Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept
     : stack_(stack),
-      top_block_(top_block),
       fn_(std::move(fn)),
-      id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
-    finish_construction();  // the stack is freed by make_in_stack if this throws
-}
+      id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 void Fiber::finish_construction() {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
@@ -37,7 +34,7 @@ void Fiber::finish_construction() {
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
 #if defined(FIBER_SCHED_TSAN)
-    __tsan_destroy_fiber(shadow_.tsan_fiber);
+    if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
 #endif
     detail::release_context(context_);
     if (top_block_ == 0) detail::release_stack(stack_);  // else InStackAllocator frees it, last
@@ -51,10 +48,26 @@ void Fiber::prepare_context() {
 
 namespace detail {
 
-// A fiber in its own stack's top (make_in_stack): below the backend's slot at the very top,
-// the shared_ptr's control block, then the Fiber object, and its frames run below that.
+// A fiber in its own stack's top (make_in_stack). From the top down: the backend's record
+// (context_stack_record bytes), the Fiber object on a cache line of its own, the shared_ptr's
+// control block, then the fiber's frames. The control block's type is the standard
+// library's, and its size differs by target (libstdc++ on riscv64 with gcc 12 picks the
+// mutex lock policy: 88 bytes instead of 48), so the room is not fixed here: the one place
+// that knows the type, InStackAllocator::allocate(), puts the block directly below the
+// Fiber, checks at compile time that both leave the top page to the frames, and tells the
+// Fiber where its frames start. Its context is made after that (make_in_stack).
 // The deleter only destroys the Fiber; the control block's allocator gives the stack back
 // once the last weak_ptr is gone too, after the control block has been destroyed.
+constexpr std::size_t in_stack_alignment = 64;
+// Bytes from the stack's top down to the Fiber object.
+constexpr std::size_t in_stack_fiber_offset =
+    (context_stack_record + sizeof(Fiber) + in_stack_alignment - 1) / in_stack_alignment * in_stack_alignment;
+static_assert(alignof(Fiber) <= in_stack_alignment, "a Fiber in its stack starts a cache line");
+
+inline Fiber* in_stack_fiber(const Stack& stack) noexcept {
+    return reinterpret_cast<Fiber*>(stack.base + stack.size - in_stack_fiber_offset);
+}
+
 struct InStackDeleter {
     void operator()(Fiber* fiber) const noexcept { fiber->~Fiber(); }
 };
@@ -68,12 +81,16 @@ struct InStackAllocator {
     template <class U>
     InStackAllocator(const InStackAllocator<U>& other) noexcept : stack(other.stack) {}
 
+    // T is the control block. Directly below the Fiber, whose offset is a multiple of
+    // in_stack_alignment and so of alignof(T): sizeof(T) is a multiple of alignof(T).
     T* allocate(std::size_t n) {
-        static_assert(sizeof(T) <= in_stack_control_block && alignof(T) <= in_stack_backend_slot,
-                      "the shared_ptr control block fits the room at the stack's top");
+        constexpr std::size_t top_block = in_stack_fiber_offset + sizeof(T);
+        static_assert(alignof(T) <= in_stack_alignment && top_block <= 1024,
+                      "a Fiber and its shared_ptr control block leave most of the stack's top page to its frames");
         FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
         (void)n;
-        return reinterpret_cast<T*>(stack.base + stack.size - in_stack_backend_slot - in_stack_control_block);
+        FiberAccess::set_top_block(*in_stack_fiber(stack), top_block);
+        return reinterpret_cast<T*>(stack.base + stack.size - top_block);
     }
     void deallocate(T*, std::size_t) noexcept { release_stack(stack); }
 
@@ -83,25 +100,16 @@ struct InStackAllocator {
     bool operator!=(const InStackAllocator<U>& other) const noexcept { return !(*this == other); }
 };
 
-// The room a Fiber takes at the top of its stack, control block included.
-constexpr std::size_t in_stack_block =
-    (in_stack_backend_slot + in_stack_control_block + sizeof(Fiber) + in_stack_alignment - 1) / in_stack_alignment *
-    in_stack_alignment;
-
 Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn) {
-    Stack stack = acquire_stack(0);
-    static_assert(in_stack_block <= 1024 && alignof(Fiber) <= in_stack_alignment,
-                  "a Fiber leaves most of its stack's top page to its frames");
-    char* const at = stack.base + stack.size - in_stack_block;  // in_stack_alignment-aligned: pages are
-    Fiber* fiber;
-    try {
-        fiber = new (at) Fiber(Fiber::InStackTag{}, stack, in_stack_block, std::move(fn));
-    } catch (...) {
-        release_stack(stack);
-        throw;
-    }
-    // Neither allocates: the allocator hands out the top of the stack, and cannot fail.
-    return Fiber::ptr(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
+    const Stack stack = acquire_stack(0);
+    // Neither throws nor allocates: the Fiber takes the stack and a moved callable,
+    // and the allocator hands out the room below the Fiber.
+    Fiber* fiber = new (in_stack_fiber(stack)) Fiber(Fiber::InStackTag{}, stack, std::move(fn));
+    Fiber::ptr owner(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
+    // Now that top_block_ is known. If this throws (an OS fiber that could not be made),
+    // `owner` destroys the Fiber and its allocator frees the stack.
+    fiber->finish_construction();
+    return owner;
 }
 
 }  // namespace detail
