@@ -59,6 +59,7 @@ CONFIGURATION (define before including, the same in every translation unit)
 PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
     aarch64 Linux/BSD                   asm-aarch64
+    riscv64 Linux/BSD (LP64D)           asm-riscv64
     any other POSIX target              ucontext
     x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
     Windows, MSVC cl.exe (or forced)    winfiber (no fsched::io)
@@ -215,8 +216,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 namespace fsched {
 
-// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64", "ucontext",
-// "asm-x86_64-win64", "winfiber".
+// Names the context-switch backend compiled in: "asm-x86_64-sysv", "asm-aarch64",
+// "asm-riscv64", "ucontext", "asm-x86_64-win64", "winfiber".
 const char* backend() noexcept;
 
 namespace detail {
@@ -304,8 +305,10 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 //   release_context(ctx)
 //                      free what make_context() acquired besides the stack (only the
 //                      winfiber backend has anything: its OS fiber),
-// and context_stack_reserve, the bytes of each fiber stack the backend uses itself (the
-// stack pool adds them to the size asked for).
+// context_stack_reserve, the bytes of each fiber stack the backend uses itself (the stack
+// pool adds them to the size asked for), and context_stack_record, the bytes at the very
+// top of every stack that the backend keeps there across the fibers made on it (the win64
+// backend's record; 0 for the others): a Fiber that lives at its stack's top stays below.
 // A context is one pointer-sized handle whatever the backend (a saved stack pointer, the
 // address of a saved ucontext_t, an OS fiber), so nothing above this file knows which
 // backend is in use.
@@ -515,14 +518,6 @@ struct Stack {
     std::size_t size = 0;
     std::size_t guard = 0;
 };
-
-// A scheduler's callback fiber lives at the top of its own stack (FiberAccess::make_in_stack),
-// with its shared_ptr control block, so a parked fiber's Fiber, state and top frames share
-// one page and it needs no heap memory. From the top: in_stack_backend_slot bytes left to the context backend (the win64 one keeps
-// a record there for the stack's next fiber), the control block, then the Fiber object.
-constexpr std::size_t in_stack_backend_slot = 16;
-constexpr std::size_t in_stack_control_block = 64;
-constexpr std::size_t in_stack_alignment = 64;
 
 // Returns a stack of at least `size` bytes (0: FIBER_SCHED_DEFAULT_STACK_SIZE), rounded up
 // to whole pages. Throws std::length_error for a size above max_stack_size, and
@@ -902,11 +897,11 @@ public:
 private:
     friend struct detail::FiberAccess;
 
-    // Constructs a fiber that lives in the top `top_block` bytes of `stack` (make_in_stack,
-    // impl/fiber.ipp): its frames run below them, and ~Fiber leaves the stack to whoever
-    // frees that memory.
+    // Constructs a fiber that lives at the top of `stack` (make_in_stack, impl/fiber.ipp),
+    // without its context: make_in_stack sets top_block_, the bytes its frames run below,
+    // then calls finish_construction(). ~Fiber leaves the stack to whoever frees that memory.
     struct InStackTag {};
-    Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn);
+    Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept;
     void reset_function(detail::TaskFunction&& fn);
     // Both constructors' common part, once the stack and function are in place: checks the
     // function, makes the context (may throw; the caller frees the stack).
@@ -2166,6 +2161,9 @@ struct FiberAccess {
     // stack (fiber.ipp): a parked one costs its touched stack pages and no heap memory.
     // Throws what acquire_stack() throws.
     static Fiber::ptr make_in_stack(TaskFunction&& fn);
+    // The bytes at the top of its stack that a Fiber made by make_in_stack lives in, with its
+    // control block; its frames run below them. Set before its context is made.
+    static void set_top_block(Fiber& f, std::size_t top_block) noexcept { f.top_block_ = top_block; }
 
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, TaskFunction&& fn) {
@@ -2847,6 +2845,8 @@ namespace detail {
 const char* const backend_name = "asm-x86_64-win64";
 // Nothing of the switch stays on a fiber's stack beyond its frames.
 constexpr std::size_t context_stack_reserve = 0;
+// The stack record (make_context): the last StackLimit of the stack's fibers, in its top word.
+constexpr std::size_t context_stack_record = sizeof(std::uintptr_t);
 
 struct alignas(16) Win64SwitchFrame {
     std::uint32_t mxcsr;
@@ -2908,7 +2908,7 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     // stack_record), with bit 0 set for a guarded stack; a new stack asks the OS.
     // The record is at the stack's own top, above a Fiber that lives in the stack (those
     // pass a size up to a page short of it: FiberAccess::make_in_stack leaves that slot).
-    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(lo + size) - 8);
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(lo + size) - context_stack_record);
     const std::uintptr_t kept = *record & ~std::uintptr_t{1};
     if (kept >= lo && kept < top && kept % os::page_size() == 0) {
         const bool guarded = (*record & 1) != 0;
@@ -2934,7 +2934,8 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 void release_context(Context& ctx) noexcept {
     if (!ctx.sp) return;
     const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
-    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(reinterpret_cast<std::uintptr_t>(frame->stack_base)) - 8);
+    auto* record = reinterpret_cast<std::uintptr_t*>(stack_record_end(reinterpret_cast<std::uintptr_t>(frame->stack_base)) -
+                                                      context_stack_record);
     *record = reinterpret_cast<std::uintptr_t>(frame->stack_limit) | (*record & 1);
     ctx.sp = nullptr;
 }
@@ -2975,6 +2976,8 @@ namespace detail {
 const char* const backend_name = "winfiber";
 // The record below, at the top of each pooled stack.
 constexpr std::size_t context_stack_reserve = 64;  // >= sizeof(WinFiberStart) + 16
+// The record is at the fiber's top, below a Fiber that lives in the stack: none above it.
+constexpr std::size_t context_stack_record = 0;
 
 // The floating-point control state a fiber must find again when it resumes.
 struct FloatControl {
@@ -3159,6 +3162,7 @@ namespace detail {
 const char* const backend_name = "asm-x86_64-sysv";
 // Nothing of the switch stays on a fiber's stack beyond its frames.
 constexpr std::size_t context_stack_reserve = 0;
+constexpr std::size_t context_stack_record = 0;
 
 struct X86_64SwitchFrame {
     std::uint32_t mxcsr;
@@ -3299,6 +3303,7 @@ namespace detail {
 const char* const backend_name = "asm-aarch64";
 // Nothing of the switch stays on a fiber's stack beyond its frames.
 constexpr std::size_t context_stack_reserve = 0;
+constexpr std::size_t context_stack_record = 0;
 
 struct Aarch64SwitchFrame {
     void* x19_x28[10];
@@ -3333,6 +3338,168 @@ void release_context(Context&) noexcept {}
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_aarch64_aapcs.ipp ----
+#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__riscv) && __riscv_xlen == 64 && \
+    defined(__riscv_float_abi_double) && (defined(__GNUC__) || defined(__clang__))
+// ---- begin src/impl/context_riscv64_lp64d.ipp ----
+// ---------------------------------------------------------------------------
+// Context switch for RISC-V 64, the LP64D ABI (hard-float double; Linux, BSDs).
+//
+// Callee-saved state (RISC-V psABI, integer and floating-point calling conventions): s0-s11
+// (s0 is the frame pointer), sp, fs0-fs11 (the full 64 bits: with FLEN 64 all of each is
+// saved), and the dynamic rounding mode frm (unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
+// ra is not callee-saved but is where a switch returns, so the frame holds it too.
+// fsched_switch_context(void** save_sp, void* load_sp) stores that state in a 208-byte frame
+// below sp, stores sp to *save_sp, loads load_sp, reloads the other side's frame and returns
+// through its ra. sp stays 16-byte aligned, as the psABI requires.
+//
+//   sp + 0    s0  s1         sp + 104  fs0  fs1
+//   sp + 16   s2  s3         sp + 120  fs2  fs3
+//   sp + 32   s4  s5         sp + 136  fs4  fs5
+//   sp + 48   s6  s7         sp + 152  fs6  fs7
+//   sp + 64   s8  s9         sp + 168  fs8  fs9
+//   sp + 80   s10 s11        sp + 184  fs10 fs11
+//   sp + 96   ra             sp + 200  frm
+//
+// A fresh context holds the same frame with ra = the trampoline, the entry function in s1,
+// its argument in s2, and s0 = 0 (no frame above).
+// ---------------------------------------------------------------------------
+
+extern "C" void fsched_trampoline_riscv64_lp64d() noexcept __attribute__((visibility("hidden")));
+
+// FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the frm slot (one frame layout) but neither fills
+// nor reads it.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_SAVE_FP "    frrm t0\n    sd t0, 200(sp)\n"
+#define FIBER_SCHED_LOAD_FP "    ld t0, 200(sp)\n    fsrm t0\n"
+#else
+#define FIBER_SCHED_SAVE_FP ""
+#define FIBER_SCHED_LOAD_FP ""
+#endif
+
+__asm__(
+    ".text\n"
+    ".globl fsched_switch_context\n"
+    ".hidden fsched_switch_context\n"
+    ".type fsched_switch_context,%function\n"
+    ".p2align 2\n"
+    "fsched_switch_context:\n"
+    "    addi sp, sp, -208\n"
+    "    sd s0, 0(sp)\n"
+    "    sd s1, 8(sp)\n"
+    "    sd s2, 16(sp)\n"
+    "    sd s3, 24(sp)\n"
+    "    sd s4, 32(sp)\n"
+    "    sd s5, 40(sp)\n"
+    "    sd s6, 48(sp)\n"
+    "    sd s7, 56(sp)\n"
+    "    sd s8, 64(sp)\n"
+    "    sd s9, 72(sp)\n"
+    "    sd s10, 80(sp)\n"
+    "    sd s11, 88(sp)\n"
+    "    sd ra, 96(sp)\n"
+    "    fsd fs0, 104(sp)\n"
+    "    fsd fs1, 112(sp)\n"
+    "    fsd fs2, 120(sp)\n"
+    "    fsd fs3, 128(sp)\n"
+    "    fsd fs4, 136(sp)\n"
+    "    fsd fs5, 144(sp)\n"
+    "    fsd fs6, 152(sp)\n"
+    "    fsd fs7, 160(sp)\n"
+    "    fsd fs8, 168(sp)\n"
+    "    fsd fs9, 176(sp)\n"
+    "    fsd fs10, 184(sp)\n"
+    "    fsd fs11, 192(sp)\n"
+    FIBER_SCHED_SAVE_FP
+    "    sd sp, 0(a0)\n"
+    "    mv sp, a1\n"
+    "    ld s0, 0(sp)\n"
+    "    ld s1, 8(sp)\n"
+    "    ld s2, 16(sp)\n"
+    "    ld s3, 24(sp)\n"
+    "    ld s4, 32(sp)\n"
+    "    ld s5, 40(sp)\n"
+    "    ld s6, 48(sp)\n"
+    "    ld s7, 56(sp)\n"
+    "    ld s8, 64(sp)\n"
+    "    ld s9, 72(sp)\n"
+    "    ld s10, 80(sp)\n"
+    "    ld s11, 88(sp)\n"
+    "    ld ra, 96(sp)\n"
+    "    fld fs0, 104(sp)\n"
+    "    fld fs1, 112(sp)\n"
+    "    fld fs2, 120(sp)\n"
+    "    fld fs3, 128(sp)\n"
+    "    fld fs4, 136(sp)\n"
+    "    fld fs5, 144(sp)\n"
+    "    fld fs6, 152(sp)\n"
+    "    fld fs7, 160(sp)\n"
+    "    fld fs8, 168(sp)\n"
+    "    fld fs9, 176(sp)\n"
+    "    fld fs10, 184(sp)\n"
+    "    fld fs11, 192(sp)\n"
+    FIBER_SCHED_LOAD_FP
+    "    addi sp, sp, 208\n"
+    "    ret\n"
+    ".size fsched_switch_context,.-fsched_switch_context\n"
+    "\n"
+    ".globl fsched_trampoline_riscv64_lp64d\n"
+    ".hidden fsched_trampoline_riscv64_lp64d\n"
+    ".type fsched_trampoline_riscv64_lp64d,%function\n"
+    ".p2align 2\n"
+    "fsched_trampoline_riscv64_lp64d:\n"
+    "    .cfi_startproc\n"
+    // No caller above this frame: unwinders and debuggers stop here.
+    "    .cfi_undefined ra\n"
+    "    mv a0, s2\n"
+    "    jalr s1\n"
+    // The entry function never returns; trap if it ever does.
+    "    ebreak\n"
+    "    .cfi_endproc\n"
+    ".size fsched_trampoline_riscv64_lp64d,.-fsched_trampoline_riscv64_lp64d\n");
+
+#undef FIBER_SCHED_SAVE_FP
+#undef FIBER_SCHED_LOAD_FP
+
+namespace fsched {
+namespace detail {
+
+const char* const backend_name = "asm-riscv64";
+// Nothing of the switch stays on a fiber's stack beyond its frames.
+constexpr std::size_t context_stack_reserve = 0;
+constexpr std::size_t context_stack_record = 0;
+
+struct Riscv64SwitchFrame {
+    void* s0_s11[12];
+    void* ra;
+    double fs0_fs11[12];
+    std::uint64_t frm;
+};
+static_assert(offsetof(Riscv64SwitchFrame, ra) == 96, "layout drawn above the switch routine");
+static_assert(offsetof(Riscv64SwitchFrame, fs0_fs11) == 104, "fs0 slot");
+static_assert(offsetof(Riscv64SwitchFrame, frm) == 200, "frm slot");
+static_assert(sizeof(Riscv64SwitchFrame) == 208 && sizeof(Riscv64SwitchFrame) % 16 == 0,
+              "the switch routine reserves 208 bytes, keeping sp 16-byte aligned");
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size) & ~std::uintptr_t{15};
+    // After the switch pops the frame, sp = top - 16: 16-byte aligned at the entry's call.
+    auto* frame = reinterpret_cast<Riscv64SwitchFrame*>(top - 16 - sizeof(Riscv64SwitchFrame));
+    *frame = Riscv64SwitchFrame{};
+    std::uint64_t frm = 0;
+    // A new fiber starts with the creating thread's rounding mode.
+    __asm__ volatile("frrm %0" : "=r"(frm));
+    frame->frm = frm;
+    frame->s0_s11[1] = reinterpret_cast<void*>(entry);
+    frame->s0_s11[2] = arg;
+    frame->ra = reinterpret_cast<void*>(&fsched_trampoline_riscv64_lp64d);
+    ctx.sp = frame;
+}
+
+void release_context(Context&) noexcept {}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/context_riscv64_lp64d.ipp ----
 #elif defined(FIBER_SCHED_USE_UCONTEXT) || defined(__unix__) || defined(__APPLE__)
 // ---- begin src/impl/context_ucontext.ipp ----
 // ---------------------------------------------------------------------------
@@ -3353,9 +3520,11 @@ namespace detail {
 const char* const backend_name = "ucontext";
 
 struct FreshContext {
-    ucontext_t uc;
     ContextEntry entry;
     void* arg;
+    // The ucontext_t, made here by make_context. Raw storage: glibc's riscv64 ucontext_t ends
+    // in a zero-length array, and -Wpedantic refuses such a struct as a member.
+    alignas(ucontext_t) unsigned char uc_storage[sizeof(ucontext_t)];
 };
 
 // makecontext() passes int arguments only: the FreshContext's address arrives in two halves.
@@ -3363,6 +3532,7 @@ struct FreshContext {
 // at its top for the whole run, and a saved ucontext_t in the switch's frame while it is
 // switched out. The stack pool adds it to every stack, so a fiber can use what it asked for.
 constexpr std::size_t context_stack_reserve = sizeof(FreshContext) + 64 + sizeof(ucontext_t) + 256;
+constexpr std::size_t context_stack_record = 0;
 
 extern "C" inline void ucontext_trampoline(unsigned int high, unsigned int low) {
     auto bits = (static_cast<std::uintptr_t>(high) << 16 << 16) | static_cast<std::uintptr_t>(low);
@@ -3374,16 +3544,17 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     const auto lo = reinterpret_cast<std::uintptr_t>(stack_lo);
     const auto record = (lo + size - sizeof(FreshContext)) & ~std::uintptr_t{63};
     auto* fresh = new (reinterpret_cast<void*>(record)) FreshContext;
-    const int rc = getcontext(&fresh->uc);
+    auto* uc = new (fresh->uc_storage) ucontext_t;
+    const int rc = getcontext(uc);
     FIBER_SCHED_ASSERT(rc == 0 && "make_context(): getcontext() failed");
-    fresh->uc.uc_stack.ss_sp = stack_lo;
-    fresh->uc.uc_stack.ss_size = record - lo;  // the frames run below the record
-    fresh->uc.uc_link = nullptr;
+    uc->uc_stack.ss_sp = stack_lo;
+    uc->uc_stack.ss_size = record - lo;  // the frames run below the record
+    uc->uc_link = nullptr;
     fresh->entry = entry;
     fresh->arg = arg;
-    makecontext(&fresh->uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
+    makecontext(uc, reinterpret_cast<void (*)()>(&ucontext_trampoline), 2,
                 static_cast<unsigned int>(record >> 16 >> 16), static_cast<unsigned int>(record & 0xffffffffu));
-    ctx.sp = &fresh->uc;
+    ctx.sp = uc;
 }
 
 void release_context(Context&) noexcept {}
@@ -4020,13 +4191,10 @@ Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
     }
 }
 
-Fiber::Fiber(InStackTag, const detail::Stack& stack, std::size_t top_block, detail::TaskFunction&& fn)
+Fiber::Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept
     : stack_(stack),
-      top_block_(top_block),
       fn_(std::move(fn)),
-      id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
-    finish_construction();  // the stack is freed by make_in_stack if this throws
-}
+      id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 void Fiber::finish_construction() {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
@@ -4039,7 +4207,7 @@ void Fiber::finish_construction() {
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
 #if defined(FIBER_SCHED_TSAN)
-    __tsan_destroy_fiber(shadow_.tsan_fiber);
+    if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
 #endif
     detail::release_context(context_);
     if (top_block_ == 0) detail::release_stack(stack_);  // else InStackAllocator frees it, last
@@ -4053,10 +4221,26 @@ void Fiber::prepare_context() {
 
 namespace detail {
 
-// A fiber in its own stack's top (make_in_stack): below the backend's slot at the very top,
-// the shared_ptr's control block, then the Fiber object, and its frames run below that.
+// A fiber in its own stack's top (make_in_stack). From the top down: the backend's record
+// (context_stack_record bytes), the Fiber object on a cache line of its own, the shared_ptr's
+// control block, then the fiber's frames. The control block's type is the standard
+// library's, and its size differs by target (libstdc++ on riscv64 with gcc 12 picks the
+// mutex lock policy: 88 bytes instead of 48), so the room is not fixed here: the one place
+// that knows the type, InStackAllocator::allocate(), puts the block directly below the
+// Fiber, checks at compile time that both leave the top page to the frames, and tells the
+// Fiber where its frames start. Its context is made after that (make_in_stack).
 // The deleter only destroys the Fiber; the control block's allocator gives the stack back
 // once the last weak_ptr is gone too, after the control block has been destroyed.
+constexpr std::size_t in_stack_alignment = 64;
+// Bytes from the stack's top down to the Fiber object.
+constexpr std::size_t in_stack_fiber_offset =
+    (context_stack_record + sizeof(Fiber) + in_stack_alignment - 1) / in_stack_alignment * in_stack_alignment;
+static_assert(alignof(Fiber) <= in_stack_alignment, "a Fiber in its stack starts a cache line");
+
+inline Fiber* in_stack_fiber(const Stack& stack) noexcept {
+    return reinterpret_cast<Fiber*>(stack.base + stack.size - in_stack_fiber_offset);
+}
+
 struct InStackDeleter {
     void operator()(Fiber* fiber) const noexcept { fiber->~Fiber(); }
 };
@@ -4070,12 +4254,16 @@ struct InStackAllocator {
     template <class U>
     InStackAllocator(const InStackAllocator<U>& other) noexcept : stack(other.stack) {}
 
+    // T is the control block. Directly below the Fiber, whose offset is a multiple of
+    // in_stack_alignment and so of alignof(T): sizeof(T) is a multiple of alignof(T).
     T* allocate(std::size_t n) {
-        static_assert(sizeof(T) <= in_stack_control_block && alignof(T) <= in_stack_backend_slot,
-                      "the shared_ptr control block fits the room at the stack's top");
+        constexpr std::size_t top_block = in_stack_fiber_offset + sizeof(T);
+        static_assert(alignof(T) <= in_stack_alignment && top_block <= 1024,
+                      "a Fiber and its shared_ptr control block leave most of the stack's top page to its frames");
         FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
         (void)n;
-        return reinterpret_cast<T*>(stack.base + stack.size - in_stack_backend_slot - in_stack_control_block);
+        FiberAccess::set_top_block(*in_stack_fiber(stack), top_block);
+        return reinterpret_cast<T*>(stack.base + stack.size - top_block);
     }
     void deallocate(T*, std::size_t) noexcept { release_stack(stack); }
 
@@ -4085,25 +4273,16 @@ struct InStackAllocator {
     bool operator!=(const InStackAllocator<U>& other) const noexcept { return !(*this == other); }
 };
 
-// The room a Fiber takes at the top of its stack, control block included.
-constexpr std::size_t in_stack_block =
-    (in_stack_backend_slot + in_stack_control_block + sizeof(Fiber) + in_stack_alignment - 1) / in_stack_alignment *
-    in_stack_alignment;
-
 Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn) {
-    Stack stack = acquire_stack(0);
-    static_assert(in_stack_block <= 1024 && alignof(Fiber) <= in_stack_alignment,
-                  "a Fiber leaves most of its stack's top page to its frames");
-    char* const at = stack.base + stack.size - in_stack_block;  // in_stack_alignment-aligned: pages are
-    Fiber* fiber;
-    try {
-        fiber = new (at) Fiber(Fiber::InStackTag{}, stack, in_stack_block, std::move(fn));
-    } catch (...) {
-        release_stack(stack);
-        throw;
-    }
-    // Neither allocates: the allocator hands out the top of the stack, and cannot fail.
-    return Fiber::ptr(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
+    const Stack stack = acquire_stack(0);
+    // Neither throws nor allocates: the Fiber takes the stack and a moved callable,
+    // and the allocator hands out the room below the Fiber.
+    Fiber* fiber = new (in_stack_fiber(stack)) Fiber(Fiber::InStackTag{}, stack, std::move(fn));
+    Fiber::ptr owner(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
+    // Now that top_block_ is known. If this throws (an OS fiber that could not be made),
+    // `owner` destroys the Fiber and its allocator frees the stack.
+    fiber->finish_construction();
+    return owner;
 }
 
 }  // namespace detail
