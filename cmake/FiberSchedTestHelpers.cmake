@@ -33,7 +33,8 @@ function(fiber_sched_add_test_executable target)
   # contributor's short loop (tests/one). Empty, the default: every file.
   if(FIBER_SCHED_TEST_FILES)
     set(chosen "")
-    foreach(name IN LISTS FIBER_SCHED_TEST_FILES)
+    string(REPLACE "," ";" names "${FIBER_SCHED_TEST_FILES}")  # a nested build's commas
+    foreach(name IN LISTS names)
       string(REGEX REPLACE "\\.cpp$" "" name "${name}")
       get_filename_component(name "${name}" NAME)
       if(NOT EXISTS "${arg_TESTS_DIR}/${name}.cpp")
