@@ -142,6 +142,14 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
         core.claim_worker_wake(*this);
         return false;
     }
+    sleep_announced(wait);
+    return false;
+}
+
+// The sleep itself, once announced and the last look found nothing: until a wake-up, the
+// earliest timer of any worker, the caller's deadline, the end of a run-next watch, or the
+// time to give back what a burst left (IdleTrim).
+inline void Worker::sleep_announced(const CallerWait* wait) {
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
@@ -153,31 +161,36 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
         deadline_ticks = std::min(deadline_ticks, to_ticks(deadline_after(SchedulerCore::runnext_watch_period)));
     }
     sleep_deadline.store(deadline_ticks, std::memory_order_seq_cst);
-    // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
-    // memory back once the scheduler has been idle a while, not while it is busy.
-    const bool trim_stacks = stack_pool_has_surplus();
-    const TimePoint trim_at =
-        trim_stacks ? deadline_after(std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)))
-                    : TimePoint::max();
-    // Likewise the slabs a burst of tasks left in this worker's queues (TaskBlockSlabs),
-    // sooner: they cost a page fault per 4 KiB to take again, not a stack's worth.
-    const bool trim_queues = has_surplus_slabs();
-    const TimePoint queue_trim_at = trim_queues ? deadline_after(queue_trim_delay) : TimePoint::max();
-    if (deadline_ticks == no_deadline && !trim_stacks && !trim_queues) {
-        idle.wait(core.idle, nullptr);
-    } else {
-        const TimePoint deadline =
-            std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim_at, queue_trim_at});
-        idle.wait(core.idle, &deadline);
-    }
+    const IdleTrim trim = plan_idle_trim();
+    // no_deadline is TimePoint::max()'s count: the minimum is max() only with nothing due.
+    const TimePoint deadline =
+        std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim.stacks_at, trim.queues_at});
+    idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
-    const TimePoint now = trim_stacks || trim_queues ? std::chrono::steady_clock::now() : TimePoint{};
-    if (trim_stacks && now >= trim_at) trim_stack_pool();
-    if (trim_queues && now >= queue_trim_at) release_surplus_slabs();
-    return false;
+    idle_trim(trim);
+}
+
+inline Worker::IdleTrim Worker::plan_idle_trim() noexcept {
+    IdleTrim trim;
+    // A burst of fibers left more freed stacks than the pool keeps (stack.ipp): give their
+    // memory back once the scheduler has been idle a while, not while it is busy.
+    if (stack_pool_has_surplus()) {
+        trim.stacks_at = deadline_after(std::chrono::milliseconds(stack_trim_delay_ms.load(std::memory_order_relaxed)));
+    }
+    // Likewise the slabs a burst of tasks left in this worker's queues (TaskBlockSlabs),
+    // sooner: they cost a page fault per 4 KiB to take again, not a stack's worth.
+    if (has_surplus_slabs()) trim.queues_at = deadline_after(queue_trim_delay);
+    return trim;
+}
+
+inline void Worker::idle_trim(const IdleTrim& trim) noexcept {
+    if (trim.stacks_at == TimePoint::max() && trim.queues_at == TimePoint::max()) return;
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (now >= trim.stacks_at) trim_stack_pool();
+    if (now >= trim.queues_at) release_surplus_slabs();
 }
 
 inline bool Worker::has_surplus_slabs() noexcept {

@@ -360,6 +360,15 @@ struct alignas(64) Worker {
     void poll_io_now_and_then();             // ready fds, every 32 tasks, however busy
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
+    void sleep_announced(const CallerWait* wait);  // the sleep, after the last look
+    // When the sleep gives back what a burst left: stacks beyond the pool's keep, this
+    // worker's surplus queue slabs (TimePoint::max(): nothing to give back).
+    struct IdleTrim {
+        TimePoint stacks_at = TimePoint::max();
+        TimePoint queues_at = TimePoint::max();
+    };
+    IdleTrim plan_idle_trim() noexcept;
+    void idle_trim(const IdleTrim& trim) noexcept;
     // Whether this worker's queues keep more than one empty slab each (a burst's), and
     // giving those back: after queue_trim_delay asleep.
     bool has_surplus_slabs() noexcept;
