@@ -625,6 +625,123 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
     entry.final_events = false;
 }
 
+// fiber_wait()'s first step for io::wait() (WaitKind::ReadyOnly): an edge already in
+// `ready` may be from data that is gone, so drop it and ask the fd. Readiness from after
+// this poll comes as a new edge (see the top of this file). Empty: go on and park.
+std::optional<bool> ready_only_look(IoCall& call, io::Ready what, bool& trusted) {
+    SchedulerIdle& idle = *call.idle;
+    bool cancelled;
+    idle.io_lock.lock();
+    if (IoFd* entry = call_step(call, cancelled); entry && !cancelled) {
+        entry->ready &= ~static_cast<unsigned>(what);
+        trusted = trusted_entry(*entry);
+    }
+    idle.io_lock.unlock();
+    if (cancelled) {
+        set_errno(ECANCELED);
+        return false;
+    }
+    if (ready_now(call.fd, what)) return true;
+    if (current_errno() == EBADF) return false;
+    return std::nullopt;
+}
+
+// fiber_wait()'s entry for the call, io_lock taken (held on return). `stated`: fd was
+// fstat'ed into `st` in this wait (done here when the entry is no longer a trusted socket's).
+// Null with errno set and the lock released: cancelled, no memory, or a closed fd.
+IoFd* lock_wait_entry(IoCall& call, bool& stated, struct stat& st) {
+    SchedulerIdle& idle = *call.idle;
+    for (;;) {
+        bool cancelled;
+        idle.io_lock.lock();
+        IoFd* found = call_step(call, cancelled);
+        // cancel() came after the call began and before it parks (between its EAGAIN and
+        // here, or between a wake-up and its next system call): it must not park.
+        if (cancelled) {
+            idle.io_lock.unlock();
+            set_errno(ECANCELED);
+            return nullptr;
+        }
+        if (!found) {  // no record of the call, which cancel() could not then reach
+            idle.io_lock.unlock();
+            set_errno(ENOMEM);
+            return nullptr;
+        }
+        if (stated || trusted_entry(*found)) return found;
+        // No longer a known socket (cancel() forgot it, or a call found ENOTSOCK): check
+        // the file, as any other wait does.
+        idle.io_lock.unlock();
+        if (!stat_fd(idle, call.fd, st)) return nullptr;
+        stated = true;
+    }
+}
+
+// Under io_lock (held): records what fstat said, registers the fd where it must be, and
+// takes an edge that came while no one waited. Empty: park, with the lock still held; else
+// the lock is released and the wait's result given (false with errno set).
+std::optional<bool> arm_wait_locked(IoCall& call, IoFd& entry, io::Ready what, bool stated, const struct stat& st,
+                                    bool nonblocking_known) {
+    SchedulerIdle& idle = *call.idle;
+    const bool socket = !stated || S_ISSOCK(st.st_mode);
+    if (stated) {
+        record_file(entry, st);
+        if (socket && nonblocking_known) entry.fast_socket = true;
+    }
+    if (what == io::Ready::Read ? entry.reader : entry.writer) {
+        idle.io_lock.unlock();
+        set_errno(EBUSY);
+        return false;
+    }
+    // A socket's device and inode name it for as long as it is open; every eventfd, timerfd
+    // or epoll fd shares one inode, and every open of a FIFO, a tty or /dev/ptmx has the
+    // node's: for those the check above cannot see a reused number, so each park re-arms.
+    if (!entry.registered || !socket) {
+        if (const int error = register_fd(idle, call.fd, entry, entry.registered)) {
+            idle.io_lock.unlock();
+            if (error == EPERM) return true;  // a regular file: always ready
+            set_errno(error);
+            return false;
+        }
+    }
+    const unsigned bit = static_cast<unsigned>(what);
+    if (entry.ready & bit) {
+        // An edge that came while no one waited (see the top of this file): not parking is
+        // what keeps it from being lost.
+        entry.ready &= ~bit;
+        idle.io_lock.unlock();
+        return true;
+    }
+    return std::nullopt;
+}
+
+// What a parked fiber_wait() reports once it is back: woken (ready, cancelled, an error the
+// sweep found) or timed out.
+bool fiber_wait_result(IoCall& call, const IoWait& wait, io::Ready what, WaitKind kind, bool woken) {
+    if (!woken) {
+        // io::wait(): the timer may fire before any worker has asked epoll about the fd (all
+        // were busy): a wait that ends with the fd ready reports it ready, as poll() would.
+        // The others' callers make their call once more instead (see "Timeouts").
+        if (kind == WaitKind::ReadyOnly) {
+            if (cancelled_now(call)) {
+                set_errno(ECANCELED);
+                return false;
+            }
+            if (ready_now(call.fd, what)) return true;
+        }
+        set_errno(ETIMEDOUT);
+        return false;
+    }
+    if (wait.cancelled) {
+        set_errno(ECANCELED);
+        return false;
+    }
+    if (wait.error != 0) {
+        set_errno(wait.error);
+        return false;
+    }
+    return true;
+}
+
 // `nonblocking_known`: the calling io function checked with fcntl, in this call, that fd
 // is non-blocking (usable_fd); the entry may then mark a socket as fast_socket.
 // `trusted`: the caller's call went the fast way (prepare_call), so the entry was a known
@@ -640,23 +757,8 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         set_errno(ENOMEM);
         return false;
     }
-    const unsigned bit = static_cast<unsigned>(what);
-    bool cancelled;
     if (kind == WaitKind::ReadyOnly) {
-        // An edge already in `ready` may be from data that is gone: drop it and ask the fd.
-        // Readiness from after this poll comes as a new edge (see the top of this file).
-        idle.io_lock.lock();
-        if (IoFd* entry = call_step(call, cancelled); entry && !cancelled) {
-            entry->ready &= ~bit;
-            trusted = trusted_entry(*entry);
-        }
-        idle.io_lock.unlock();
-        if (cancelled) {
-            set_errno(ECANCELED);
-            return false;
-        }
-        if (ready_now(fd, what)) return true;
-        if (current_errno() == EBADF) return false;
+        if (const std::optional<bool> done = ready_only_look(call, what, trusted)) return *done;
     }
     struct stat st;
     bool stated = !trusted;
@@ -667,60 +769,10 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         hook(fd);
     }
 #endif
-    IoFd* found;
-    for (;;) {
-        idle.io_lock.lock();
-        found = call_step(call, cancelled);
-        // cancel() came after the call began and before it parks (between its EAGAIN and
-        // here, or between a wake-up and its next system call): it must not park.
-        if (cancelled) {
-            idle.io_lock.unlock();
-            set_errno(ECANCELED);
-            return false;
-        }
-        if (!found) {  // no record of the call, which cancel() could not then reach
-            idle.io_lock.unlock();
-            set_errno(ENOMEM);
-            return false;
-        }
-        if (stated || trusted_entry(*found)) break;
-        // No longer a known socket (cancel() forgot it, or a call found ENOTSOCK): check
-        // the file, as any other wait does.
-        idle.io_lock.unlock();
-        if (!stat_fd(idle, fd, st)) return false;
-        stated = true;
-    }
-    IoFd& entry = *found;
-    const bool socket = !stated || S_ISSOCK(st.st_mode);
-    if (stated) {
-        record_file(entry, st);
-        if (socket && nonblocking_known) entry.fast_socket = true;
-    }
-    IoWait*& slot = what == io::Ready::Read ? entry.reader : entry.writer;
-    if (slot) {
-        idle.io_lock.unlock();
-        set_errno(EBUSY);
-        return false;
-    }
-    // A socket's device and inode name it for as long as it is open; every eventfd, timerfd
-    // or epoll fd shares one inode, and every open of a FIFO, a tty or /dev/ptmx has the
-    // node's: for those the check above cannot see a reused number, so each park re-arms.
-    if (!entry.registered || !socket) {
-        if (const int error = register_fd(idle, fd, entry, entry.registered)) {
-            idle.io_lock.unlock();
-            if (error == EPERM) return true;  // a regular file: always ready
-            set_errno(error);
-            return false;
-        }
-    }
-    if (entry.ready & bit) {
-        // An edge that came while no one waited (see the top of this file): not parking is
-        // what keeps it from being lost.
-        entry.ready &= ~bit;
-        idle.io_lock.unlock();
-        return true;
-    }
-    slot = &wait;
+    IoFd* entry = lock_wait_entry(call, stated, st);
+    if (!entry) return false;
+    if (const std::optional<bool> done = arm_wait_locked(call, *entry, what, stated, st, nonblocking_known)) return *done;
+    (what == io::Ready::Read ? entry->reader : entry->writer) = &wait;
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
     // A skipped read's wait always joins: the sweep also checks that its read would have
     // failed ("Reads that would fail" at the top of this file).
@@ -733,30 +785,9 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     FiberIoWait where{&idle, fd};
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
-    if (!woken) {
-        // io::wait(): the timer may fire before any worker has asked epoll about the fd (all
-        // were busy): a wait that ends with the fd ready reports it ready, as poll() would.
-        // The others' callers make their call once more instead (see "Timeouts").
-        if (kind == WaitKind::ReadyOnly) {
-            if (cancelled_now(call)) {
-                set_errno(ECANCELED);
-                return false;
-            }
-            if (ready_now(fd, what)) return true;
-        }
-        set_errno(ETIMEDOUT);
-        return false;
-    }
-    if (wait.cancelled) {
-        set_errno(ECANCELED);
-        return false;
-    }
-    if (wait.error != 0) {
-        set_errno(wait.error);
-        return false;
-    }
-    return true;
+    return fiber_wait_result(call, wait, what, kind, woken);
 }
+
 
 // A new fd, or one about to be connected, in a fiber of `idle`'s scheduler: records its file
 // and, for a socket, registers it and marks it a known non-blocking socket (the callers know
