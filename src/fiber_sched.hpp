@@ -180,9 +180,14 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 // there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
 // MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
 // where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
-// FIBER_SCHED_USE_UCONTEXT asks for it).
+// FIBER_SCHED_USE_UCONTEXT asks for it). On macOS clang defines __x86_64__, or __aarch64__
+// (and __arm64__) on Apple silicon: the System V and AAPCS64 routines serve there too,
+// spelled for Mach-O by context_asm_directives.ipp (ELF elsewhere).
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_x86_64_fp.ipp"
+#endif
+#if !defined(_WIN32)
+#include "impl/context_asm_directives.ipp"
 #endif
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
@@ -202,6 +207,9 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
+#undef FIBER_SCHED_ASM_FUNCTION_BEGIN
+#undef FIBER_SCHED_ASM_FUNCTION_END
+#undef FIBER_SCHED_ASM_FUNCTION_TYPE
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
