@@ -56,7 +56,7 @@ CONFIGURATION (define before including, the same in every translation unit)
 
 PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
-    aarch64 Linux/BSD                   asm-aarch64
+    aarch64 Linux/BSD, arm64 macOS      asm-aarch64
     any other POSIX target              ucontext
     x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
     Windows, MSVC cl.exe (or forced)    winfiber (no fsched::io)
@@ -70,6 +70,7 @@ CAVEATS
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
+    - macOS (x86-64, Apple silicon): compiled and linked, never run yet; no fsched::io.
     - Windows: no fsched::io. With asm-x86_64-win64 a fiber is not an OS fiber: inside it
       GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
       fiber per run of a Fiber (slower to create; see README.md).
