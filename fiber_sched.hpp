@@ -58,7 +58,7 @@ CONFIGURATION (define before including, the same in every translation unit)
 
 PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
-    aarch64 Linux/BSD                   asm-aarch64
+    aarch64 Linux/BSD, arm64 macOS      asm-aarch64
     riscv64 Linux/BSD (LP64D)           asm-riscv64
     any other POSIX target              ucontext
     x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
@@ -73,6 +73,7 @@ CAVEATS
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
+    - macOS (x86-64, Apple silicon): compiled and linked, never run yet; no fsched::io.
     - Windows: no fsched::io. With asm-x86_64-win64 a fiber is not an OS fiber: inside it
       GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
       fiber per run of a Fiber (slower to create; see README.md).
@@ -1938,6 +1939,9 @@ constexpr bool linux_only = sizeof...(T) > 1000000;
 #if defined(_WIN32)
 #define FIBER_SCHED_IO_REFUSAL \
     "fsched::io is Linux-only: it needs epoll; Windows has no fsched::io yet (IOCP is a later step)"
+#elif defined(__APPLE__)
+#define FIBER_SCHED_IO_REFUSAL \
+    "fsched::io is Linux-only: it needs epoll; macOS has no fsched::io yet (kqueue is a later step)"
 #else
 #define FIBER_SCHED_IO_REFUSAL "fsched::io is Linux-only: it needs epoll"
 #endif
@@ -2132,6 +2136,22 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
 // every fork handler, once; before main() and in each Scheduler's constructor, so before
 // any thread of the library exists (sched_fork.ipp, where it is defined, says why).
 void build_process_state();
+
+}  // namespace detail
+}  // namespace fsched
+
+#if FIBER_SCHED_SWITCH_EH_STATE && defined(_LIBCPPABI_VERSION)
+// libc++abi (the C++ runtime of macOS, and of clang's -stdlib=libc++ elsewhere) exports
+// __cxa_get_globals, but its <cxxabi.h>, unlike libstdc++'s, does not declare it. Declared
+// as libc++abi declares it internally, so that a later public declaration still agrees.
+namespace __cxxabiv1 {
+struct __cxa_eh_globals;
+extern "C" __cxa_eh_globals* __cxa_get_globals();
+}  // namespace __cxxabiv1
+#endif
+
+namespace fsched {
+namespace detail {
 
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
@@ -2511,7 +2531,8 @@ void remove_fault_stack(void*, std::size_t) noexcept {}
 // ---- begin src/impl/os_posix.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
-// on an alternate signal stack for overflows, pthread for names and fork.
+// on an alternate signal stack for overflows (macOS reports a guard-page hit as SIGBUS),
+// pthread for names and fork. Where macOS differs, a branch on __APPLE__ says how.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
@@ -2538,18 +2559,21 @@ std::size_t guarded_stack_budget() noexcept {
     // many stacks (half the mappings) get a guard page. Other systems have no such file
     // and get the Linux default.
     std::size_t max_maps = 65530;
+#if !defined(__APPLE__)  // macOS has no /proc and no such count to read
     if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
         unsigned long value = 0;
         if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
         std::fclose(f);
     }
+#endif
     return max_maps / 4;
 }
 
 void* map_stack_memory(std::size_t bytes) noexcept {
     int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-#ifdef MAP_NORESERVE
-    // Reserve address space only; pages are committed when a fiber touches them.
+#if defined(MAP_NORESERVE) && !defined(__APPLE__)
+    // Reserve address space only; pages are committed when a fiber touches them. (macOS
+    // defines the flag but does not implement it: it never reserves swap for such a map.)
     flags |= MAP_NORESERVE;
 #endif
 #ifdef MAP_STACK
@@ -2573,7 +2597,15 @@ void* map_guarded_stack(std::size_t bytes, std::size_t guard) noexcept {
 
 void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes); }
 
-void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
+void discard_memory(void* lo, std::size_t bytes) noexcept {
+#if defined(__APPLE__)
+    // Darwin's MADV_DONTNEED only lowers the pages' priority and keeps their contents;
+    // MADV_FREE lets the kernel take them without writing them anywhere.
+    madvise(lo, bytes, MADV_FREE);
+#else
+    madvise(lo, bytes, MADV_DONTNEED);
+#endif
+}
 
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
 
@@ -2584,8 +2616,13 @@ void name_thread(const std::string& base, int index) noexcept {
     std::snprintf(name, sizeof name, "%.11s-%d", base.c_str(), index);
     name[15] = '\0';
     pthread_setname_np(pthread_self(), name);
+#elif defined(__APPLE__)
+    // macOS names only the calling thread (a worker names itself) and takes 63 characters.
+    char name[64];
+    std::snprintf(name, sizeof name, "%.50s-%d", base.c_str(), index);
+    pthread_setname_np(name);
 #else
-    // Linux only so far: macOS (pthread_setname_np(name)) and the BSDs spell it differently.
+    // The BSDs spell it differently (pthread_set_name_np, pthread_setname_np(t, fmt, arg)).
     (void)base;
     (void)index;
 #endif
@@ -2615,7 +2652,12 @@ void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
         // Back to the default action: a real fault happens again on return and kills the
         // process as if we had never been here; a signal sent by kill() is re-raised.
         signal(sig, SIG_DFL);
+#if defined(__APPLE__)
+        // Darwin's codes for kill() and sigqueue() are positive (SI_USER is 0x10001).
+        if (info->si_code <= 0 || info->si_code == SI_USER || info->si_code == SI_QUEUE) raise(sig);
+#else
         if (info->si_code <= 0) raise(sig);
+#endif
         return;
     }
     previous.sa_handler(sig);
@@ -2676,7 +2718,9 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
 // MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
 // where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
-// FIBER_SCHED_USE_UCONTEXT asks for it).
+// FIBER_SCHED_USE_UCONTEXT asks for it). On macOS clang defines __x86_64__, or __aarch64__
+// (and __arm64__) on Apple silicon: the System V and AAPCS64 routines serve there too,
+// spelled for Mach-O by context_asm_directives.ipp (ELF elsewhere).
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_x86_64_fp.ipp ----
 // ---------------------------------------------------------------------------
@@ -2695,6 +2739,47 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 #define FIBER_SCHED_X86_LOAD_FP ""
 #endif
 // ---- end src/impl/context_x86_64_fp.ipp ----
+#endif
+#if !defined(_WIN32)
+// ---- begin src/impl/context_asm_directives.ipp ----
+// ---------------------------------------------------------------------------
+// The assembler directives around each routine of the System V and AAPCS64 switch backends
+// (context_x86_64_sysv.ipp, context_aarch64_aapcs.ipp), for the two object formats they
+// are assembled into: ELF (Linux, the BSDs) and Mach-O (macOS).
+//
+//   FIBER_SCHED_ASM_FUNCTION_BEGIN(name)   a global, hidden, 16-byte aligned function
+//                                          `name` starts here
+//   FIBER_SCHED_ASM_FUNCTION_END(name)     and ends here
+//
+// `name` is the C name, the one the C++ side declares extern "C". Mach-O spells a C
+// symbol with a leading underscore, marks it hidden with .private_extern, and has no
+// .type or .size. ELF: .hidden, .type (@function; %function on aarch64, where @ starts
+// a comment) and .size, so that debuggers and profilers see each routine's extent.
+// Undefined again after the backend cascade (fiber_sched.hpp).
+// ---------------------------------------------------------------------------
+
+#if defined(__APPLE__)
+#define FIBER_SCHED_ASM_FUNCTION_BEGIN(name) \
+    ".globl _" #name "\n"                    \
+    ".private_extern _" #name "\n"           \
+    ".p2align 4\n"                           \
+    "_" #name ":\n"
+#define FIBER_SCHED_ASM_FUNCTION_END(name) ""
+#else
+#if defined(__aarch64__)
+#define FIBER_SCHED_ASM_FUNCTION_TYPE "%function"
+#else
+#define FIBER_SCHED_ASM_FUNCTION_TYPE "@function"
+#endif
+#define FIBER_SCHED_ASM_FUNCTION_BEGIN(name)                   \
+    ".globl " #name "\n"                                       \
+    ".hidden " #name "\n"                                      \
+    ".type " #name "," FIBER_SCHED_ASM_FUNCTION_TYPE "\n"      \
+    ".p2align 4\n"                                             \
+    #name ":\n"
+#define FIBER_SCHED_ASM_FUNCTION_END(name) ".size " #name ",.-" #name "\n"
+#endif
+// ---- end src/impl/context_asm_directives.ipp ----
 #endif
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
@@ -3077,7 +3162,8 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 #elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_x86_64_sysv.ipp ----
 // ---------------------------------------------------------------------------
-// Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
+// Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers;
+// context_asm_directives.ipp spells the routines' symbols for ELF or Mach-O).
 //
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
 // (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
@@ -3108,11 +3194,7 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".hidden fsched_switch_context\n"
-    ".type fsched_switch_context,@function\n"
-    ".p2align 4\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
     FIBER_SCHED_ENDBR
     "    pushq %rbp\n"
     "    pushq %rbx\n"
@@ -3136,13 +3218,9 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
-    ".size fsched_switch_context,.-fsched_switch_context\n"
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
-    ".globl fsched_trampoline_x86_64_sysv\n"
-    ".hidden fsched_trampoline_x86_64_sysv\n"
-    ".type fsched_trampoline_x86_64_sysv,@function\n"
-    ".p2align 4\n"
-    "fsched_trampoline_x86_64_sysv:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_x86_64_sysv)
     "    .cfi_startproc\n"
     // No caller above this frame: unwinders and debuggers stop here.
     "    .cfi_undefined rip\n"
@@ -3152,7 +3230,7 @@ __asm__(
     // The entry function never returns; trap if it ever does.
     "    ud2\n"
     "    .cfi_endproc\n"
-    ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_trampoline_x86_64_sysv));
 
 #undef FIBER_SCHED_ENDBR
 
@@ -3212,7 +3290,10 @@ void release_context(Context&) noexcept {}
 #elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 // ---- begin src/impl/context_aarch64_aapcs.ipp ----
 // ---------------------------------------------------------------------------
-// Context switch for aarch64, AAPCS64 (Linux, BSDs).
+// Context switch for aarch64, AAPCS64 (Linux, BSDs, and macOS on Apple silicon, whose arm64
+// ABI keeps the same callee-saved registers; context_asm_directives.ipp spells the
+// routines' symbols for ELF or Mach-O). x18 is never touched: Apple (and Windows) reserve
+// it as the platform register, so the only scratch register here is x9.
 //
 // Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
 // halves d8-d15 of v8-v15, and FPCR (unless FIBER_SCHED_SWITCH_FP_CONTROL is 0). fsched_switch_context(void** save_sp,
@@ -3244,11 +3325,7 @@ extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibi
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".hidden fsched_switch_context\n"
-    ".type fsched_switch_context,%function\n"
-    ".p2align 4\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
     "    sub sp, sp, #176\n"
     "    stp x19, x20, [sp, #0]\n"
     "    stp x21, x22, [sp, #16]\n"
@@ -3277,13 +3354,9 @@ __asm__(
     FIBER_SCHED_LOAD_FP
     "    add sp, sp, #176\n"
     "    ret\n"
-    ".size fsched_switch_context,.-fsched_switch_context\n"
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
-    ".globl fsched_trampoline_aarch64_aapcs\n"
-    ".hidden fsched_trampoline_aarch64_aapcs\n"
-    ".type fsched_trampoline_aarch64_aapcs,%function\n"
-    ".p2align 4\n"
-    "fsched_trampoline_aarch64_aapcs:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_aarch64_aapcs)
     "    .cfi_startproc\n"
     // No caller above this frame: unwinders and debuggers stop here.
     "    .cfi_undefined x30\n"
@@ -3292,7 +3365,7 @@ __asm__(
     // The entry function never returns; trap if it ever does.
     "    brk #0\n"
     "    .cfi_endproc\n"
-    ".size fsched_trampoline_aarch64_aapcs,.-fsched_trampoline_aarch64_aapcs\n");
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_trampoline_aarch64_aapcs));
 
 #undef FIBER_SCHED_SAVE_FP
 #undef FIBER_SCHED_LOAD_FP
@@ -3580,6 +3653,9 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 #endif
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
+#undef FIBER_SCHED_ASM_FUNCTION_BEGIN
+#undef FIBER_SCHED_ASM_FUNCTION_END
+#undef FIBER_SCHED_ASM_FUNCTION_TYPE
 // ---- begin src/impl/stack.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.

@@ -56,7 +56,7 @@ CONFIGURATION (define before including, the same in every translation unit)
 
 PLATFORMS
     x86-64 Linux/BSD/macOS (System V)   asm-x86_64-sysv
-    aarch64 Linux/BSD                   asm-aarch64
+    aarch64 Linux/BSD, arm64 macOS      asm-aarch64
     riscv64 Linux/BSD (LP64D)           asm-riscv64
     any other POSIX target              ucontext
     x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
@@ -71,6 +71,7 @@ CAVEATS
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
     - Only stacks with a guard page detect overflow (see stack_stats()).
+    - macOS (x86-64, Apple silicon): compiled and linked, never run yet; no fsched::io.
     - Windows: no fsched::io. With asm-x86_64-win64 a fiber is not an OS fiber: inside it
       GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
       fiber per run of a Fiber (slower to create; see README.md).
@@ -181,9 +182,14 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 // there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
 // MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
 // where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
-// FIBER_SCHED_USE_UCONTEXT asks for it).
+// FIBER_SCHED_USE_UCONTEXT asks for it). On macOS clang defines __x86_64__, or __aarch64__
+// (and __arm64__) on Apple silicon: the System V and AAPCS64 routines serve there too,
+// spelled for Mach-O by context_asm_directives.ipp (ELF elsewhere).
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_x86_64_fp.ipp"
+#endif
+#if !defined(_WIN32)
+#include "impl/context_asm_directives.ipp"
 #endif
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
@@ -206,6 +212,9 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
+#undef FIBER_SCHED_ASM_FUNCTION_BEGIN
+#undef FIBER_SCHED_ASM_FUNCTION_END
+#undef FIBER_SCHED_ASM_FUNCTION_TYPE
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"

@@ -125,6 +125,9 @@ constexpr bool linux_only = sizeof...(T) > 1000000;
 #if defined(_WIN32)
 #define FIBER_SCHED_IO_REFUSAL \
     "fsched::io is Linux-only: it needs epoll; Windows has no fsched::io yet (IOCP is a later step)"
+#elif defined(__APPLE__)
+#define FIBER_SCHED_IO_REFUSAL \
+    "fsched::io is Linux-only: it needs epoll; macOS has no fsched::io yet (kqueue is a later step)"
 #else
 #define FIBER_SCHED_IO_REFUSAL "fsched::io is Linux-only: it needs epoll"
 #endif

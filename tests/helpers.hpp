@@ -29,7 +29,11 @@
 #endif
 #include <windows.h>
 #else
+#if defined(__APPLE__)
+#include <pthread.h>  // pthread_threadid_np: macOS has no gettid
+#else
 #include <sys/syscall.h>
+#endif
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +87,10 @@ struct ChildResult {
 inline long os_thread_id() {
 #if defined(_WIN32)
     return static_cast<long>(GetCurrentThreadId());
+#elif defined(__APPLE__)
+    std::uint64_t id = 0;  // the kernel's thread id (macOS has no gettid)
+    pthread_threadid_np(nullptr, &id);
+    return static_cast<long>(id);
 #else
     return syscall(SYS_gettid);
 #endif

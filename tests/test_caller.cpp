@@ -17,14 +17,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#if defined(_WIN32)
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
-#else
-#include <sys/syscall.h>
-#endif
 
 using fsched::Channel;
 using fsched::ConditionVariable;
@@ -36,14 +28,6 @@ using fsched::WaitGroup;
 using namespace std::chrono_literals;
 
 namespace {
-
-// The kernel's id of the calling thread: a system call, so a fiber that moved between
-// threads reads the new one (pthread_self() may be kept across a switch by the compiler).
-#if defined(_WIN32)
-long thread_id() { return static_cast<long>(GetCurrentThreadId()); }
-#else
-long thread_id() { return syscall(SYS_gettid); }
-#endif
 
 // What ran, in order, from any thread.
 class Log {
@@ -240,12 +224,12 @@ TEST_CASE("the use_caller thread runs its tasks during WaitGroup::wait, pinned o
         CAPTURE(threads);
         Scheduler s(threads, true);
         s.start();
-        const long caller = thread_id();
+        const long caller = test::os_thread_id();
         std::atomic<int> pinned_ran{0}, pinned_elsewhere{0}, free_ran{0};
         WaitGroup wg(40);
         for (int i = 0; i < 20; ++i) {
             s.schedule([&] {
-                if (thread_id() != caller) pinned_elsewhere++;
+                if (test::os_thread_id() != caller) pinned_elsewhere++;
                 pinned_ran++;
                 wg.done();
             }, 0);
@@ -352,7 +336,7 @@ TEST_CASE("the use_caller thread helps in every fsched wait") {
 TEST_CASE("a task the caller runs may park; the wait it satisfied returns, and any worker resumes it") {
     Scheduler s(2, true);
     s.start();
-    const long caller = thread_id();
+    const long caller = test::os_thread_id();
     Blocker blocker;  // keeps worker 1 busy, so the caller is the one to run the task first
     s.schedule([&] { blocker.hold(); }, 1);
     blocker.wait_started();
@@ -361,10 +345,10 @@ TEST_CASE("a task the caller runs may park; the wait it satisfied returns, and a
     std::atomic<bool> first_on_caller{false}, finished{false};
     long second = 0;
     s.schedule([&] {
-        first_on_caller = thread_id() == caller;
+        first_on_caller = test::os_thread_id() == caller;
         first.done();
         ch.receive();  // parks; the caller's wait is over meanwhile
-        second = thread_id();
+        second = test::os_thread_id();
         finished = true;
     });
     first.wait();
@@ -379,11 +363,11 @@ TEST_CASE("a task the caller runs may park; the wait it satisfied returns, and a
 TEST_CASE("run_pending runs worker 0's pinned tasks, returns how many ran and keeps to its budget") {
     Scheduler s(2, true);
     s.start();
-    const long caller = thread_id();
+    const long caller = test::os_thread_id();
     std::atomic<int> ran{0}, elsewhere{0};
     for (int i = 0; i < 5; ++i) {
         s.schedule([&] {
-            if (thread_id() != caller) elsewhere++;
+            if (test::os_thread_id() != caller) elsewhere++;
             ran++;
         }, 0);
     }

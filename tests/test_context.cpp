@@ -16,14 +16,30 @@ using fsched::Fiber;
 // fn resumes fibers that scribble over all of them, so a backend that forgets one fails.
 extern "C" int call_with_marked_registers(void (*fn)(void*), void* arg);
 
-#if defined(__x86_64__) && !defined(_WIN32)  // System V: the ABI of both Linux backends here
+// Its symbol, as the object format spells it: Mach-O (macOS) puts an underscore before a C
+// name and has no .type or .size; ELF's .type says @function, or %function on aarch64.
+#if defined(__APPLE__)
+#define TEST_MARKED_BEGIN ".globl _call_with_marked_registers\n_call_with_marked_registers:\n"
+#define TEST_MARKED_END ""
+#elif !defined(_WIN32)
+#if defined(__aarch64__)
+#define TEST_MARKED_TYPE "%function"
+#else
+#define TEST_MARKED_TYPE "@function"
+#endif
+#define TEST_MARKED_BEGIN                                                                 \
+    ".globl call_with_marked_registers\n"                                                 \
+    ".type call_with_marked_registers," TEST_MARKED_TYPE "\n"                             \
+    "call_with_marked_registers:\n"
+#define TEST_MARKED_END ".size call_with_marked_registers,.-call_with_marked_registers\n"
+#endif
+
+#if defined(__x86_64__) && !defined(_WIN32)  // System V: both Linux backends here, and macOS
 #define TEST_HAVE_REGISTER_CHECK 1
 // rbx, rbp, r12-r15 get markers; after the call each is compared with its marker.
 __asm__(
     ".text\n"
-    ".globl call_with_marked_registers\n"
-    ".type call_with_marked_registers,@function\n"
-    "call_with_marked_registers:\n"
+    TEST_MARKED_BEGIN
     "    pushq %rbp\n"
     "    pushq %rbx\n"
     "    pushq %r12\n"
@@ -79,7 +95,7 @@ __asm__(
     "    popq %rbx\n"
     "    popq %rbp\n"
     "    ret\n"
-    ".size call_with_marked_registers,.-call_with_marked_registers\n");
+    TEST_MARKED_END);
 
 // Overwrites every callee-saved register with garbage, as arbitrary fiber code may.
 static void scribble_registers() {
@@ -206,9 +222,7 @@ static void scribble_registers() {
 // x19-x29 and d8-d15 get markers (marker i = i * 0x0101010101010101 + 0x10).
 __asm__(
     ".text\n"
-    ".globl call_with_marked_registers\n"
-    ".type call_with_marked_registers,%function\n"
-    "call_with_marked_registers:\n"
+    TEST_MARKED_BEGIN
     "    sub sp, sp, #176\n"
     "    stp x19, x20, [sp, #0]\n"
     "    stp x21, x22, [sp, #16]\n"
@@ -291,7 +305,7 @@ __asm__(
     "    ldp d14, d15, [sp, #144]\n"
     "    add sp, sp, #176\n"
     "    ret\n"
-    ".size call_with_marked_registers,.-call_with_marked_registers\n");
+    TEST_MARKED_END);
 
 static void scribble_registers() {
     __asm__ volatile(

@@ -118,6 +118,22 @@ FIBER_SCHED_NOINLINE ThreadState* thread_state() noexcept {
 // any thread of the library exists (sched_fork.ipp, where it is defined, says why).
 void build_process_state();
 
+}  // namespace detail
+}  // namespace fsched
+
+#if FIBER_SCHED_SWITCH_EH_STATE && defined(_LIBCPPABI_VERSION)
+// libc++abi (the C++ runtime of macOS, and of clang's -stdlib=libc++ elsewhere) exports
+// __cxa_get_globals, but its <cxxabi.h>, unlike libstdc++'s, does not declare it. Declared
+// as libc++abi declares it internally, so that a later public declaration still agrees.
+namespace __cxxabiv1 {
+struct __cxa_eh_globals;
+extern "C" __cxa_eh_globals* __cxa_get_globals();
+}  // namespace __cxxabiv1
+#endif
+
+namespace fsched {
+namespace detail {
+
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
     // Its address never changes for a thread, so it is looked up once. The runtime's

@@ -1,5 +1,8 @@
 // ---------------------------------------------------------------------------
-// Context switch for aarch64, AAPCS64 (Linux, BSDs).
+// Context switch for aarch64, AAPCS64 (Linux, BSDs, and macOS on Apple silicon, whose arm64
+// ABI keeps the same callee-saved registers; context_asm_directives.ipp spells the
+// routines' symbols for ELF or Mach-O). x18 is never touched: Apple (and Windows) reserve
+// it as the platform register, so the only scratch register here is x9.
 //
 // Callee-saved state: x19-x28, the frame pointer x29, the link register x30, sp, the low
 // halves d8-d15 of v8-v15, and FPCR (unless FIBER_SCHED_SWITCH_FP_CONTROL is 0). fsched_switch_context(void** save_sp,
@@ -31,11 +34,7 @@ extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibi
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".hidden fsched_switch_context\n"
-    ".type fsched_switch_context,%function\n"
-    ".p2align 4\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
     "    sub sp, sp, #176\n"
     "    stp x19, x20, [sp, #0]\n"
     "    stp x21, x22, [sp, #16]\n"
@@ -64,13 +63,9 @@ __asm__(
     FIBER_SCHED_LOAD_FP
     "    add sp, sp, #176\n"
     "    ret\n"
-    ".size fsched_switch_context,.-fsched_switch_context\n"
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
-    ".globl fsched_trampoline_aarch64_aapcs\n"
-    ".hidden fsched_trampoline_aarch64_aapcs\n"
-    ".type fsched_trampoline_aarch64_aapcs,%function\n"
-    ".p2align 4\n"
-    "fsched_trampoline_aarch64_aapcs:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_aarch64_aapcs)
     "    .cfi_startproc\n"
     // No caller above this frame: unwinders and debuggers stop here.
     "    .cfi_undefined x30\n"
@@ -79,7 +74,7 @@ __asm__(
     // The entry function never returns; trap if it ever does.
     "    brk #0\n"
     "    .cfi_endproc\n"
-    ".size fsched_trampoline_aarch64_aapcs,.-fsched_trampoline_aarch64_aapcs\n");
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_trampoline_aarch64_aapcs));
 
 #undef FIBER_SCHED_SAVE_FP
 #undef FIBER_SCHED_LOAD_FP

@@ -1,5 +1,6 @@
 // ---------------------------------------------------------------------------
-// Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers).
+// Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers;
+// context_asm_directives.ipp spells the routines' symbols for ELF or Mach-O).
 //
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
 // (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
@@ -30,11 +31,7 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibili
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".hidden fsched_switch_context\n"
-    ".type fsched_switch_context,@function\n"
-    ".p2align 4\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
     FIBER_SCHED_ENDBR
     "    pushq %rbp\n"
     "    pushq %rbx\n"
@@ -58,13 +55,9 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
-    ".size fsched_switch_context,.-fsched_switch_context\n"
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
-    ".globl fsched_trampoline_x86_64_sysv\n"
-    ".hidden fsched_trampoline_x86_64_sysv\n"
-    ".type fsched_trampoline_x86_64_sysv,@function\n"
-    ".p2align 4\n"
-    "fsched_trampoline_x86_64_sysv:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_x86_64_sysv)
     "    .cfi_startproc\n"
     // No caller above this frame: unwinders and debuggers stop here.
     "    .cfi_undefined rip\n"
@@ -74,7 +67,7 @@ __asm__(
     // The entry function never returns; trap if it ever does.
     "    ud2\n"
     "    .cfi_endproc\n"
-    ".size fsched_trampoline_x86_64_sysv,.-fsched_trampoline_x86_64_sysv\n");
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_trampoline_x86_64_sysv));
 
 #undef FIBER_SCHED_ENDBR
 

@@ -1,6 +1,7 @@
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
-// on an alternate signal stack for overflows, pthread for names and fork.
+// on an alternate signal stack for overflows (macOS reports a guard-page hit as SIGBUS),
+// pthread for names and fork. Where macOS differs, a branch on __APPLE__ says how.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
@@ -27,18 +28,21 @@ std::size_t guarded_stack_budget() noexcept {
     // many stacks (half the mappings) get a guard page. Other systems have no such file
     // and get the Linux default.
     std::size_t max_maps = 65530;
+#if !defined(__APPLE__)  // macOS has no /proc and no such count to read
     if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
         unsigned long value = 0;
         if (std::fscanf(f, "%lu", &value) == 1 && value > 0) max_maps = value;
         std::fclose(f);
     }
+#endif
     return max_maps / 4;
 }
 
 void* map_stack_memory(std::size_t bytes) noexcept {
     int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-#ifdef MAP_NORESERVE
-    // Reserve address space only; pages are committed when a fiber touches them.
+#if defined(MAP_NORESERVE) && !defined(__APPLE__)
+    // Reserve address space only; pages are committed when a fiber touches them. (macOS
+    // defines the flag but does not implement it: it never reserves swap for such a map.)
     flags |= MAP_NORESERVE;
 #endif
 #ifdef MAP_STACK
@@ -62,7 +66,15 @@ void* map_guarded_stack(std::size_t bytes, std::size_t guard) noexcept {
 
 void unmap_memory(void* base, std::size_t bytes) noexcept { munmap(base, bytes); }
 
-void discard_memory(void* lo, std::size_t bytes) noexcept { madvise(lo, bytes, MADV_DONTNEED); }
+void discard_memory(void* lo, std::size_t bytes) noexcept {
+#if defined(__APPLE__)
+    // Darwin's MADV_DONTNEED only lowers the pages' priority and keeps their contents;
+    // MADV_FREE lets the kernel take them without writing them anywhere.
+    madvise(lo, bytes, MADV_FREE);
+#else
+    madvise(lo, bytes, MADV_DONTNEED);
+#endif
+}
 
 void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept { pthread_atfork(prepare, parent, child); }
 
@@ -73,8 +85,13 @@ void name_thread(const std::string& base, int index) noexcept {
     std::snprintf(name, sizeof name, "%.11s-%d", base.c_str(), index);
     name[15] = '\0';
     pthread_setname_np(pthread_self(), name);
+#elif defined(__APPLE__)
+    // macOS names only the calling thread (a worker names itself) and takes 63 characters.
+    char name[64];
+    std::snprintf(name, sizeof name, "%.50s-%d", base.c_str(), index);
+    pthread_setname_np(name);
 #else
-    // Linux only so far: macOS (pthread_setname_np(name)) and the BSDs spell it differently.
+    // The BSDs spell it differently (pthread_set_name_np, pthread_setname_np(t, fmt, arg)).
     (void)base;
     (void)index;
 #endif
@@ -104,7 +121,12 @@ void pass_to_previous_handler(int sig, siginfo_t* info, void* uctx) noexcept {
         // Back to the default action: a real fault happens again on return and kills the
         // process as if we had never been here; a signal sent by kill() is re-raised.
         signal(sig, SIG_DFL);
+#if defined(__APPLE__)
+        // Darwin's codes for kill() and sigqueue() are positive (SI_USER is 0x10001).
+        if (info->si_code <= 0 || info->si_code == SI_USER || info->si_code == SI_QUEUE) raise(sig);
+#else
         if (info->si_code <= 0) raise(sig);
+#endif
         return;
     }
     previous.sa_handler(sig);
