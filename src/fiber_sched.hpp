@@ -61,7 +61,9 @@ PLATFORMS
     any other POSIX target              ucontext
     x86-64 Windows, MinGW-w64 / clang   asm-x86_64-win64 (no fsched::io)
     Windows, MSVC cl.exe (or forced)    winfiber (no fsched::io)
-    fsched::backend() names the backend compiled in.
+    fsched::backend() names the backend compiled in. Tested (the whole suite run): Linux
+    x86-64, aarch64 and riscv64 (the last two under qemu), Windows x64 under wine. macOS
+    and cl.exe: compiled or preprocessed in CI, never run. BSDs: unchecked.
 
 CAVEATS
     - Under a Scheduler a fiber may continue on another thread after it yields, sleeps or
