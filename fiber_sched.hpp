@@ -3186,7 +3186,7 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // the entry function in r12 and its argument in r13.
 // ---------------------------------------------------------------------------
 
-extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_trampoline_x86_64_sysv() noexcept FIBER_SCHED_HIDDEN;
 
 #if defined(__CET__)
 #define FIBER_SCHED_ENDBR "endbr64\n"
@@ -3313,7 +3313,7 @@ void release_context(Context&) noexcept {}
 // x19 and its argument in x20.
 // ---------------------------------------------------------------------------
 
-extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_trampoline_aarch64_aapcs() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the FPCR slot (one frame layout) but neither fills
 // nor reads it.
@@ -3439,7 +3439,7 @@ void release_context(Context&) noexcept {}
 // its argument in s2, and s0 = 0 (no frame above).
 // ---------------------------------------------------------------------------
 
-extern "C" void fsched_trampoline_riscv64_lp64d() noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_trampoline_riscv64_lp64d() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the frm slot (one frame layout) but neither fills
 // nor reads it.

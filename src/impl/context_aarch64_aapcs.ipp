@@ -20,7 +20,7 @@
 // x19 and its argument in x20.
 // ---------------------------------------------------------------------------
 
-extern "C" void fsched_trampoline_aarch64_aapcs() noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_trampoline_aarch64_aapcs() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the FPCR slot (one frame layout) but neither fills
 // nor reads it.

@@ -21,7 +21,7 @@
 // its argument in s2, and s0 = 0 (no frame above).
 // ---------------------------------------------------------------------------
 
-extern "C" void fsched_trampoline_riscv64_lp64d() noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_trampoline_riscv64_lp64d() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the frm slot (one frame layout) but neither fills
 // nor reads it.

@@ -21,7 +21,7 @@
 // the entry function in r12 and its argument in r13.
 // ---------------------------------------------------------------------------
 
-extern "C" void fsched_trampoline_x86_64_sysv() noexcept __attribute__((visibility("hidden")));
+extern "C" void fsched_trampoline_x86_64_sysv() noexcept FIBER_SCHED_HIDDEN;
 
 #if defined(__CET__)
 #define FIBER_SCHED_ENDBR "endbr64\n"
