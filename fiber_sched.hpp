@@ -1856,7 +1856,7 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::m
 // waiting read back until that many bytes are queued (or the end, or an error), as it holds
 // a blocking recv(), and the try at the timeout returns what is queued below the mark. Data
 // queued when a read begins is returned at once, or, when the read comes after a short one
-// (which io takes to mean the queue is empty: see io.ipp) and a mark raised since hid the
+// (which io takes to mean the queue is empty: see io_calls.ipp) and a mark raised since hid the
 // data, 25 to 50 ms later.
 // write() never raises SIGPIPE: a peer that has gone (socket or pipe) is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
@@ -7198,7 +7198,7 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
 // fork() and the process-wide state: what a forked child's only thread forgets
 // (forget_schedulers_in_child), and build_process_state(), which makes the stack pool, the
 // io registry and their fork handlers exist before any thread of the library does.
-// Relies on: the stack pool (stack.ipp), the io registry (io.ipp, declared in
+// Relies on: the stack pool (stack.ipp), the io registry (io_registry.ipp, declared in
 // idle_epoll.ipp), the OS layer's fork hooks.
 // ---------------------------------------------------------------------------
 
@@ -7238,7 +7238,7 @@ void build_process_state() {
     static const bool built = [] {
         (void)stack_pool();  // registers its handlers (stack.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)
-        build_io_registry();  // and its (io.ipp)
+        build_io_registry();  // and its (io_registry.ipp)
 #endif
         // install_stack_overflow_handler()'s lock, which it takes only after calling this.
         (void)overflow_install_mutex();
@@ -7563,10 +7563,15 @@ void WaitGroup::wait() {
 
 }  // namespace fsched
 // ---- end src/impl/sync.ipp ----
-// ---- begin src/impl/io.ipp ----
+// fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
+// the fd table, one wait, the sweep, the calls.
+// ---- begin src/impl/io_registry.ipp ----
 // ---------------------------------------------------------------------------
-// Implementation: fsched::io (Linux). The epoll instance it registers fds with, and the
-// worker that sleeps on it (the poller), belong to the idle wait: idle_epoll.ipp.
+// Implementation: fsched::io (Linux), overall; its parts are io_registry.ipp (this one: the
+// process-wide registry of schedulers, a wait's record IoWait, the counted system calls),
+// io_fd_table.ipp, io_wait.ipp, io_sweep.ipp and io_calls.ipp. The epoll instance it
+// registers fds with, and the worker that sleeps on it (the poller), belong to the idle
+// wait: idle_epoll.ipp.
 //
 // Registration is persistent and edge-triggered, as Go's netpoller's: the first wait on an
 // fd adds it once, for EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, and it stays while the
@@ -7861,6 +7866,45 @@ int io_epoll_ctl(int epoll_fd, int op, int fd, epoll_event* ev) noexcept {
 constexpr unsigned read_bit = static_cast<unsigned>(io::Ready::Read);
 constexpr unsigned write_bit = static_cast<unsigned>(io::Ready::Write);
 
+}  // namespace
+
+void build_io_registry() { (void)io_registry(); }
+
+void add_to_io_registry(SchedulerIdle* idle) {
+    IoRegistry& registry = io_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.schedulers.push_back(idle);
+}
+
+void remove_from_io_registry(SchedulerIdle* idle) noexcept {
+    IoRegistry& registry = io_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), idle),
+                              registry.schedulers.end());
+}
+
+}  // namespace detail
+
+}  // namespace fsched
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
+// ---- end src/impl/io_registry.ipp ----
+// ---- begin src/impl/io_fd_table.ipp ----
+// ---------------------------------------------------------------------------
+// fsched::io, the fd table: registering an fd with the scheduler's epoll instance (once,
+// edge-triggered), forgetting a closed file, the unverified waiters a sweep checks, an
+// edge taken by its waiter or kept for the next one (take_ready), and poll() of one fd.
+// Relies on: io_registry.ipp (IoWait, the counted system calls), the idle wait's IoFd and
+// io_lock (idle_epoll.ipp), Waiter (sync.hpp).
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+namespace fsched {
+namespace detail {
+
+namespace {
+
 // Adds fd to the epoll instance, edge-triggered, under a new generation. Under io_lock.
 // Returns 0 or the errno of epoll_ctl (EPERM: a regular file, which epoll refuses).
 // `rearm`: the entry is registered, but for a file whose number may have been taken over
@@ -8027,6 +8071,30 @@ bool ready_now(int fd, io::Ready what) noexcept {
     const int rc = poll_restarting(&one, 1, 0);
     return poll_outcome(rc, one, current_errno());
 }
+
+}  // namespace
+
+}  // namespace detail
+
+}  // namespace fsched
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
+// ---- end src/impl/io_fd_table.ipp ----
+// ---- begin src/impl/io_wait.ipp ----
+// ---------------------------------------------------------------------------
+// fsched::io, one wait: a call's record (IoCall, which cancel() reaches), and a fiber's
+// wait for an fd (fiber_wait, in named steps: the ready-only look, the entry under io_lock,
+// arming it, parking, the result).
+// Relies on: io_fd_table.ipp, block() and prepare_timed_wait() (sync.hpp), wake_for_io
+// (sched_park.ipp).
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+namespace fsched {
+namespace detail {
+
+namespace {
 
 // How a wait was reached: after its read or write failed with EAGAIN (an edge left in
 // IoFd::ready by data read since may wake it spuriously: its caller tries again); instead of
@@ -8354,6 +8422,28 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     return fiber_wait_result(call, wait, what, kind, woken);
 }
 
+}  // namespace
+
+}  // namespace detail
+
+}  // namespace fsched
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
+// ---- end src/impl/io_wait.ipp ----
+// ---- begin src/impl/io_sweep.ipp ----
+// ---------------------------------------------------------------------------
+// fsched::io, delayed validation: what a sweep checks of the waiters parked without an
+// fstat (refresh_fd, verify_waiter, a read that came short, an fd that is no socket),
+// dispatching epoll's events to waiters, and the sweep itself; the counters the tests read.
+// Relies on: io_wait.ipp, io_fd_table.ipp, SchedulerCore (sched_core.ipp) for the tests' hooks.
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+namespace fsched {
+namespace detail {
+
+namespace {
 
 // A new fd, or one about to be connected, in a fiber of `idle`'s scheduler: records its file
 // and, for a socket, registers it and marks it a known non-blocking socket (the callers know
@@ -8451,35 +8541,6 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
     if (!entry.reader && !entry.writer) forget_file(idle, entry);
 }
 
-// Before a read or write system call of `call` in a scheduler: clears the call's readiness
-// bit (step (a) at the top of this file), and says whether fd is a known non-blocking socket
-// in a scheduler task, whose call may skip usable_fd(); in `cancelled`, whether cancel() has
-// reached the call since it began (then nothing else is done: it must not touch fd again).
-// Takes io_lock.
-// `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
-// with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
-// `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
-// for read_came_short.
-bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read = nullptr,
-                  std::uint64_t* read_mark = nullptr) noexcept {
-    SchedulerIdle& idle = *call.idle;
-    idle.io_lock.lock();
-    bool fast = false;
-    IoFd* entry = call_step(call, cancelled);
-    if (entry && !cancelled) {
-        fast = call.in_task && entry->checked && entry->fast_socket;
-        if (skip_read && fast && entry->drained && !entry->final_events && !(entry->ready & read_bit)) {
-            *skip_read = true;
-        } else {
-            entry->ready &= ~static_cast<unsigned>(what);
-            if (what == io::Ready::Read) entry->drained = false;  // this read says anew
-        }
-        if (read_mark) *read_mark = entry->read_mark;
-    }
-    idle.io_lock.unlock();
-    return fast;
-}
-
 // io::read of a known socket returned less than it asked for: if it is a TCP socket with a
 // low-water mark of 1 and no read edge has come since the read began (`read_mark`, from
 // prepare_call), its receive queue was empty then (see the top of this file). Takes io_lock.
@@ -8509,6 +8570,155 @@ void not_a_socket(SchedulerIdle& idle, int fd) noexcept {
     auto it = idle.io_fds.find(fd);
     if (it != idle.io_fds.end()) it->second.fast_socket = false;
     idle.io_lock.unlock();
+}
+
+}  // namespace
+
+// Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
+// drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
+// the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
+bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept {
+    bool any = false;
+    for (int i = 0; i < n; ++i) {
+        const int fd = event_fd(events[i]);
+        if (fd == idle.poller_wake_fd) {
+            if (from_poller) drain(fd);
+            continue;
+        }
+        IoWait* woken[2];
+        int count = 0;
+        idle.io_lock.lock();
+        take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
+        idle.io_lock.unlock();
+        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
+        any = any || count > 0;
+    }
+    return any;
+}
+
+bool sweep_unverified(SchedulerIdle& idle) noexcept {
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (now < idle.next_sweep.load(std::memory_order_relaxed)) return false;
+    idle.io_lock.lock();
+    if (!idle.sweeping.load(std::memory_order_relaxed) || now < idle.next_sweep.load(std::memory_order_relaxed)) {
+        idle.io_lock.unlock();  // another worker made this one
+        return false;
+    }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    idle.next_sweep.store(now + sweep_interval().count(), std::memory_order_relaxed);
+    // Due: the waiters that parked before the previous sweep (at least one interval ago).
+    const std::uint64_t due_before = idle.sweep_epoch++;
+    bool any = false;
+    for (;;) {
+        // In batches, so that io_lock is not held across many fstat calls at once.
+        IoWait* woken[2 * 16];
+        int count = 0;
+        for (int checked = 0; checked < 16; ++checked) {
+            IoWait* wait = idle.unverified_head;
+            if (!wait || wait->park_epoch >= due_before) break;
+            leave_unverified(idle, *wait);  // verified for the rest of this park, whatever follows
+            verify_waiter(idle, *wait, woken, count);
+        }
+        const IoWait* next = idle.unverified_head;
+        const bool done = !next || next->park_epoch >= due_before;
+        // No waiter left to check: no more sweeps until one parks unverified.
+        if (!next) idle.sweeping.store(false, std::memory_order_relaxed);
+        idle.io_lock.unlock();
+        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
+        any = any || count > 0;
+        if (done) return any;
+        idle.io_lock.lock();
+    }
+}
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
+long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
+long io_fd_stats() noexcept { return io_fd_stat_count.load(std::memory_order_relaxed); }
+long io_reads_skipped() noexcept { return io_read_skip_count.load(std::memory_order_relaxed); }
+long io_reads_eagain() noexcept { return io_read_eagain_count.load(std::memory_order_relaxed); }
+long io_sweeps() noexcept { return io_sweep_count.load(std::memory_order_relaxed); }
+long io_sweep_checks() noexcept { return io_sweep_check_count.load(std::memory_order_relaxed); }
+long io_sweep_repairs() noexcept { return io_sweep_repair_count.load(std::memory_order_relaxed); }
+void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
+    io_sweep_interval_ms.store(static_cast<int>(interval.count()), std::memory_order_relaxed);
+}
+bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
+void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
+void set_io_after_read_hook(void (*hook)(int fd)) noexcept { io_after_read.store(hook, std::memory_order_relaxed); }
+int io_poller_worker(Scheduler& s) noexcept {
+    SchedulerCore& core = SchedulerCore::of(s);
+    const WorkerIdle* poller = core.idle.poller.load(std::memory_order_acquire);
+    for (const auto& w : core.workers) {
+        if (&w->idle == poller) return w->index;
+    }
+    return -1;
+}
+
+int io_poll_now() noexcept {
+    if (!in_scheduler_task()) return 0;
+    SchedulerIdle& idle = SchedulerCore::of(*thread_state()->scheduler).idle;
+    epoll_event events[64];
+    const int n = epoll_wait(idle.io_epoll_fd, events, 64, 0);
+    if (n <= 0) return 0;
+    dispatch_io_events(idle, events, n, false);
+    int fds = 0;
+    for (int i = 0; i < n; ++i) fds += event_fd(events[i]) != idle.poller_wake_fd;
+    return fds;
+}
+#endif
+
+}  // namespace detail
+
+}  // namespace fsched
+
+#endif  // FIBER_SCHED_HAVE_EPOLL
+// ---- end src/impl/io_sweep.ipp ----
+// ---- begin src/impl/io_calls.ipp ----
+// ---------------------------------------------------------------------------
+// fsched::io, the calls: the fast way a known socket's call takes (prepare_call), a plain
+// thread's wait (poll() of the fd and its cancel eventfd), the retry loop every call runs
+// (try the system call, wait on EAGAIN, once more after a timeout), connect, a write that
+// raises no SIGPIPE, and the public io::wait/read/write/accept/connect/cancel.
+// Relies on: io_wait.ipp, io_sweep.ipp.
+// ---------------------------------------------------------------------------
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+
+namespace fsched {
+namespace detail {
+
+namespace {
+
+// Before a read or write system call of `call` in a scheduler: clears the call's readiness
+// bit (step (a) at the top of this file), and says whether fd is a known non-blocking socket
+// in a scheduler task, whose call may skip usable_fd(); in `cancelled`, whether cancel() has
+// reached the call since it began (then nothing else is done: it must not touch fd again).
+// Takes io_lock.
+// `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
+// with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
+// `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
+// for read_came_short.
+bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read = nullptr,
+                  std::uint64_t* read_mark = nullptr) noexcept {
+    SchedulerIdle& idle = *call.idle;
+    idle.io_lock.lock();
+    bool fast = false;
+    IoFd* entry = call_step(call, cancelled);
+    if (entry && !cancelled) {
+        fast = call.in_task && entry->checked && entry->fast_socket;
+        if (skip_read && fast && entry->drained && !entry->final_events && !(entry->ready & read_bit)) {
+            *skip_read = true;
+        } else {
+            entry->ready &= ~static_cast<unsigned>(what);
+            if (what == io::Ready::Read) entry->drained = false;  // this read says anew
+        }
+        if (read_mark) *read_mark = entry->read_mark;
+    }
+    idle.io_lock.unlock();
+    return fast;
 }
 
 // A plain thread's wait: poll() of fd and of the thread's eventfd, which cancel() writes
@@ -8736,117 +8946,6 @@ ssize_t write_without_sigpipe(int fd, const void* buf, std::size_t n) noexcept {
 
 }  // namespace
 
-// Wakes the waiters of each ready fd in `events`; true if any was woken. Only the poller
-// drains poller_wake_fd: a busy worker polling the same instance would otherwise swallow
-// the wake-up meant for the sleeping poller (the fd is level-triggered, so it stays ready).
-bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept {
-    bool any = false;
-    for (int i = 0; i < n; ++i) {
-        const int fd = event_fd(events[i]);
-        if (fd == idle.poller_wake_fd) {
-            if (from_poller) drain(fd);
-            continue;
-        }
-        IoWait* woken[2];
-        int count = 0;
-        idle.io_lock.lock();
-        take_ready(idle, fd, event_generation(events[i]), events[i].events, woken, count);
-        idle.io_lock.unlock();
-        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
-        any = any || count > 0;
-    }
-    return any;
-}
-
-bool sweep_unverified(SchedulerIdle& idle) noexcept {
-    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    if (now < idle.next_sweep.load(std::memory_order_relaxed)) return false;
-    idle.io_lock.lock();
-    if (!idle.sweeping.load(std::memory_order_relaxed) || now < idle.next_sweep.load(std::memory_order_relaxed)) {
-        idle.io_lock.unlock();  // another worker made this one
-        return false;
-    }
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-    io_sweep_count.fetch_add(1, std::memory_order_relaxed);
-#endif
-    idle.next_sweep.store(now + sweep_interval().count(), std::memory_order_relaxed);
-    // Due: the waiters that parked before the previous sweep (at least one interval ago).
-    const std::uint64_t due_before = idle.sweep_epoch++;
-    bool any = false;
-    for (;;) {
-        // In batches, so that io_lock is not held across many fstat calls at once.
-        IoWait* woken[2 * 16];
-        int count = 0;
-        for (int checked = 0; checked < 16; ++checked) {
-            IoWait* wait = idle.unverified_head;
-            if (!wait || wait->park_epoch >= due_before) break;
-            leave_unverified(idle, *wait);  // verified for the rest of this park, whatever follows
-            verify_waiter(idle, *wait, woken, count);
-        }
-        const IoWait* next = idle.unverified_head;
-        const bool done = !next || next->park_epoch >= due_before;
-        // No waiter left to check: no more sweeps until one parks unverified.
-        if (!next) idle.sweeping.store(false, std::memory_order_relaxed);
-        idle.io_lock.unlock();
-        for (int k = 0; k < count; ++k) wake_waiter(woken[k]->waiter);
-        any = any || count > 0;
-        if (done) return any;
-        idle.io_lock.lock();
-    }
-}
-
-void build_io_registry() { (void)io_registry(); }
-
-void add_to_io_registry(SchedulerIdle* idle) {
-    IoRegistry& registry = io_registry();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    registry.schedulers.push_back(idle);
-}
-
-void remove_from_io_registry(SchedulerIdle* idle) noexcept {
-    IoRegistry& registry = io_registry();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    registry.schedulers.erase(std::remove(registry.schedulers.begin(), registry.schedulers.end(), idle),
-                              registry.schedulers.end());
-}
-
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-long io_epoll_ctl_calls() noexcept { return io_epoll_ctl_count.load(std::memory_order_relaxed); }
-long io_fd_checks() noexcept { return io_fd_check_count.load(std::memory_order_relaxed); }
-long io_fd_stats() noexcept { return io_fd_stat_count.load(std::memory_order_relaxed); }
-long io_reads_skipped() noexcept { return io_read_skip_count.load(std::memory_order_relaxed); }
-long io_reads_eagain() noexcept { return io_read_eagain_count.load(std::memory_order_relaxed); }
-long io_sweeps() noexcept { return io_sweep_count.load(std::memory_order_relaxed); }
-long io_sweep_checks() noexcept { return io_sweep_check_count.load(std::memory_order_relaxed); }
-long io_sweep_repairs() noexcept { return io_sweep_repair_count.load(std::memory_order_relaxed); }
-void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
-    io_sweep_interval_ms.store(static_cast<int>(interval.count()), std::memory_order_relaxed);
-}
-bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
-void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
-void set_io_after_read_hook(void (*hook)(int fd)) noexcept { io_after_read.store(hook, std::memory_order_relaxed); }
-int io_poller_worker(Scheduler& s) noexcept {
-    SchedulerCore& core = SchedulerCore::of(s);
-    const WorkerIdle* poller = core.idle.poller.load(std::memory_order_acquire);
-    for (const auto& w : core.workers) {
-        if (&w->idle == poller) return w->index;
-    }
-    return -1;
-}
-
-int io_poll_now() noexcept {
-    if (!in_scheduler_task()) return 0;
-    SchedulerIdle& idle = SchedulerCore::of(*thread_state()->scheduler).idle;
-    epoll_event events[64];
-    const int n = epoll_wait(idle.io_epoll_fd, events, 64, 0);
-    if (n <= 0) return 0;
-    dispatch_io_events(idle, events, n, false);
-    int fds = 0;
-    for (int i = 0; i < n; ++i) fds += event_fd(events[i]) != idle.poller_wake_fd;
-    return fds;
-}
-#endif
-
 }  // namespace detail
 
 namespace io {
@@ -8951,10 +9050,11 @@ void cancel(int fd) {
 }
 
 }  // namespace io
+
 }  // namespace fsched
 
 #endif  // FIBER_SCHED_HAVE_EPOLL
-// ---- end src/impl/io.ipp ----
+// ---- end src/impl/io_calls.ipp ----
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

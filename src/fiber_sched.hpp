@@ -243,7 +243,13 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/sched_submit.ipp"
 #include "impl/sched_fork.ipp"
 #include "impl/sync.ipp"
-#include "impl/io.ipp"
+// fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
+// the fd table, one wait, the sweep, the calls.
+#include "impl/io_registry.ipp"
+#include "impl/io_fd_table.ipp"
+#include "impl/io_wait.ipp"
+#include "impl/io_sweep.ipp"
+#include "impl/io_calls.ipp"
 
 #endif  // FIBER_SCHED_IMPLEMENTATION
 

@@ -40,7 +40,7 @@ bool wait(int fd, Ready what, std::chrono::milliseconds timeout = std::chrono::m
 // waiting read back until that many bytes are queued (or the end, or an error), as it holds
 // a blocking recv(), and the try at the timeout returns what is queued below the mark. Data
 // queued when a read begins is returned at once, or, when the read comes after a short one
-// (which io takes to mean the queue is empty: see io.ipp) and a mark raised since hid the
+// (which io takes to mean the queue is empty: see io_calls.ipp) and a mark raised since hid the
 // data, 25 to 50 ms later.
 // write() never raises SIGPIPE: a peer that has gone (socket or pipe) is -1, errno EPIPE.
 ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));

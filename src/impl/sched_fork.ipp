@@ -2,7 +2,7 @@
 // fork() and the process-wide state: what a forked child's only thread forgets
 // (forget_schedulers_in_child), and build_process_state(), which makes the stack pool, the
 // io registry and their fork handlers exist before any thread of the library does.
-// Relies on: the stack pool (stack.ipp), the io registry (io.ipp, declared in
+// Relies on: the stack pool (stack.ipp), the io registry (io_registry.ipp, declared in
 // idle_epoll.ipp), the OS layer's fork hooks.
 // ---------------------------------------------------------------------------
 
@@ -42,7 +42,7 @@ void build_process_state() {
     static const bool built = [] {
         (void)stack_pool();  // registers its handlers (stack.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)
-        build_io_registry();  // and its (io.ipp)
+        build_io_registry();  // and its (io_registry.ipp)
 #endif
         // install_stack_overflow_handler()'s lock, which it takes only after calling this.
         (void)overflow_install_mutex();
