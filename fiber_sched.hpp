@@ -7908,7 +7908,7 @@ namespace {
 // Adds fd to the epoll instance, edge-triggered, under a new generation. Under io_lock.
 // Returns 0 or the errno of epoll_ctl (EPERM: a regular file, which epoll refuses).
 // `rearm`: the entry is registered, but for a file whose number may have been taken over
-// unseen (not a socket: see the top of this file); MOD first, ADD if the set lost it.
+// unseen (not a socket: see the top of io_registry.ipp); MOD first, ADD if the set lost it.
 int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
@@ -7934,7 +7934,7 @@ int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) no
 }
 
 // Makes `entry` what a new one would be, but for its count of cancels, which the calls under
-// way compare (see "Cancel" at the top of this file): entries are forgotten, never erased.
+// way compare (see "Cancel" at the top of io_registry.ipp): entries are forgotten, never erased.
 // A waiter still in a slot (its fd closed behind io's back) sleeps on until its timeout,
 // found by no one: unlink_io_wait and the sweep look for it in the slot. Under io_lock.
 void forget_file(SchedulerIdle& idle, IoFd& entry) noexcept {
@@ -8119,7 +8119,7 @@ int thread_cancel_fd() {
 }
 
 // One io call (wait, read, write, accept, connect) from its start to its return, as
-// io::cancel() must reach it (see "Cancel" at the top of this file). On the caller's stack.
+// io::cancel() must reach it (see "Cancel" at the top of io_registry.ipp). On the caller's stack.
 struct IoCall {
     explicit IoCall(int fd) noexcept;
     IoCall(const IoCall&) = delete;
@@ -8190,7 +8190,7 @@ IoCall::~IoCall() {
 
 // A step of `call` in a scheduler, under its io_lock: fd's entry, and in `cancelled` whether
 // cancel() has reached the call since its first step, which makes the entry if it is missing
-// and records its count of cancels (see "Cancel" at the top of this file). nullptr: no entry
+// and records its count of cancels (see "Cancel" at the top of io_registry.ipp). nullptr: no entry
 // was made at the first step (no memory, or a negative fd); the call must then not wait.
 IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     cancelled = false;
@@ -8261,7 +8261,7 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
 
 // fiber_wait()'s first step for io::wait() (WaitKind::ReadyOnly): an edge already in
 // `ready` may be from data that is gone, so drop it and ask the fd. Readiness from after
-// this poll comes as a new edge (see the top of this file). Empty: go on and park.
+// this poll comes as a new edge (see the top of io_registry.ipp). Empty: go on and park.
 std::optional<bool> ready_only_look(IoCall& call, io::Ready what, bool& trusted) {
     SchedulerIdle& idle = *call.idle;
     bool cancelled;
@@ -8339,7 +8339,7 @@ std::optional<bool> arm_wait_locked(IoCall& call, IoFd& entry, io::Ready what, b
     }
     const unsigned bit = static_cast<unsigned>(what);
     if (entry.ready & bit) {
-        // An edge that came while no one waited (see the top of this file): not parking is
+        // An edge that came while no one waited (see the top of io_registry.ipp): not parking is
         // what keeps it from being lost.
         entry.ready &= ~bit;
         idle.io_lock.unlock();
@@ -8409,7 +8409,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     (what == io::Ready::Read ? entry->reader : entry->writer) = &wait;
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
     // A skipped read's wait always joins: the sweep also checks that its read would have
-    // failed ("Reads that would fail" at the top of this file).
+    // failed ("Reads that would fail" at the top of io_registry.ipp).
     wait.skipped_read = kind == WaitKind::SkippedRead;
     if (!stated || wait.skipped_read) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
@@ -8474,62 +8474,22 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
     idle.io_lock.unlock();
 }
 
-// The sweep's check of one unverified waiter's fd (see "Delayed validation" at the top of
-// this file), under io_lock: a closed fd fails its waiters with EBADF; another file under the
-// number is registered anew (its waiters then wake on its present readiness). The waiters it
-// wakes go to `woken` (room for two), to be woken once io_lock is released.
-void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
-    auto it = idle.io_fds.find(wait.fd);
-    if (it == idle.io_fds.end()) return;
-    IoFd& entry = it->second;
-    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out or cancelled; it is leaving
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-    io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
-#endif
-    // Wakes a skipped read's wait to make the read it left out.
-    auto make_skipped_read = [&] {
-        if (claim(wait.waiter)) {
-            woken[count++] = &wait;
-            entry.reader = nullptr;
-        }
-    };
-    const bool skipped_read = wait.skipped_read && entry.reader == &wait;
-    struct stat st;
-    int error = 0;
-    if (::fstat(wait.fd, &st) != 0) {
-        error = current_errno();
-    } else if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
-        // The file it registered. A skipped read's wait is also checked for the read it left
-        // out: if data is queued after all (below an SO_RCVLOWAT set since the short read, or
-        // anything else that sends no edge), wake it to read, and make every later read of
-        // this socket ("Reads that would fail" at the top of this file).
-        int queued = 0;
-        if (!skipped_read) return;
-        if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
-        entry.short_reads = 2;
-        entry.drained = false;
-        make_skipped_read();
-        return;
-    } else {
-        record_file(entry, st);  // another file: fast_socket false, its calls check it again
-        error = register_fd(idle, wait.fd, entry);
-        if (error == 0) {
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-            io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
-#endif
-            // A skipped read left out on the word of the old file's queue: the new file's
-            // present readiness (ADD reports it) may be held back by its SO_RCVLOWAT while
-            // recv() would return data, so wake it to make its read (which checks the file).
-            if (skipped_read) make_skipped_read();
-            return;
-        }
-        if (error == EPERM) error = 0;  // a regular file: always ready
+// A skipped read's wait, found by the sweep to have data after all: woken to make the read
+// it left out (into `woken`, under io_lock).
+void wake_skipped_read(IoFd& entry, IoWait& wait, IoWait* woken[2], int& count) noexcept {
+    if (claim(wait.waiter)) {
+        woken[count++] = &wait;
+        entry.reader = nullptr;
     }
+}
+
+// The sweep found `entry`'s fd closed (`error` EBADF), or a file epoll cannot wait for (0:
+// always ready): its waiters, which would otherwise sleep for good (until their timeout),
+// wake with `error` (into `woken`, under io_lock), and the entry goes once it has none.
+void fail_waiters(SchedulerIdle& idle, IoFd& entry, int error, IoWait* woken[2], int& count) noexcept {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
 #endif
-    // Not open, or not to be waited for through epoll: wake its waiters, which would
-    // otherwise sleep for good (until their timeout).
     for (IoWait** slot : {&entry.reader, &entry.writer}) {
         if (*slot && claim((*slot)->waiter)) {
             (*slot)->error = error;
@@ -8541,9 +8501,55 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
     if (!entry.reader && !entry.writer) forget_file(idle, entry);
 }
 
+// The sweep's check of one unverified waiter's fd (see "Delayed validation" at the top of
+// io_registry.ipp), under io_lock: a closed fd fails its waiters with EBADF; another file
+// under the number is registered anew (its waiters then wake on its present readiness). The
+// waiters it wakes go to `woken` (room for two), to be woken once io_lock is released.
+void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
+    auto it = idle.io_fds.find(wait.fd);
+    if (it == idle.io_fds.end()) return;
+    IoFd& entry = it->second;
+    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out or cancelled; it is leaving
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    const bool skipped_read = wait.skipped_read && entry.reader == &wait;
+    struct stat st;
+    if (::fstat(wait.fd, &st) != 0) {
+        fail_waiters(idle, entry, current_errno(), woken, count);
+        return;
+    }
+    if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
+        // The file it registered. A skipped read's wait is also checked for the read it left
+        // out: if data is queued after all (below an SO_RCVLOWAT set since the short read, or
+        // anything else that sends no edge), wake it to read, and make every later read of
+        // this socket ("Reads that would fail" at the top of io_registry.ipp).
+        int queued = 0;
+        if (!skipped_read) return;
+        if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
+        entry.short_reads = 2;
+        entry.drained = false;
+        wake_skipped_read(entry, wait, woken, count);
+        return;
+    }
+    record_file(entry, st);  // another file: fast_socket false, its calls check it again
+    const int error = register_fd(idle, wait.fd, entry);
+    if (error != 0) {
+        fail_waiters(idle, entry, error == EPERM ? 0 : error, woken, count);  // EPERM: a regular file
+        return;
+    }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    // A skipped read left out on the word of the old file's queue: the new file's present
+    // readiness (ADD reports it) may be held back by its SO_RCVLOWAT while recv() would
+    // return data, so wake it to make its read (which checks the file).
+    if (skipped_read) wake_skipped_read(entry, wait, woken, count);
+}
+
 // io::read of a known socket returned less than it asked for: if it is a TCP socket with a
 // low-water mark of 1 and no read edge has come since the read began (`read_mark`, from
-// prepare_call), its receive queue was empty then (see the top of this file). Takes io_lock.
+// prepare_call), its receive queue was empty then (see the top of io_registry.ipp). Takes io_lock.
 void read_came_short(SchedulerIdle& idle, int fd, std::uint64_t read_mark) noexcept {
     idle.io_lock.lock();
     auto it = idle.io_fds.find(fd);
@@ -8693,12 +8699,12 @@ namespace detail {
 namespace {
 
 // Before a read or write system call of `call` in a scheduler: clears the call's readiness
-// bit (step (a) at the top of this file), and says whether fd is a known non-blocking socket
+// bit (step (a) at the top of io_registry.ipp), and says whether fd is a known non-blocking socket
 // in a scheduler task, whose call may skip usable_fd(); in `cancelled`, whether cancel() has
 // reached the call since it began (then nothing else is done: it must not touch fd again).
 // Takes io_lock.
 // `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
-// with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
+// with EAGAIN and may be left out ("Reads that would fail" at the top of io_registry.ipp).
 // `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
 // for read_came_short.
 bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read = nullptr,
@@ -8722,7 +8728,7 @@ bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read
 }
 
 // A plain thread's wait: poll() of fd and of the thread's eventfd, which cancel() writes
-// (see "Cancel" at the top of this file). A pause polls the eventfd alone.
+// (see "Cancel" at the top of io_registry.ipp). A pause polls the eventfd alone.
 bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     auto hook = io_before_park.load(std::memory_order_relaxed);
@@ -8817,8 +8823,8 @@ struct Deadline {
 // for `what` in between. A blocking fd is refused first (usable_fd), except that in a fiber
 // a known non-blocking socket skips that check when `may_skip_check` (its call is then made
 // with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
-// now; see the top of this file). Once the timeout has passed, `call` is made once more
-// ("Timeouts" at the top of this file); after cancel() reached the call, never again.
+// now; see the top of io_registry.ipp). Once the timeout has passed, `call` is made once more
+// ("Timeouts" at the top of io_registry.ipp); after cancel() reached the call, never again.
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
            bool may_skip_read = false) -> decltype(call(false, nullptr, std::uint64_t{0})) {
@@ -8883,7 +8889,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
 }
 
 // io::connect after usable_fd: the system call, its retries after EAGAIN, and the wait for
-// the connection, as one call (see "Connect on a full backlog" at the top of this file).
+// the connection, as one call (see "Connect on a full backlog" at the top of io_registry.ipp).
 int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
     IoCall call(fd);
     const Deadline deadline(timeout);
@@ -9031,7 +9037,7 @@ void cancel(int fd) {
         if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
             // The calls under way that are not parked find this at their next step ("Cancel"
-            // at the top of this file); the parked ones are woken here.
+            // at the top of io_registry.ipp); the parked ones are woken here.
             ++entry.cancels;
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {

@@ -14,12 +14,12 @@ namespace detail {
 namespace {
 
 // Before a read or write system call of `call` in a scheduler: clears the call's readiness
-// bit (step (a) at the top of this file), and says whether fd is a known non-blocking socket
+// bit (step (a) at the top of io_registry.ipp), and says whether fd is a known non-blocking socket
 // in a scheduler task, whose call may skip usable_fd(); in `cancelled`, whether cancel() has
 // reached the call since it began (then nothing else is done: it must not touch fd again).
 // Takes io_lock.
 // `skip_read` (io::read only): set instead, with nothing cleared, when the read would fail
-// with EAGAIN and may be left out ("Reads that would fail" at the top of this file).
+// with EAGAIN and may be left out ("Reads that would fail" at the top of io_registry.ipp).
 // `read_mark` (io::read only): the fd's mark of its latest read edge as the read begins,
 // for read_came_short.
 bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read = nullptr,
@@ -43,7 +43,7 @@ bool prepare_call(IoCall& call, io::Ready what, bool& cancelled, bool* skip_read
 }
 
 // A plain thread's wait: poll() of fd and of the thread's eventfd, which cancel() writes
-// (see "Cancel" at the top of this file). A pause polls the eventfd alone.
+// (see "Cancel" at the top of io_registry.ipp). A pause polls the eventfd alone.
 bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKind kind) {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     auto hook = io_before_park.load(std::memory_order_relaxed);
@@ -138,8 +138,8 @@ struct Deadline {
 // for `what` in between. A blocking fd is refused first (usable_fd), except that in a fiber
 // a known non-blocking socket skips that check when `may_skip_check` (its call is then made
 // with fast = true and must use MSG_DONTWAIT, so it cannot block whatever the number names
-// now; see the top of this file). Once the timeout has passed, `call` is made once more
-// ("Timeouts" at the top of this file); after cancel() reached the call, never again.
+// now; see the top of io_registry.ipp). Once the timeout has passed, `call` is made once more
+// ("Timeouts" at the top of io_registry.ipp); after cancel() reached the call, never again.
 template <class Call>
 auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_skip_check, Call call,
            bool may_skip_read = false) -> decltype(call(false, nullptr, std::uint64_t{0})) {
@@ -204,7 +204,7 @@ auto retry(int fd, io::Ready what, std::chrono::milliseconds timeout, bool may_s
 }
 
 // io::connect after usable_fd: the system call, its retries after EAGAIN, and the wait for
-// the connection, as one call (see "Connect on a full backlog" at the top of this file).
+// the connection, as one call (see "Connect on a full backlog" at the top of io_registry.ipp).
 int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
     IoCall call(fd);
     const Deadline deadline(timeout);
@@ -352,7 +352,7 @@ void cancel(int fd) {
         if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
             // The calls under way that are not parked find this at their next step ("Cancel"
-            // at the top of this file); the parked ones are woken here.
+            // at the top of io_registry.ipp); the parked ones are woken here.
             ++entry.cancels;
             for (detail::IoWait** slot : {&entry.reader, &entry.writer}) {
                 if (*slot && detail::claim((*slot)->waiter)) {

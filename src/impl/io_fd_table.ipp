@@ -16,7 +16,7 @@ namespace {
 // Adds fd to the epoll instance, edge-triggered, under a new generation. Under io_lock.
 // Returns 0 or the errno of epoll_ctl (EPERM: a regular file, which epoll refuses).
 // `rearm`: the entry is registered, but for a file whose number may have been taken over
-// unseen (not a socket: see the top of this file); MOD first, ADD if the set lost it.
+// unseen (not a socket: see the top of io_registry.ipp); MOD first, ADD if the set lost it.
 int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
@@ -42,7 +42,7 @@ int register_fd(SchedulerIdle& idle, int fd, IoFd& entry, bool rearm = false) no
 }
 
 // Makes `entry` what a new one would be, but for its count of cancels, which the calls under
-// way compare (see "Cancel" at the top of this file): entries are forgotten, never erased.
+// way compare (see "Cancel" at the top of io_registry.ipp): entries are forgotten, never erased.
 // A waiter still in a slot (its fd closed behind io's back) sleeps on until its timeout,
 // found by no one: unlink_io_wait and the sweep look for it in the slot. Under io_lock.
 void forget_file(SchedulerIdle& idle, IoFd& entry) noexcept {

@@ -41,62 +41,22 @@ void refresh_fd(SchedulerIdle& idle, int fd, bool born) noexcept {
     idle.io_lock.unlock();
 }
 
-// The sweep's check of one unverified waiter's fd (see "Delayed validation" at the top of
-// this file), under io_lock: a closed fd fails its waiters with EBADF; another file under the
-// number is registered anew (its waiters then wake on its present readiness). The waiters it
-// wakes go to `woken` (room for two), to be woken once io_lock is released.
-void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
-    auto it = idle.io_fds.find(wait.fd);
-    if (it == idle.io_fds.end()) return;
-    IoFd& entry = it->second;
-    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out or cancelled; it is leaving
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-    io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
-#endif
-    // Wakes a skipped read's wait to make the read it left out.
-    auto make_skipped_read = [&] {
-        if (claim(wait.waiter)) {
-            woken[count++] = &wait;
-            entry.reader = nullptr;
-        }
-    };
-    const bool skipped_read = wait.skipped_read && entry.reader == &wait;
-    struct stat st;
-    int error = 0;
-    if (::fstat(wait.fd, &st) != 0) {
-        error = current_errno();
-    } else if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
-        // The file it registered. A skipped read's wait is also checked for the read it left
-        // out: if data is queued after all (below an SO_RCVLOWAT set since the short read, or
-        // anything else that sends no edge), wake it to read, and make every later read of
-        // this socket ("Reads that would fail" at the top of this file).
-        int queued = 0;
-        if (!skipped_read) return;
-        if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
-        entry.short_reads = 2;
-        entry.drained = false;
-        make_skipped_read();
-        return;
-    } else {
-        record_file(entry, st);  // another file: fast_socket false, its calls check it again
-        error = register_fd(idle, wait.fd, entry);
-        if (error == 0) {
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-            io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
-#endif
-            // A skipped read left out on the word of the old file's queue: the new file's
-            // present readiness (ADD reports it) may be held back by its SO_RCVLOWAT while
-            // recv() would return data, so wake it to make its read (which checks the file).
-            if (skipped_read) make_skipped_read();
-            return;
-        }
-        if (error == EPERM) error = 0;  // a regular file: always ready
+// A skipped read's wait, found by the sweep to have data after all: woken to make the read
+// it left out (into `woken`, under io_lock).
+void wake_skipped_read(IoFd& entry, IoWait& wait, IoWait* woken[2], int& count) noexcept {
+    if (claim(wait.waiter)) {
+        woken[count++] = &wait;
+        entry.reader = nullptr;
     }
+}
+
+// The sweep found `entry`'s fd closed (`error` EBADF), or a file epoll cannot wait for (0:
+// always ready): its waiters, which would otherwise sleep for good (until their timeout),
+// wake with `error` (into `woken`, under io_lock), and the entry goes once it has none.
+void fail_waiters(SchedulerIdle& idle, IoFd& entry, int error, IoWait* woken[2], int& count) noexcept {
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
 #endif
-    // Not open, or not to be waited for through epoll: wake its waiters, which would
-    // otherwise sleep for good (until their timeout).
     for (IoWait** slot : {&entry.reader, &entry.writer}) {
         if (*slot && claim((*slot)->waiter)) {
             (*slot)->error = error;
@@ -108,9 +68,55 @@ void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& cou
     if (!entry.reader && !entry.writer) forget_file(idle, entry);
 }
 
+// The sweep's check of one unverified waiter's fd (see "Delayed validation" at the top of
+// io_registry.ipp), under io_lock: a closed fd fails its waiters with EBADF; another file
+// under the number is registered anew (its waiters then wake on its present readiness). The
+// waiters it wakes go to `woken` (room for two), to be woken once io_lock is released.
+void verify_waiter(SchedulerIdle& idle, IoWait& wait, IoWait* woken[2], int& count) noexcept {
+    auto it = idle.io_fds.find(wait.fd);
+    if (it == idle.io_fds.end()) return;
+    IoFd& entry = it->second;
+    if (entry.reader != &wait && entry.writer != &wait) return;  // timed out or cancelled; it is leaving
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_check_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    const bool skipped_read = wait.skipped_read && entry.reader == &wait;
+    struct stat st;
+    if (::fstat(wait.fd, &st) != 0) {
+        fail_waiters(idle, entry, current_errno(), woken, count);
+        return;
+    }
+    if (entry.checked && entry.device == st.st_dev && entry.inode == st.st_ino && S_ISSOCK(st.st_mode)) {
+        // The file it registered. A skipped read's wait is also checked for the read it left
+        // out: if data is queued after all (below an SO_RCVLOWAT set since the short read, or
+        // anything else that sends no edge), wake it to read, and make every later read of
+        // this socket ("Reads that would fail" at the top of io_registry.ipp).
+        int queued = 0;
+        if (!skipped_read) return;
+        if (::ioctl(wait.fd, FIONREAD, &queued) != 0 || queued <= 0) return;
+        entry.short_reads = 2;
+        entry.drained = false;
+        wake_skipped_read(entry, wait, woken, count);
+        return;
+    }
+    record_file(entry, st);  // another file: fast_socket false, its calls check it again
+    const int error = register_fd(idle, wait.fd, entry);
+    if (error != 0) {
+        fail_waiters(idle, entry, error == EPERM ? 0 : error, woken, count);  // EPERM: a regular file
+        return;
+    }
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    io_sweep_repair_count.fetch_add(1, std::memory_order_relaxed);
+#endif
+    // A skipped read left out on the word of the old file's queue: the new file's present
+    // readiness (ADD reports it) may be held back by its SO_RCVLOWAT while recv() would
+    // return data, so wake it to make its read (which checks the file).
+    if (skipped_read) wake_skipped_read(entry, wait, woken, count);
+}
+
 // io::read of a known socket returned less than it asked for: if it is a TCP socket with a
 // low-water mark of 1 and no read edge has come since the read began (`read_mark`, from
-// prepare_call), its receive queue was empty then (see the top of this file). Takes io_lock.
+// prepare_call), its receive queue was empty then (see the top of io_registry.ipp). Takes io_lock.
 void read_came_short(SchedulerIdle& idle, int fd, std::uint64_t read_mark) noexcept {
     idle.io_lock.lock();
     auto it = idle.io_fds.find(fd);

@@ -36,7 +36,7 @@ int thread_cancel_fd() {
 }
 
 // One io call (wait, read, write, accept, connect) from its start to its return, as
-// io::cancel() must reach it (see "Cancel" at the top of this file). On the caller's stack.
+// io::cancel() must reach it (see "Cancel" at the top of io_registry.ipp). On the caller's stack.
 struct IoCall {
     explicit IoCall(int fd) noexcept;
     IoCall(const IoCall&) = delete;
@@ -107,7 +107,7 @@ IoCall::~IoCall() {
 
 // A step of `call` in a scheduler, under its io_lock: fd's entry, and in `cancelled` whether
 // cancel() has reached the call since its first step, which makes the entry if it is missing
-// and records its count of cancels (see "Cancel" at the top of this file). nullptr: no entry
+// and records its count of cancels (see "Cancel" at the top of io_registry.ipp). nullptr: no entry
 // was made at the first step (no memory, or a negative fd); the call must then not wait.
 IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     cancelled = false;
@@ -178,7 +178,7 @@ void record_file(IoFd& entry, const struct stat& st) noexcept {
 
 // fiber_wait()'s first step for io::wait() (WaitKind::ReadyOnly): an edge already in
 // `ready` may be from data that is gone, so drop it and ask the fd. Readiness from after
-// this poll comes as a new edge (see the top of this file). Empty: go on and park.
+// this poll comes as a new edge (see the top of io_registry.ipp). Empty: go on and park.
 std::optional<bool> ready_only_look(IoCall& call, io::Ready what, bool& trusted) {
     SchedulerIdle& idle = *call.idle;
     bool cancelled;
@@ -256,7 +256,7 @@ std::optional<bool> arm_wait_locked(IoCall& call, IoFd& entry, io::Ready what, b
     }
     const unsigned bit = static_cast<unsigned>(what);
     if (entry.ready & bit) {
-        // An edge that came while no one waited (see the top of this file): not parking is
+        // An edge that came while no one waited (see the top of io_registry.ipp): not parking is
         // what keeps it from being lost.
         entry.ready &= ~bit;
         idle.io_lock.unlock();
@@ -326,7 +326,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     (what == io::Ready::Read ? entry->reader : entry->writer) = &wait;
     // Parking on a registration no fstat has checked in this wait: a sweep checks it later.
     // A skipped read's wait always joins: the sweep also checks that its read would have
-    // failed ("Reads that would fail" at the top of this file).
+    // failed ("Reads that would fail" at the top of io_registry.ipp).
     wait.skipped_read = kind == WaitKind::SkippedRead;
     if (!stated || wait.skipped_read) join_unverified(idle, wait, fd);
     // Side (a) of the argument at SchedulerIdle::poller: the fiber parks below, and someone
