@@ -5,12 +5,17 @@
     python3 amalgamate.py --check                exit 1 if fiber_sched.hpp is not what src/ generates
     python3 amalgamate.py --output PATH          write PATH instead (the CMake build's own copy)
     python3 amalgamate.py --check --output PATH  exit 1 if PATH is not what src/ generates
+    python3 amalgamate.py --part impl/sched_find.ipp  one part and what it includes, to stdout
 
 With --output, PATH (and its missing parent directories) is written only when its contents
 would change: a build that reruns this after a `touch` of src/ then recompiles nothing.
 
 Starting at src/fiber_sched.hpp, every line `#include "part"` outside a /* */ comment is
-replaced by that file from src/, recursively, each file once, between breadcrumb comments. The output is deterministic
+replaced by that file from src/, recursively, each file once, between breadcrumb comments:
+so each part, by including the parts it uses, puts them before itself (dependency order).
+A part first inlined inside a preprocessor branch (a backend the cascade chose) may be
+included again only inside that branch; anything else is an error, as is a comment after
+an #include "part" on its line. The output is deterministic
 (no dates) and uses LF line endings.
 """
 
@@ -30,39 +35,94 @@ BANNER = (
 )
 
 
-def inline(name, emitted, stack):
+ANY_INCLUDE = re.compile(r'^\s*#\s*include\s+"')
+PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
+CONDITIONAL = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b")
+
+
+class Conditions:
+    """The preprocessor conditionals open at the current line, as ids: a part inlined first
+    inside a branch exists only where that branch is taken, so a later #include of it
+    elsewhere (which would only leave a breadcrumb) must sit inside the same branch."""
+
+    def __init__(self):
+        self.stack = []
+        self.next_id = 0
+
+    def step(self, line):
+        match = CONDITIONAL.match(line)
+        if not match:
+            return
+        word = match.group(1)
+        if word in ("elif", "else", "endif") and self.stack:
+            self.stack.pop()
+        if word == "endif":
+            return
+        # An include guard (#ifndef FIBER_SCHED_..._INCLUDED) is transparent: what it
+        # holds is emitted by the header's first inclusion, before anything after it.
+        guard = word == "ifndef" and re.match(r"^\s*#\s*ifndef\s+FIBER_SCHED_\w*_INCLUDED\s*$", line)
+        self.next_id += 1
+        self.stack.append(0 if guard else self.next_id)
+
+    def open_branches(self):
+        return tuple(c for c in self.stack if c != 0)
+
+
+def inline(name, emitted, stack, conditions, text=None):
     if name in stack:
         raise SystemExit(f"amalgamate.py: include cycle: {' -> '.join(stack + [name])}")
     path = SRC / name
-    if not path.is_file():
-        raise SystemExit(f"amalgamate.py: src/{name} not found (included from src/{stack[-1]})")
-    emitted.add(name)
+    if text is None:
+        if not path.is_file():
+            where = f" (included from src/{stack[-1]})" if stack else ""
+            raise SystemExit(f"amalgamate.py: src/{name} not found{where}")
+        text = path.read_text(encoding="utf-8")
+    emitted[name] = conditions.open_branches()
     out = []
     in_comment = False  # inside a /* */ block: its #include lines are documentation
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if in_comment:
             in_comment = "*/" not in line
             out.append(line.rstrip())
             continue
         if line.lstrip().startswith("/*") and "*/" not in line:
             in_comment = True
+        if not in_comment and PRAGMA_ONCE.match(line):
+            continue  # for compilers and editors that open a part alone; each is inlined once here
         match = INCLUDE.match(line)
         if in_comment or not match:
+            if not in_comment:
+                if ANY_INCLUDE.match(line):
+                    raise SystemExit(f'amalgamate.py: src/{name}:{number}: write #include "part" alone on '
+                                     f"its line (a comment after it hides it from amalgamate.py)")
+                conditions.step(line)
             out.append(line.rstrip())
             continue
         part = match.group(1)
+        if part in stack or part == name:  # checked first: a part in the chain is emitted already
+            raise SystemExit(f"amalgamate.py: include cycle: {' -> '.join(stack + [name, part])}")
         if part in emitted:
+            first = emitted[part]
+            if conditions.open_branches()[:len(first)] != first:
+                raise SystemExit(f"amalgamate.py: src/{name}:{number} includes src/{part}, which was inlined "
+                                 f"first inside a preprocessor branch that does not enclose this line: include "
+                                 f"it unconditionally earlier (or only through the part that chooses it)")
             out.append(f"// (src/{part} already inlined above)")
             continue
         out.append(f"// ---- begin src/{part} ----")
-        out.extend(inline(part, emitted, stack + [name]))
+        out.extend(inline(part, emitted, stack + [name], conditions))
         out.append(f"// ---- end src/{part} ----")
     return out
 
 
-def generate():
-    lines = inline(ENTRY, set(), [])
+def generate(entry=ENTRY):
+    lines = inline(entry, {}, [], Conditions())
     return BANNER + "\n".join(lines) + "\n"
+
+
+def expand(text, name="<text>"):
+    """`text` as if it were a part of src/: its #include "part" lines inlined, each once."""
+    return "\n".join(inline(name, {}, [], Conditions(), text)) + "\n"
 
 
 def main():
@@ -71,7 +131,13 @@ def main():
                         help="fail if the output file differs from what src/ generates")
     parser.add_argument("--output", metavar="PATH", type=pathlib.Path,
                         help="the header to write or check (default: fiber_sched.hpp beside this script)")
+    parser.add_argument("--part", metavar="NAME",
+                        help="print one part of src/ (such as impl/sched_find.ipp) with the parts it "
+                             "includes, each once, to standard output (tests/parts uses it)")
     args = parser.parse_args()
+    if args.part:
+        sys.stdout.write(generate(args.part))
+        return 0
     output = args.output if args.output else OUTPUT
     name = str(output) if args.output else OUTPUT.name
     text = generate()

@@ -110,6 +110,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 // Configuration: version, user-overridable macros, backend selection.
 // ---------------------------------------------------------------------------
 
+
 #define FIBER_SCHED_VERSION_MAJOR 0
 #define FIBER_SCHED_VERSION_MINOR 1
 #define FIBER_SCHED_VERSION_PATCH 0
@@ -317,6 +318,9 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 // backend is in use.
 // ---------------------------------------------------------------------------
 
+
+// (src/config.hpp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -354,6 +358,9 @@ void release_context(Context& ctx) noexcept;
 // ---------------------------------------------------------------------------
 // TaskFunction: the callable a scheduled callback and a fiber's function are kept in.
 // ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -486,6 +493,9 @@ private:
 // Fiber stacks: mmap'ed, a guard page below, pooled and reused.
 // ---------------------------------------------------------------------------
 
+
+// (src/config.hpp already inlined above)
+
 namespace fsched {
 
 // Process-wide counts of fiber stacks, for diagnostics and tests.
@@ -589,6 +599,9 @@ void decay_stack_pool() noexcept;
 // acq_rel exchange by the resumer, so a thread that sees Suspended/Term also sees the saved
 // context, and a concurrent claim_or_defer() either claims first or is seen by the resumer.
 // ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
 
 namespace fsched {
 
@@ -771,6 +784,12 @@ private:
 // ---------------------------------------------------------------------------
 // Fiber: a stackful, asymmetric coroutine: resume() runs it until it yields or returns.
 // ---------------------------------------------------------------------------
+
+
+// (src/context.hpp already inlined above)
+// (src/task_function.hpp already inlined above)
+// (src/stack.hpp already inlined above)
+// (src/fiber_state.hpp already inlined above)
 
 namespace fsched {
 
@@ -965,6 +984,9 @@ private:
 // matches what the switch does.
 // ---------------------------------------------------------------------------
 
+
+// (src/fiber.hpp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -1128,6 +1150,10 @@ inline void Fiber::switch_to_resumer(bool terminating) noexcept {
 // ---------------------------------------------------------------------------
 // ScheduleTask and Scheduler: N fibers on M worker threads.
 // ---------------------------------------------------------------------------
+
+
+// (src/fiber.hpp already inlined above)
+// (src/task_function.hpp already inlined above)
 
 namespace fsched {
 
@@ -1377,6 +1403,10 @@ std::uint64_t id();
 // worker, so a notifier (who must take that lock) can only wake a fiber that has fully
 // switched out. A waiter is woken once: notifier and timeout race on its status with a CAS.
 // ---------------------------------------------------------------------------
+
+
+// (src/scheduler.hpp already inlined above)
+// (src/fiber_switch.hpp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -1822,6 +1852,9 @@ private:
 // parks and frees its worker; a plain thread blocks in poll().
 // ---------------------------------------------------------------------------
 
+
+// (src/scheduler.hpp already inlined above)
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -2023,6 +2056,10 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 // Implementation: assertions, the link-time check, per-thread state.
 // ---------------------------------------------------------------------------
 
+
+// (src/fiber_switch.hpp already inlined above)
+// (src/scheduler.hpp already inlined above)
+
 namespace fsched {
 
 namespace detail {
@@ -2211,7 +2248,18 @@ struct FiberAccess {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/common.ipp ----
-// The OS layer: the interface (os.ipp) and its implementation for this system.
+// The OS layer (its interface and this system's implementation) and the context-switch
+// backend (the one cascade that picks it).
+// ---- begin src/impl/os_layer.ipp ----
+// ---------------------------------------------------------------------------
+// The OS layer, chosen once: its interface (os.ipp, which the parts that call it include)
+// and its implementation for this system (os_posix.ipp or os_win32.ipp). Only
+// fiber_sched.hpp includes this file, so the chosen implementation is emitted once. What
+// both implementations include comes first, outside the branch (amalgamate.py insists).
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
 // ---- begin src/impl/os.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface.
@@ -2230,6 +2278,9 @@ struct FiberAccess {
 // pages go back) is written once, in stack.ipp, where the tests of fork, RLIMIT_AS and the
 // budget exercise it. A guarded stack is one primitive because Windows grows it itself.
 // ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -2301,6 +2352,7 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/os.ipp ----
+// (src/impl/common.ipp already inlined above)
 #if defined(_WIN32)
 // ---- begin src/impl/os_win32.ipp ----
 // ---------------------------------------------------------------------------
@@ -2344,6 +2396,10 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept;
 // call, with no guard to grow by: that charges the commit limit for all of them, though no
 // physical page is taken until touched.
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/os.ipp already inlined above)
+// (src/impl/common.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -2538,6 +2594,10 @@ void remove_fault_stack(void*, std::size_t) noexcept {}
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/os.ipp already inlined above)
+// (src/impl/common.ipp already inlined above)
+
 #include <csignal>
 #include <pthread.h>
 #include <signal.h>
@@ -2716,6 +2776,20 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 }  // namespace fsched
 // ---- end src/impl/os_posix.ipp ----
 #endif
+// ---- end src/impl/os_layer.ipp ----
+// ---- begin src/impl/context_backend.ipp ----
+// ---------------------------------------------------------------------------
+// The context-switch backend: the one cascade that picks it, the only place that names the
+// backend files (a part that needs what a backend defines, such as context_stack_reserve,
+// includes this file, never a backend's own).
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+// (src/context.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+
 // The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
 // there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
 // MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
@@ -2723,16 +2797,22 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // FIBER_SCHED_USE_UCONTEXT asks for it). On macOS clang defines __x86_64__, or __aarch64__
 // (and __arm64__) on Apple silicon: the System V and AAPCS64 routines serve there too,
 // spelled for Mach-O by context_asm_directives.ipp (ELF elsewhere).
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+// The assembly backends' shared macros, outside the cascade's branches: each backend that
+// uses them includes them too, and a part inlined first inside one branch could not be
+// included from another (amalgamate.py). Each file defines nothing where it does not apply.
 // ---- begin src/impl/context_x86_64_fp.ipp ----
 // ---------------------------------------------------------------------------
 // The floating-point control state in the x86-64 switch routines (context_x86_64_sysv.ipp,
 // context_x86_64_win64.ipp): MXCSR and the x87 control word, saved in the frame's first
 // 8 bytes on the stack being left and loaded from the one being entered.
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
-// reads it. Undefined again after the backend cascade (fiber_sched.hpp).
+// reads it. Undefined again after the backend cascade (context_backend.ipp).
 // ---------------------------------------------------------------------------
 
+
+// (src/config.hpp already inlined above)
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #if FIBER_SCHED_SWITCH_FP_CONTROL
 #define FIBER_SCHED_X86_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
 #define FIBER_SCHED_X86_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
@@ -2740,9 +2820,8 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 #define FIBER_SCHED_X86_SAVE_FP ""
 #define FIBER_SCHED_X86_LOAD_FP ""
 #endif
+#endif  // x86-64 with GNU inline assembly
 // ---- end src/impl/context_x86_64_fp.ipp ----
-#endif
-#if !defined(_WIN32)
 // ---- begin src/impl/context_asm_directives.ipp ----
 // ---------------------------------------------------------------------------
 // The assembler directives around each routine of the System V and AAPCS64 switch backends
@@ -2760,6 +2839,10 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // Undefined again after the backend cascade (fiber_sched.hpp).
 // ---------------------------------------------------------------------------
 
+
+// (src/config.hpp already inlined above)
+
+#if !defined(_WIN32)
 #if defined(__APPLE__)
 #define FIBER_SCHED_ASM_FUNCTION_BEGIN(name) \
     ".globl _" #name "\n"                    \
@@ -2768,8 +2851,9 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
     "_" #name ":\n"
 #define FIBER_SCHED_ASM_FUNCTION_END(name) ""
 #else
-#if defined(__aarch64__)
-#define FIBER_SCHED_ASM_FUNCTION_TYPE "%function"
+#if defined(__aarch64__) || defined(__riscv)
+#define FIBER_SCHED_ASM_FUNCTION_TYPE "%function"  // @ starts a comment in their assemblers
+
 #else
 #define FIBER_SCHED_ASM_FUNCTION_TYPE "@function"
 #endif
@@ -2781,8 +2865,8 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
     #name ":\n"
 #define FIBER_SCHED_ASM_FUNCTION_END(name) ".size " #name ",.-" #name "\n"
 #endif
+#endif  // !_WIN32
 // ---- end src/impl/context_asm_directives.ipp ----
-#endif
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
 #elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
@@ -2835,6 +2919,13 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // it a null return address for the trampoline, whose unwind data ends every walk there, and
 // the top slot, the stack record: the StackLimit the stack's last fiber left (make_context).
 // ---------------------------------------------------------------------------
+
+
+// (src/context.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// The OS layer itself, not only its interface: query_stack_bounds() is os_win32.ipp's own.
+// (src/impl/os_layer.ipp already inlined above)
+// (src/impl/context_x86_64_fp.ipp already inlined above)
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
 
@@ -3057,6 +3148,11 @@ void release_context(Context& ctx) noexcept {
 // its OS fiber (release_context): the one the pool would have kept is the pool's stack.
 // ---------------------------------------------------------------------------
 
+
+// (src/context.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -3186,6 +3282,11 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // the entry function in r12 and its argument in r13.
 // ---------------------------------------------------------------------------
 
+
+// (src/context.hpp already inlined above)
+// (src/impl/context_x86_64_fp.ipp already inlined above)
+// (src/impl/context_asm_directives.ipp already inlined above)
+
 extern "C" void fsched_trampoline_x86_64_sysv() noexcept FIBER_SCHED_HIDDEN;
 
 #if defined(__CET__)
@@ -3313,6 +3414,10 @@ void release_context(Context&) noexcept {}
 // x19 and its argument in x20.
 // ---------------------------------------------------------------------------
 
+
+// (src/context.hpp already inlined above)
+// (src/impl/context_asm_directives.ipp already inlined above)
+
 extern "C" void fsched_trampoline_aarch64_aapcs() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the FPCR slot (one frame layout) but neither fills
@@ -3439,6 +3544,10 @@ void release_context(Context&) noexcept {}
 // its argument in s2, and s0 = 0 (no frame above).
 // ---------------------------------------------------------------------------
 
+
+// (src/context.hpp already inlined above)
+// (src/impl/context_asm_directives.ipp already inlined above)
+
 extern "C" void fsched_trampoline_riscv64_lp64d() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the frm slot (one frame layout) but neither fills
@@ -3453,11 +3562,7 @@ extern "C" void fsched_trampoline_riscv64_lp64d() noexcept FIBER_SCHED_HIDDEN;
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".hidden fsched_switch_context\n"
-    ".type fsched_switch_context,%function\n"
-    ".p2align 2\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
     "    addi sp, sp, -208\n"
     "    sd s0, 0(sp)\n"
     "    sd s1, 8(sp)\n"
@@ -3515,13 +3620,9 @@ __asm__(
     FIBER_SCHED_LOAD_FP
     "    addi sp, sp, 208\n"
     "    ret\n"
-    ".size fsched_switch_context,.-fsched_switch_context\n"
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
-    ".globl fsched_trampoline_riscv64_lp64d\n"
-    ".hidden fsched_trampoline_riscv64_lp64d\n"
-    ".type fsched_trampoline_riscv64_lp64d,%function\n"
-    ".p2align 2\n"
-    "fsched_trampoline_riscv64_lp64d:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_riscv64_lp64d)
     "    .cfi_startproc\n"
     // No caller above this frame: unwinders and debuggers stop here.
     "    .cfi_undefined ra\n"
@@ -3530,7 +3631,7 @@ __asm__(
     // The entry function never returns; trap if it ever does.
     "    ebreak\n"
     "    .cfi_endproc\n"
-    ".size fsched_trampoline_riscv64_lp64d,.-fsched_trampoline_riscv64_lp64d\n");
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_trampoline_riscv64_lp64d));
 
 #undef FIBER_SCHED_SAVE_FP
 #undef FIBER_SCHED_LOAD_FP
@@ -3586,6 +3687,9 @@ void release_context(Context&) noexcept {}
 // side stays switched out; a fresh fiber's first one sits at the top of its stack, above
 // the frames it will run, with the entry function and its argument beside it.
 // ---------------------------------------------------------------------------
+
+
+// (src/context.hpp already inlined above)
 
 #include <ucontext.h>
 
@@ -3651,13 +3755,14 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 }
 // ---- end src/impl/context_ucontext.ipp ----
 #else
-#error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/fiber_sched.hpp (see src/README.md)."
+#error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/impl/context_backend.ipp (see src/README.md)."
 #endif
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
 #undef FIBER_SCHED_ASM_FUNCTION_BEGIN
 #undef FIBER_SCHED_ASM_FUNCTION_END
 #undef FIBER_SCHED_ASM_FUNCTION_TYPE
+// ---- end src/impl/context_backend.ipp ----
 // ---- begin src/impl/stack.ipp ----
 // ---------------------------------------------------------------------------
 // Implementation: the stack pool.
@@ -3675,6 +3780,12 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // Freed stacks go to a small per-thread cache first (no lock on the create/destroy path),
 // then to the global pool, which keeps up to FIBER_SCHED_STACK_POOL_MAX of each size.
 // ---------------------------------------------------------------------------
+
+
+// (src/stack.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+// (src/impl/context_backend.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -4128,6 +4239,10 @@ StackStats stack_stats() noexcept { return detail::stack_pool().stats(); }
 // report EXCEPTION_STACK_OVERFLOW, which names the current fiber directly.
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/stack.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -4252,6 +4367,12 @@ void install_stack_overflow_handler() {
 // ---------------------------------------------------------------------------
 // Implementation: Fiber's life cycle (the switch paths are inline, in fiber_switch.hpp).
 // ---------------------------------------------------------------------------
+
+
+// (src/fiber_switch.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/stack.ipp already inlined above)
+// (src/impl/context_backend.ipp already inlined above)
 
 namespace fsched {
 
@@ -4421,6 +4542,18 @@ Fiber::ptr Fiber::current_ptr() {
 
 }  // namespace fsched
 // ---- end src/impl/fiber.ipp ----
+// The idle wait: epoll on Linux, else a condition variable.
+// ---- begin src/impl/idle.ipp ----
+// ---------------------------------------------------------------------------
+// The idle wait, chosen once: the only place that names idle_epoll.ipp and idle_condvar.ipp
+// (a part that uses SchedulerIdle or WorkerIdle includes this file).
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+// (src/sync.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+
 // The idle wait, chosen next to the context backend: epoll on Linux, else (and with
 // FIBER_SCHED_NO_EPOLL) a condition variable. Both files have the same interface.
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -4448,6 +4581,10 @@ Fiber::ptr Fiber::current_ptr() {
 // nothing wakes up for it. What a ready fd does, and what a sweep checks, is fsched::io's
 // business: io.ipp.
 // ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -4728,6 +4865,10 @@ struct WorkerIdle {
 // no fd to wait for, so there is no fsched::io and no poller role.
 // ---------------------------------------------------------------------------
 
+
+// (src/sync.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -4770,6 +4911,7 @@ struct WorkerIdle {
 }  // namespace fsched
 // ---- end src/impl/idle_condvar.ipp ----
 #endif
+// ---- end src/impl/idle.ipp ----
 // The scheduler, one concept per part: the queues, a worker, what the workers share, then
 // the parts that define the workers' steps (each file's top comment says what it owns).
 // ---- begin src/impl/sched_task_queue.ipp ----
@@ -4781,6 +4923,11 @@ struct WorkerIdle {
 // Relies on: Fiber (fiber.hpp), TaskFunction, NewTask and Priority (scheduler.hpp), the OS
 // layer's page mapping (os.ipp).
 // ---------------------------------------------------------------------------
+
+
+// (src/scheduler.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -5077,6 +5224,11 @@ private:
 // Relies on: sched_task_queue.ipp, the idle wait (idle_epoll.ipp or idle_condvar.ipp),
 // SpinLock and WaitState (sync.hpp), FiberAccess (common.ipp).
 // ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+// (src/impl/idle.ipp already inlined above)
+// (src/impl/sched_task_queue.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -5526,6 +5678,9 @@ struct alignas(64) Worker {
 // all the workers.
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_worker.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -5821,6 +5976,9 @@ struct SchedulerCore {
 // Relies on: sched_core.ipp (Worker, SchedulerCore).
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -5890,6 +6048,10 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
 // (run_task: a pooled fiber for a callback, the claim, the switch, and what happens after).
 // Relies on: sched_core.ipp, sched_find.ipp (next_task), the idle wait.
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/sched_core.ipp already inlined above)
+// (src/impl/stack.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -6223,6 +6385,9 @@ std::size_t queue_slabs(Scheduler& scheduler) noexcept {
 // yield outside a task, on the use_caller thread).
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -6460,6 +6625,9 @@ void yield() {
 // Relies on: sched_core.ipp, sched_park.ipp (wake_fiber, park).
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -6582,6 +6750,9 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
 // Relies on: sched_core.ipp.
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -6702,6 +6873,9 @@ std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
 // Relies on: sched_core.ipp, sched_runnext.ipp (put_runnext).
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -6774,6 +6948,9 @@ std::uint64_t id() {
 // meant for others (stop_helping, hand_on_caller_wake).
 // Relies on: sched_core.ipp, sched_run_loop.ipp (run_loop, run_task).
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/sched_core.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -6911,6 +7088,9 @@ std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
 // standing in for workers that got no thread.
 // Relies on: sched_core.ipp, sched_run_loop.ipp, sched_caller.ipp (run_ready).
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/sched_core.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -7062,6 +7242,9 @@ void Scheduler::stop() {
 // Relies on: sched_core.ipp (enqueue, after_push, count_new).
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -7202,6 +7385,11 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
 // idle_epoll.ipp), the OS layer's fork hooks.
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/sched_core.ipp already inlined above)
+// (src/impl/stack.ipp already inlined above)
+// (src/impl/stack_overflow.ipp already inlined above)
+
 namespace fsched {
 namespace detail {
 
@@ -7273,6 +7461,10 @@ struct BuildProcessStateAtStart {
 // ---------------------------------------------------------------------------
 // Implementation: blocking and waking for the synchronisation primitives.
 // ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -7731,6 +7923,13 @@ void WaitGroup::wait() {
 // the SYN): its path, a wait for Write, is unchanged.
 // ---------------------------------------------------------------------------
 
+
+// (src/io.hpp already inlined above)
+// (src/sync.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+// (src/impl/idle.ipp already inlined above)
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {
@@ -7897,6 +8096,9 @@ void remove_from_io_registry(SchedulerIdle* idle) noexcept {
 // Relies on: io_registry.ipp (IoWait, the counted system calls), the idle wait's IoFd and
 // io_lock (idle_epoll.ipp), Waiter (sync.hpp).
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/io_registry.ipp already inlined above)
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
@@ -8088,6 +8290,10 @@ bool ready_now(int fd, io::Ready what) noexcept {
 // Relies on: io_fd_table.ipp, block() and prepare_timed_wait() (sync.hpp), wake_for_io
 // (sched_park.ipp).
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/io_fd_table.ipp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
@@ -8438,6 +8644,9 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
 // Relies on: io_wait.ipp, io_fd_table.ipp, SchedulerCore (sched_core.ipp) for the tests' hooks.
 // ---------------------------------------------------------------------------
 
+
+// (src/impl/io_wait.ipp already inlined above)
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {
@@ -8690,6 +8899,9 @@ int io_poll_now() noexcept {
 // raises no SIGPIPE, and the public io::wait/read/write/accept/connect/cancel.
 // Relies on: io_wait.ipp, io_sweep.ipp.
 // ---------------------------------------------------------------------------
+
+
+// (src/impl/io_sweep.ipp already inlined above)
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 

@@ -2,6 +2,8 @@
 // Configuration: version, user-overridable macros, backend selection.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
 #define FIBER_SCHED_VERSION_MAJOR 0
 #define FIBER_SCHED_VERSION_MINOR 1
 #define FIBER_SCHED_VERSION_PATCH 0

@@ -21,6 +21,10 @@
 // backend is in use.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "config.hpp"
+
 namespace fsched {
 namespace detail {
 

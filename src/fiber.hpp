@@ -2,6 +2,13 @@
 // Fiber: a stackful, asymmetric coroutine: resume() runs it until it yields or returns.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+#include "task_function.hpp"
+#include "stack.hpp"
+#include "fiber_state.hpp"
+
 namespace fsched {
 
 class Fiber;

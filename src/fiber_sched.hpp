@@ -173,60 +173,15 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 
 #include "impl/common.ipp"
-// The OS layer: the interface (os.ipp) and its implementation for this system.
-#include "impl/os.ipp"
-#if defined(_WIN32)
-#include "impl/os_win32.ipp"
-#else
-#include "impl/os_posix.ipp"
-#endif
-// The context-switch backend, chosen here and nowhere else (see context.hpp): assembly where
-// there is a routine for the ABI and the compiler takes GNU inline assembly (on Windows:
-// MinGW-w64 g++, clang, clang-cl), else the Win32 fiber API on Windows (MSVC's cl.exe, or
-// where FIBER_SCHED_USE_WINFIBER asks for it) and ucontext on POSIX systems (or where
-// FIBER_SCHED_USE_UCONTEXT asks for it). On macOS clang defines __x86_64__, or __aarch64__
-// (and __arm64__) on Apple silicon: the System V and AAPCS64 routines serve there too,
-// spelled for Mach-O by context_asm_directives.ipp (ELF elsewhere).
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-#include "impl/context_x86_64_fp.ipp"
-#endif
-#if !defined(_WIN32)
-#include "impl/context_asm_directives.ipp"
-#endif
-#if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
-#error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
-#elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
-    (defined(__GNUC__) || defined(__clang__))
-#include "impl/context_x86_64_win64.ipp"
-#elif defined(_WIN32)
-#include "impl/context_winfiber.ipp"
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include "impl/context_x86_64_sysv.ipp"
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
-#include "impl/context_aarch64_aapcs.ipp"
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__riscv) && __riscv_xlen == 64 && \
-    defined(__riscv_float_abi_double) && (defined(__GNUC__) || defined(__clang__))
-#include "impl/context_riscv64_lp64d.ipp"
-#elif defined(FIBER_SCHED_USE_UCONTEXT) || defined(__unix__) || defined(__APPLE__)
-#include "impl/context_ucontext.ipp"
-#else
-#error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/fiber_sched.hpp (see src/README.md)."
-#endif
-#undef FIBER_SCHED_X86_SAVE_FP
-#undef FIBER_SCHED_X86_LOAD_FP
-#undef FIBER_SCHED_ASM_FUNCTION_BEGIN
-#undef FIBER_SCHED_ASM_FUNCTION_END
-#undef FIBER_SCHED_ASM_FUNCTION_TYPE
+// The OS layer (its interface and this system's implementation) and the context-switch
+// backend (the one cascade that picks it).
+#include "impl/os_layer.ipp"
+#include "impl/context_backend.ipp"
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
-// The idle wait, chosen next to the context backend: epoll on Linux, else (and with
-// FIBER_SCHED_NO_EPOLL) a condition variable. Both files have the same interface.
-#if defined(FIBER_SCHED_HAVE_EPOLL)
-#include "impl/idle_epoll.ipp"
-#else
-#include "impl/idle_condvar.ipp"
-#endif
+// The idle wait: epoll on Linux, else a condition variable.
+#include "impl/idle.ipp"
 // The scheduler, one concept per part: the queues, a worker, what the workers share, then
 // the parts that define the workers' steps (each file's top comment says what it owns).
 #include "impl/sched_task_queue.ipp"

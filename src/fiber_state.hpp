@@ -43,6 +43,10 @@
 // context, and a concurrent claim_or_defer() either claims first or is seen by the resumer.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "config.hpp"
+
 namespace fsched {
 
 class Scheduler;

@@ -17,6 +17,10 @@
 // matches what the switch does.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "fiber.hpp"
+
 namespace fsched {
 namespace detail {
 

@@ -6,6 +6,10 @@
 // parks and frees its worker; a plain thread blocks in poll().
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "scheduler.hpp"
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <sys/socket.h>
 #include <sys/types.h>

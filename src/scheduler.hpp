@@ -2,6 +2,11 @@
 // ScheduleTask and Scheduler: N fibers on M worker threads.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "fiber.hpp"
+#include "task_function.hpp"
+
 namespace fsched {
 
 // What a Scheduler queues: a fiber to resume, or a callback to run in a pooled fiber.

@@ -2,6 +2,10 @@
 // Fiber stacks: mmap'ed, a guard page below, pooled and reused.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "config.hpp"
+
 namespace fsched {
 
 // Process-wide counts of fiber stacks, for diagnostics and tests.

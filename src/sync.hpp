@@ -10,6 +10,11 @@
 // switched out. A waiter is woken once: notifier and timeout race on its status with a CAS.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "scheduler.hpp"
+#include "fiber_switch.hpp"
+
 namespace fsched {
 namespace detail {
 

@@ -2,6 +2,10 @@
 // TaskFunction: the callable a scheduled callback and a fiber's function are kept in.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "config.hpp"
+
 namespace fsched {
 namespace detail {
 

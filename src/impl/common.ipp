@@ -2,6 +2,11 @@
 // Implementation: assertions, the link-time check, per-thread state.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "fiber_switch.hpp"
+#include "scheduler.hpp"
+
 namespace fsched {
 
 namespace detail {

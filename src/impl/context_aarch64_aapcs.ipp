@@ -20,6 +20,11 @@
 // x19 and its argument in x20.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+#include "impl/context_asm_directives.ipp"
+
 extern "C" void fsched_trampoline_aarch64_aapcs() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the FPCR slot (one frame layout) but neither fills

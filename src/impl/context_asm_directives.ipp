@@ -14,6 +14,11 @@
 // Undefined again after the backend cascade (fiber_sched.hpp).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "config.hpp"
+
+#if !defined(_WIN32)
 #if defined(__APPLE__)
 #define FIBER_SCHED_ASM_FUNCTION_BEGIN(name) \
     ".globl _" #name "\n"                    \
@@ -22,8 +27,9 @@
     "_" #name ":\n"
 #define FIBER_SCHED_ASM_FUNCTION_END(name) ""
 #else
-#if defined(__aarch64__)
-#define FIBER_SCHED_ASM_FUNCTION_TYPE "%function"
+#if defined(__aarch64__) || defined(__riscv)
+#define FIBER_SCHED_ASM_FUNCTION_TYPE "%function"  // @ starts a comment in their assemblers
+
 #else
 #define FIBER_SCHED_ASM_FUNCTION_TYPE "@function"
 #endif
@@ -35,3 +41,4 @@
     #name ":\n"
 #define FIBER_SCHED_ASM_FUNCTION_END(name) ".size " #name ",.-" #name "\n"
 #endif
+#endif  // !_WIN32

@@ -21,6 +21,11 @@
 // its argument in s2, and s0 = 0 (no frame above).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+#include "impl/context_asm_directives.ipp"
+
 extern "C" void fsched_trampoline_riscv64_lp64d() noexcept FIBER_SCHED_HIDDEN;
 
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the frm slot (one frame layout) but neither fills
@@ -35,11 +40,7 @@ extern "C" void fsched_trampoline_riscv64_lp64d() noexcept FIBER_SCHED_HIDDEN;
 
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".hidden fsched_switch_context\n"
-    ".type fsched_switch_context,%function\n"
-    ".p2align 2\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
     "    addi sp, sp, -208\n"
     "    sd s0, 0(sp)\n"
     "    sd s1, 8(sp)\n"
@@ -97,13 +98,9 @@ __asm__(
     FIBER_SCHED_LOAD_FP
     "    addi sp, sp, 208\n"
     "    ret\n"
-    ".size fsched_switch_context,.-fsched_switch_context\n"
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
-    ".globl fsched_trampoline_riscv64_lp64d\n"
-    ".hidden fsched_trampoline_riscv64_lp64d\n"
-    ".type fsched_trampoline_riscv64_lp64d,%function\n"
-    ".p2align 2\n"
-    "fsched_trampoline_riscv64_lp64d:\n"
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_riscv64_lp64d)
     "    .cfi_startproc\n"
     // No caller above this frame: unwinders and debuggers stop here.
     "    .cfi_undefined ra\n"
@@ -112,7 +109,7 @@ __asm__(
     // The entry function never returns; trap if it ever does.
     "    ebreak\n"
     "    .cfi_endproc\n"
-    ".size fsched_trampoline_riscv64_lp64d,.-fsched_trampoline_riscv64_lp64d\n");
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_trampoline_riscv64_lp64d));
 
 #undef FIBER_SCHED_SAVE_FP
 #undef FIBER_SCHED_LOAD_FP

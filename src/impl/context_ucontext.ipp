@@ -8,6 +8,10 @@
 // the frames it will run, with the entry function and its argument beside it.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+
 #include <ucontext.h>
 
 namespace fsched {

@@ -23,6 +23,12 @@
 // its OS fiber (release_context): the one the pool would have kept is the pool's stack.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+#include "impl/common.ipp"
+#include "impl/os.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -21,6 +21,12 @@
 // the entry function in r12 and its argument in r13.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+#include "impl/context_x86_64_fp.ipp"
+#include "impl/context_asm_directives.ipp"
+
 extern "C" void fsched_trampoline_x86_64_sysv() noexcept FIBER_SCHED_HIDDEN;
 
 #if defined(__CET__)

@@ -46,6 +46,14 @@
 // the top slot, the stack record: the StackLimit the stack's last fiber left (make_context).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "context.hpp"
+#include "impl/common.ipp"
+// The OS layer itself, not only its interface: query_stack_bounds() is os_win32.ipp's own.
+#include "impl/os_layer.ipp"
+#include "impl/context_x86_64_fp.ipp"
+
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
 
 __asm__(

@@ -2,6 +2,13 @@
 // Implementation: Fiber's life cycle (the switch paths are inline, in fiber_switch.hpp).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "fiber_switch.hpp"
+#include "impl/common.ipp"
+#include "impl/stack.ipp"
+#include "impl/context_backend.ipp"
+
 namespace fsched {
 
 const char* backend() noexcept { return detail::backend_name; }

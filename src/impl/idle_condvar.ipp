@@ -4,6 +4,11 @@
 // no fd to wait for, so there is no fsched::io and no poller role.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "sync.hpp"
+#include "impl/common.ipp"
+
 namespace fsched {
 namespace detail {
 

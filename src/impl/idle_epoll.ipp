@@ -22,6 +22,11 @@
 // business: io.ipp.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "sync.hpp"
+#include "impl/common.ipp"
+
 namespace fsched {
 namespace detail {
 

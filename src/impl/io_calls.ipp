@@ -6,6 +6,10 @@
 // Relies on: io_wait.ipp, io_sweep.ipp.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/io_sweep.ipp"
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {

@@ -6,6 +6,10 @@
 // io_lock (idle_epoll.ipp), Waiter (sync.hpp).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/io_registry.ipp"
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {

@@ -163,6 +163,14 @@
 // the SYN): its path, a wait for Write, is unchanged.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "io.hpp"
+#include "sync.hpp"
+#include "impl/common.ipp"
+#include "impl/os.ipp"
+#include "impl/idle.ipp"
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {

@@ -5,6 +5,10 @@
 // Relies on: io_wait.ipp, io_fd_table.ipp, SchedulerCore (sched_core.ipp) for the tests' hooks.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/io_wait.ipp"
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {

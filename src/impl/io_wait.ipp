@@ -6,6 +6,11 @@
 // (sched_park.ipp).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/io_fd_table.ipp"
+#include "impl/sched_core.ipp"
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
 namespace fsched {

@@ -16,6 +16,10 @@
 // budget exercise it. A guarded stack is one primitive because Windows grows it itself.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "config.hpp"
+
 namespace fsched {
 namespace detail {
 

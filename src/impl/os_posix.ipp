@@ -5,6 +5,11 @@
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/os.ipp"
+#include "impl/common.ipp"
+
 #include <csignal>
 #include <pthread.h>
 #include <signal.h>

@@ -40,6 +40,11 @@
 // physical page is taken until touched.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/os.ipp"
+#include "impl/common.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -5,6 +5,10 @@
 // Relies on: sched_core.ipp, sched_run_loop.ipp (run_loop, run_task).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -37,6 +37,10 @@
 // all the workers.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_worker.ipp"
+
 namespace fsched {
 namespace detail {
 

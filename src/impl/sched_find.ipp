@@ -7,6 +7,10 @@
 // Relies on: sched_core.ipp (Worker, SchedulerCore).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -6,6 +6,12 @@
 // idle_epoll.ipp), the OS layer's fork hooks.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+#include "impl/stack.ipp"
+#include "impl/stack_overflow.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -5,6 +5,10 @@
 // Relies on: sched_core.ipp, sched_run_loop.ipp, sched_caller.ipp (run_ready).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

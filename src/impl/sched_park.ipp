@@ -5,6 +5,10 @@
 // Relies on: sched_core.ipp, sched_runnext.ipp (put_runnext).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

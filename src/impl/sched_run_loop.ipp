@@ -5,6 +5,11 @@
 // Relies on: sched_core.ipp, sched_find.ipp (next_task), the idle wait.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+#include "impl/stack.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -4,6 +4,10 @@
 // Relies on: sched_core.ipp.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -4,6 +4,10 @@
 // Relies on: sched_core.ipp (enqueue, after_push, count_new).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -7,6 +7,12 @@
 // layer's page mapping (os.ipp).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "scheduler.hpp"
+#include "impl/common.ipp"
+#include "impl/os.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -5,6 +5,10 @@
 // Relies on: sched_core.ipp, sched_park.ipp (wake_fiber, park).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -10,6 +10,12 @@
 // SpinLock and WaitState (sync.hpp), FiberAccess (common.ipp).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "sync.hpp"
+#include "impl/idle.ipp"
+#include "impl/sched_task_queue.ipp"
+
 namespace fsched {
 namespace detail {
 

@@ -6,6 +6,10 @@
 // yield outside a task, on the use_caller thread).
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 

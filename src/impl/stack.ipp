@@ -15,6 +15,13 @@
 // then to the global pool, which keeps up to FIBER_SCHED_STACK_POOL_MAX of each size.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "stack.hpp"
+#include "impl/common.ipp"
+#include "impl/os.ipp"
+#include "impl/context_backend.ipp"
+
 namespace fsched {
 namespace detail {
 

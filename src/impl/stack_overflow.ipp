@@ -13,6 +13,11 @@
 // report EXCEPTION_STACK_OVERFLOW, which names the current fiber directly.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "impl/stack.ipp"
+#include "impl/os.ipp"
+
 namespace fsched {
 namespace detail {
 

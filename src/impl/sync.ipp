@@ -2,6 +2,11 @@
 // Implementation: blocking and waking for the synchronisation primitives.
 // ---------------------------------------------------------------------------
 
+#pragma once
+
+#include "sync.hpp"
+#include "impl/sched_core.ipp"
+
 namespace fsched {
 namespace detail {
 
