@@ -488,6 +488,21 @@ private:
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/task_function.hpp ----
+// ---- begin src/priority.hpp ----
+// ---------------------------------------------------------------------------
+// Priority: the level a scheduled task waits at, kept by its fiber whenever it is woken or
+// yields. Its own part because both the fiber's life cycle (fiber_state.hpp: a fiber
+// remembers where it runs, ResumeTarget) and the scheduler's tasks (scheduler.hpp:
+// ScheduleTask) hold one; what the levels mean is said at Scheduler::schedule.
+// ---------------------------------------------------------------------------
+
+
+namespace fsched {
+
+enum class Priority : unsigned char { High, Normal, Low };
+
+}  // namespace fsched
+// ---- end src/priority.hpp ----
 // ---- begin src/stack.hpp ----
 // ---------------------------------------------------------------------------
 // Fiber stacks: mmap'ed, a guard page below, pooled and reused.
@@ -602,14 +617,11 @@ void decay_stack_pool() noexcept;
 
 
 // (src/config.hpp already inlined above)
+// (src/priority.hpp already inlined above)
 
 namespace fsched {
 
 class Scheduler;
-
-// A scheduled task's priority (documented at Scheduler::schedule, scheduler.hpp). Declared
-// here because a fiber keeps its task's priority in its life cycle (ResumeTarget).
-enum class Priority : unsigned char { High, Normal, Low };
 
 namespace detail {
 
@@ -1154,6 +1166,7 @@ inline void Fiber::switch_to_resumer(bool terminating) noexcept {
 
 // (src/fiber.hpp already inlined above)
 // (src/task_function.hpp already inlined above)
+// (src/priority.hpp already inlined above)
 
 namespace fsched {
 

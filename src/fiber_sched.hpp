@@ -115,6 +115,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include "context.hpp"
 #include "task_function.hpp"
+#include "priority.hpp"
 #include "stack.hpp"
 #include "fiber_state.hpp"
 #include "fiber.hpp"

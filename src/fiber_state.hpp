@@ -46,14 +46,11 @@
 #pragma once
 
 #include "config.hpp"
+#include "priority.hpp"
 
 namespace fsched {
 
 class Scheduler;
-
-// A scheduled task's priority (documented at Scheduler::schedule, scheduler.hpp). Declared
-// here because a fiber keeps its task's priority in its life cycle (ResumeTarget).
-enum class Priority : unsigned char { High, Normal, Low };
 
 namespace detail {
 

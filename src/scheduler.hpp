@@ -6,6 +6,7 @@
 
 #include "fiber.hpp"
 #include "task_function.hpp"
+#include "priority.hpp"
 
 namespace fsched {
 
