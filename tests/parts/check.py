@@ -105,8 +105,49 @@ def refused(text, files, expect):
         return False
 
 
+def map_mismatches():
+    """Rows of src/README.md's map whose **uses** column is not the parts' #include lines."""
+    readme = (amalgamate.SRC / "README.md").read_text(encoding="utf-8")
+    short = lambda name: name.replace("impl/", "").rsplit(".", 1)[0]
+    wrong, rows = [], 0
+    for line in readme.splitlines():
+        m = re.match(r"^\| ((?:`[^`]+`(?:, )?)+) \| .* \| ([^|]*) \|$", line)
+        if not m:
+            continue
+        files = re.findall(r"`([^`]+)`", m.group(1))
+        if files == [ENTRY]:
+            continue
+        rows += 1
+        public = not any(f.endswith(".ipp") for f in files)
+        included = []
+        for f in files:
+            path = amalgamate.SRC / (f if public else "impl/" + f)
+            if not path.is_file():
+                wrong.append("%s: no such part" % f)
+                continue
+            text = path.read_text(encoding="utf-8")
+            included += [short(x) for x in re.findall(r'^#include "([^"]+)"$', text, re.M)]
+        said = [u.strip() for u in m.group(2).split(",") if u.strip() not in ("", "-")]
+        if set(said) != set(included):
+            wrong.append("%s: the map says %s, the includes say %s"
+                         % (", ".join(files), ", ".join(sorted(said)) or "-", ", ".join(sorted(set(included))) or "-"))
+    listed = {f for line in readme.splitlines() for f in re.findall(r"^\| ((?:`[^`]+`(?:, )?)+) \|", line)
+              for f in re.findall(r"`([^`]+)`", f)}
+    for path in sorted(amalgamate.SRC.glob("*.hpp")) + sorted((amalgamate.SRC / "impl").glob("*.ipp")):
+        if path.name not in listed:
+            wrong.append("%s: a part the map does not list" % path.relative_to(amalgamate.SRC))
+    return rows, wrong
+
+
 def self_test(cxx, flags):
     failures = 0
+    rows, wrong = map_mismatches()
+    for line in wrong:
+        print("FAIL src/README.md's map: %s" % line)
+    failures += len(wrong)
+    if rows < 20:
+        print("FAIL src/README.md's map: only %d rows found" % rows)
+        failures += 1
     # 1. A part that drops an include it needs fails the check (sched_find.ipp uses Worker).
     with tempfile.TemporaryDirectory() as scratch:
         copy = pathlib.Path(scratch, "src")
