@@ -4931,7 +4931,7 @@ struct WorkerIdle {
 // ---------------------------------------------------------------------------
 // The scheduler's task queues: what a queue holds (QueuedTask, and how its fiber is taken:
 // TaskKind) and the queue itself (TaskQueue, a deque whose blocks come from slabs the queue
-// maps itself: TaskBlockSlabs). Owns no lock: a worker's queue_lock guards its queues
+// maps itself: TaskBlockSlabs). Owns no lock: a worker's ready.lock guards its queues
 // (sched_worker.ipp).
 // Relies on: Fiber (fiber.hpp), TaskFunction, NewTask and Priority (scheduler.hpp), the OS
 // layer's page mapping (os.ipp).
@@ -4981,7 +4981,7 @@ struct QueuedTask {
 // is kept for the queue's next blocks while the worker is busy, so a queue that fills and
 // drains maps nothing, and a burst's slabs go back to the OS, all but one, once the worker
 // has slept for queue_trim_delay (Worker::sleep_until_work). Blocks of another size (none
-// with libstdc++ or libc++) go to operator new. Under the owning worker's queue_lock, as
+// with libstdc++ or libc++) go to operator new. Under the owning worker's ready.lock, as
 // the deque is.
 class TaskBlockSlabs {
 public:
@@ -5162,7 +5162,7 @@ struct TaskBlockAllocator {
 };
 
 // A worker's queue of one kind (stealable or pinned) at one level: a deque whose freed
-// blocks come from slabs of its own (TaskBlockSlabs). Under the owning worker's queue_lock.
+// blocks come from slabs of its own (TaskBlockSlabs). Under the owning worker's ready.lock.
 class TaskQueue {
 public:
     TaskQueue() : tasks_(TaskBlockAllocator<QueuedTask>(&cache_)) {}
@@ -5229,8 +5229,8 @@ private:
 // ---------------------------------------------------------------------------
 // A worker: its queues by priority and the tasks pinned to it, the run-next slot, the
 // local ring of a single worker's yielded fibers, its timer heap, its idle wait, and the
-// operations on its queues that run under its queue_lock (push, pop, steal). Each lock sits
-// above the fields it guards. The steps of its run loop are declared here and defined in
+// operations on its queues that run under their lock (push, pop, steal). Each lock sits in
+// a small struct with the fields it guards (ReadyQueues `ready`, TimerHeap `timers`). The steps of its run loop are declared here and defined in
 // the parts that own them: sched_find.ipp (where the next task comes from),
 // sched_run_loop.ipp (the loop, spinning, sleeping, running a task), sched_yield.ipp,
 // sched_timers.ipp, sched_runnext.ipp and sched_caller.ipp.
@@ -5287,7 +5287,6 @@ struct alignas(64) Worker {
     const bool single;  // the scheduler's only worker (no thief, no other queue)
     std::thread thread;
 
-    SpinLock queue_lock;
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
     struct Level {
         TaskQueue tasks;
@@ -5295,39 +5294,45 @@ struct alignas(64) Worker {
         bool empty() const noexcept { return tasks.empty() && pinned.empty(); }
     };
     static constexpr int level_count = 3;
-    Level levels[level_count];           // indexed by Priority; under queue_lock
-    std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
-    std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
-    // Orders a level's two queues (pop_locked): push_locked counts up from here, and
-    // push_front_locked down; under queue_lock.
-    std::uint64_t next_sequence = std::uint64_t{1} << 62;
-    std::uint64_t front_sequence = std::uint64_t{1} << 62;
+
+    // The ready queues and the run-next slot. `lock` guards every field; the three hints
+    // (`queued`, `stealable`, `runnext_state`) are written under it and read without it.
+    struct ReadyQueues {
+        SpinLock lock;
+        Level levels[level_count];        // indexed by Priority
+        std::size_t stealable_count = 0;  // tasks in every level's `tasks`
+        std::size_t pinned_count = 0;     // and in every `pinned`
+        // Orders a level's two queues (pop_locked): push_locked counts up from here, and
+        // push_front_locked down.
+        std::uint64_t next_sequence = std::uint64_t{1} << 62;
+        std::uint64_t front_sequence = std::uint64_t{1} << 62;
+        // The two counts above as hints (waiting_locked() and stealable_count): a stale read
+        // only costs a needless lock or a later look. The last look before sleeping ignores
+        // them and takes every lock (see run_loop).
+        std::atomic<std::size_t> queued{0};
+        std::atomic<std::size_t> stealable{0};
+        // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this
+        // worker woke (put_runnext), which this worker runs next, ahead of its Normal queue,
+        // before it looks anywhere else; the woken fiber finds the waker's caches warm, and a
+        // pair that hands work to each other (a channel ping-pong, a mutex handed over) stays
+        // on one worker instead of crossing by steal at every message. A second wake puts the
+        // first fiber at the back of the Normal queue. Not stealable: another worker takes it
+        // only when it has sat there unchanged for runnext_stuck_looks of that worker's looks
+        // (a task that woke it and runs on without parking; see take_stuck_runnext).
+        Fiber::ptr runnext;
+        std::uint64_t runnext_sets = 0;
+        // (runnext_sets << 1) | occupied, read by other workers as a hint; seq_cst when set,
+        // paired with `sleepers` (see put_runnext).
+        std::atomic<std::uint64_t> runnext_state{0};
+        // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
+        // queue's oldest goes first, so a pair waking each other cannot starve it.
+        unsigned runnext_streak = 0;
+    };
+    ReadyQueues ready;
     // Set while the use_caller thread runs this worker (0) outside stop(): it takes pinned
     // tasks before unpinned ones of the same level. Only the thread running the worker
     // reads or writes it.
     bool caller_helping = false;
-    // The two counts above, published under queue_lock and read without it as hints: a
-    // stale read only costs a needless lock or a later look. The last look before
-    // sleeping ignores them and takes every lock (see run_loop).
-    std::atomic<std::size_t> queued{0};
-    std::atomic<std::size_t> stealable{0};
-
-    // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this worker
-    // woke (put_runnext), which this worker runs next, ahead of its Normal queue, before it
-    // looks anywhere else; the woken fiber finds the waker's caches warm, and a pair that
-    // hands work to each other (a channel ping-pong, a mutex handed over) stays on one
-    // worker instead of crossing by steal at every message. A second wake puts the first
-    // fiber at the back of the Normal queue. Not stealable: another worker takes it only
-    // when it has sat there unchanged for runnext_stuck_looks of that worker's looks (a task
-    // that woke it and runs on without parking; see take_stuck_runnext). Under queue_lock.
-    Fiber::ptr runnext;
-    std::uint64_t runnext_sets = 0;  // under queue_lock
-    // (runnext_sets << 1) | occupied, stored under queue_lock, read without it by other
-    // workers as a hint; seq_cst when set, paired with `sleepers` (see put_runnext).
-    std::atomic<std::uint64_t> runnext_state{0};
-    // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
-    // queue's oldest goes first, so a pair waking each other cannot starve it. Under queue_lock.
-    unsigned runnext_streak = 0;
     static constexpr unsigned runnext_streak_max = 16;
     static constexpr unsigned runnext_stuck_looks = 16;
 
@@ -5342,17 +5347,21 @@ struct alignas(64) Worker {
     // is SchedulerCore::idle.
     WorkerIdle idle;
 
-    // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
-    // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
-    // On a cache line of their own: other workers read timer_earliest whenever they look
-    // for work, and must not pull the line of the hot queue lock across to do it.
-    alignas(64) SpinLock timer_lock;
-    std::vector<Timer> timers;          // under timer_lock
-    std::uint64_t timer_sequence = 0;   // under timer_lock
-    std::size_t timers_after_sweep = 0; // under timer_lock
-    // The earliest deadline in `timers` (no_deadline: none), for other workers to read
-    // without the lock; seq_cst, paired with `sleeping` (see add_timer).
-    std::atomic<std::int64_t> timer_earliest{no_deadline};
+    // Timers of fibers that parked on this worker: a min-heap. This worker adds to it; any
+    // worker may fire its due timers (an idle worker serves a busy one's). On a cache line
+    // of their own: other workers read `earliest` whenever they look for work, and must not
+    // pull the line of the hot queue lock across to do it. `lock` guards every field but
+    // `earliest`, which is written under it and read without it.
+    struct TimerHeap {
+        SpinLock lock;
+        std::vector<Timer> heap;
+        std::uint64_t sequence = 0;
+        std::size_t after_sweep = 0;  // the heap's size after the last sweep (add_timer)
+        // The earliest deadline in `heap` (no_deadline: none); seq_cst, paired with
+        // `sleeping` (see add_timer).
+        std::atomic<std::int64_t> earliest{no_deadline};
+    };
+    alignas(64) TimerHeap timers;
 
     // Only this worker's thread touches these.
     alignas(64) std::vector<Fiber::ptr> spare_fibers;  // finished callback fibers, for the next callbacks
@@ -5400,54 +5409,54 @@ struct alignas(64) Worker {
     // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
     bool fire_due_timers();
 
-    // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
+    // Publishes the queue sizes as hints; call under ready.lock after changing the queues.
     void update_hints() noexcept {
-        stealable.store(stealable_count, std::memory_order_relaxed);
-        queued.store(waiting_locked(), std::memory_order_relaxed);
+        ready.stealable.store(ready.stealable_count, std::memory_order_relaxed);
+        ready.queued.store(waiting_locked(), std::memory_order_relaxed);
     }
     // Every task this worker holds for itself to run: queued ones and the run-next slot.
-    std::size_t waiting_locked() const noexcept { return stealable_count + pinned_count + (runnext ? 1 : 0); }
+    std::size_t waiting_locked() const noexcept { return ready.stealable_count + ready.pinned_count + (ready.runnext ? 1 : 0); }
 
-    // Appends at the task's level under queue_lock (held). Strong guarantee: on
+    // Appends at the task's level under ready.lock (held). Strong guarantee: on
     // std::bad_alloc nothing changed.
     FIBER_SCHED_ALWAYS_INLINE void push_locked(QueuedTask&& task, bool own_pinned) {
-        task.sequence = next_sequence;
+        task.sequence = ready.next_sequence;
         const bool stealable_high = !own_pinned && task.priority == Priority::High;
-        Level& level = levels[static_cast<int>(task.priority)];
+        Level& level = ready.levels[static_cast<int>(task.priority)];
         (own_pinned ? level.pinned : level.tasks).push_back(std::move(task));
-        ++next_sequence;
-        ++(own_pinned ? pinned_count : stealable_count);
+        ++ready.next_sequence;
+        ++(own_pinned ? ready.pinned_count : ready.stealable_count);
         if (stealable_high) high_moved(1);
     }
 
     // Puts a Normal task at the front of its queue, as if it had come before everything
-    // there (flush_local_locked), under queue_lock (held). Strong guarantee.
+    // there (flush_local_locked), under ready.lock (held). Strong guarantee.
     void push_front_locked(QueuedTask&& task, bool own_pinned) {
-        task.sequence = --front_sequence;
-        Level& level = levels[static_cast<int>(Priority::Normal)];
+        task.sequence = --ready.front_sequence;
+        Level& level = ready.levels[static_cast<int>(Priority::Normal)];
         (own_pinned ? level.pinned : level.tasks).push_front(std::move(task));
-        ++(own_pinned ? pinned_count : stealable_count);
+        ++(own_pinned ? ready.pinned_count : ready.stealable_count);
     }
 
     // Keeps SchedulerCore::stealable_high (defined below) in step with this worker's
-    // stealable High tasks; under queue_lock. Only High tasks pay for it.
+    // stealable High tasks; under ready.lock. Only High tasks pay for it.
     void high_moved(long delta) noexcept;
 
     // The queues' sizes, and taking them back to such sizes (undoing push_locked calls),
-    // under queue_lock (held).
+    // under ready.lock (held).
     using Sizes = std::size_t[level_count][2];
     void sizes_locked(Sizes& out) const noexcept {
         for (int i = 0; i < level_count; ++i) {
-            out[i][0] = levels[i].tasks.size();
-            out[i][1] = levels[i].pinned.size();
+            out[i][0] = ready.levels[i].tasks.size();
+            out[i][1] = ready.levels[i].pinned.size();
         }
     }
     void truncate_locked(const Sizes& sizes) noexcept {
         for (int i = 0; i < level_count; ++i) {
-            TaskQueue& t = levels[i].tasks;
-            TaskQueue& p = levels[i].pinned;
-            stealable_count -= t.size() - sizes[i][0];
-            pinned_count -= p.size() - sizes[i][1];
+            TaskQueue& t = ready.levels[i].tasks;
+            TaskQueue& p = ready.levels[i].pinned;
+            ready.stealable_count -= t.size() - sizes[i][0];
+            ready.pinned_count -= p.size() - sizes[i][1];
             if (i == static_cast<int>(Priority::High) && t.size() != sizes[i][0]) {
                 high_moved(-static_cast<long>(t.size() - sizes[i][0]));
             }
@@ -5457,25 +5466,25 @@ struct alignas(64) Worker {
     }
 
     void push(QueuedTask&& task, bool own_pinned) {
-        std::lock_guard<SpinLock> lock(queue_lock);
+        std::lock_guard<SpinLock> lock(ready.lock);
         push_locked(std::move(task), own_pinned);
         update_hints();
     }
 
-    // Takes a task of the highest level that has one, under queue_lock (held): the oldest
+    // Takes a task of the highest level that has one, under ready.lock (held): the oldest
     // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
     // order they arrived and neither kind can starve the other; while the use_caller thread
     // helps, its pinned tasks first (they have no one else to run them).
     FIBER_SCHED_ALWAYS_INLINE bool pop_locked(QueuedTask& out) {
         // All Normal, the common case, costs one look at the empty High level.
-        Level* level = &levels[static_cast<int>(Priority::Normal)];
-        if (!levels[static_cast<int>(Priority::High)].empty()) {
-            level = &levels[static_cast<int>(Priority::High)];
-        } else if (runnext && (runnext_streak < runnext_streak_max || level->empty())) {
+        Level* level = &ready.levels[static_cast<int>(Priority::Normal)];
+        if (!ready.levels[static_cast<int>(Priority::High)].empty()) {
+            level = &ready.levels[static_cast<int>(Priority::High)];
+        } else if (ready.runnext && (ready.runnext_streak < runnext_streak_max || level->empty())) {
             take_runnext_locked(out);
             return true;
         } else if (level->empty()) {
-            level = &levels[static_cast<int>(Priority::Low)];
+            level = &ready.levels[static_cast<int>(Priority::Low)];
             if (level->empty()) return false;
         }
         bool from_pinned;
@@ -5489,22 +5498,22 @@ struct alignas(64) Worker {
         TaskQueue& from = from_pinned ? level->pinned : level->tasks;
         out = std::move(from.front());
         from.pop_front();
-        runnext_streak = 0;
-        --(from_pinned ? pinned_count : stealable_count);
+        ready.runnext_streak = 0;
+        --(from_pinned ? ready.pinned_count : ready.stealable_count);
         if (!from_pinned && out.priority == Priority::High) high_moved(-1);
         update_hints();
         return true;
     }
 
-    // Moves the run-next fiber into `out` (a wake-up), under queue_lock (held).
+    // Moves the run-next fiber into `out` (a wake-up), under ready.lock (held).
     void take_runnext_locked(QueuedTask& out) noexcept {
-        out.fiber = std::move(runnext);
+        out.fiber = std::move(ready.runnext);
         out.cb = nullptr;
         out.worker = -1;
         out.priority = Priority::Normal;
         out.kind = TaskKind::Woken;
-        ++runnext_streak;
-        runnext_state.store(runnext_sets << 1, std::memory_order_relaxed);
+        ++ready.runnext_streak;
+        ready.runnext_state.store(ready.runnext_sets << 1, std::memory_order_relaxed);
         update_hints();
     }
 
@@ -5530,29 +5539,29 @@ struct alignas(64) Worker {
     void wake_runnext_looker() noexcept;
 
     bool pop(QueuedTask& out, bool trust_hint) {
-        if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
-        std::lock_guard<SpinLock> lock(queue_lock);
+        if (trust_hint && ready.queued.load(std::memory_order_relaxed) == 0) return false;
+        std::lock_guard<SpinLock> lock(ready.lock);
         return pop_locked(out);
     }
 
     // Moves up to half (at most 32) of this worker's stealable tasks of the highest level
     // it has into `thief`, where they keep their level. `high_only`: High tasks or nothing.
     bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint, bool high_only = false) {
-        if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
+        if (trust_hint && ready.stealable.load(std::memory_order_relaxed) == 0) return false;
         std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
         {
-            std::lock_guard<SpinLock> lock(queue_lock);
-            if (stealable_count == 0) return false;
+            std::lock_guard<SpinLock> lock(ready.lock);
+            if (ready.stealable_count == 0) return false;
             int level = 0;
-            while (levels[level].tasks.empty()) ++level;  // one is not empty
+            while (ready.levels[level].tasks.empty()) ++level;  // one is not empty
             if (high_only && level != static_cast<int>(Priority::High)) return false;
-            TaskQueue& tasks = levels[level].tasks;
+            TaskQueue& tasks = ready.levels[level].tasks;
             const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             for (std::size_t i = 0; i < n; ++i) {
                 taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
-            stealable_count -= n;
+            ready.stealable_count -= n;
             if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
             update_hints();
         }
@@ -5560,7 +5569,7 @@ struct alignas(64) Worker {
         first = std::move(taken.back());
         taken.pop_back();
         if (!taken.empty()) {
-            std::lock_guard<SpinLock> lock(thief.queue_lock);
+            std::lock_guard<SpinLock> lock(thief.ready.lock);
             try {
                 while (!taken.empty()) {
                     thief.push_locked(std::move(taken.back()), false);  // strong guarantee
@@ -5614,7 +5623,7 @@ struct alignas(64) Worker {
     // queued here, go where others can run them.
     void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
-    // requeue_yielded()'s steps, under queue_lock: behind the local ring (false when it
+    // requeue_yielded()'s steps, under ready.lock: behind the local ring (false when it
     // stays empty), or in line at the back of the yielder's level; `next` as a claimed fiber.
     bool requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next);
     void requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring);
@@ -5625,8 +5634,8 @@ struct alignas(64) Worker {
     void local_push(Fiber::ptr& fiber) noexcept;  // after local_reserve()
     Fiber::ptr local_pop() noexcept;
     bool take_local(QueuedTask& next);
-    void flush_local_locked() noexcept;  // under queue_lock
-    // Under queue_lock: moves the claimed (yielded) fibers at the front of the Normal level
+    void flush_local_locked() noexcept;  // under ready.lock
+    // Under ready.lock: moves the claimed (yielded) fibers at the front of the Normal level
     // to the back of the ring; returns how many.
     std::size_t take_yielded_prefix_locked() noexcept;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's
@@ -5661,7 +5670,7 @@ struct alignas(64) Worker {
 //
 // The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them):
 //
-// Each worker owns a run queue (a TaskQueue under the worker's queue_lock) and a queue
+// Each worker owns a run queue (a TaskQueue under the worker's ready.lock) and a queue
 // of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
 // own queues first, highest level first, then steals from the back of the other workers'
 // run queues, the highest level its victim has; pinned queues are never stolen from. While
@@ -6016,8 +6025,8 @@ inline void Worker::high_moved(long delta) noexcept {
 
 inline bool Worker::take_high(QueuedTask& out) {
     {
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (!levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
+        std::lock_guard<SpinLock> lock(ready.lock);
+        if (!ready.levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
     }
     const std::size_t n = core.workers.size();
     for (std::size_t i = 1; i < n; ++i) {
@@ -6153,7 +6162,7 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // and on x86 its check is two plain loads. A spinner that stops spinning goes to sleep by
 // the same path. `outstanding` reaching zero during stop() pairs through seq_cst operations
 // on `outstanding`, `stopping` and `sleeping`; a timer added meanwhile through
-// `timer_earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
+// `timers.earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
 // in a wait (help_until) is worker 0 sleeping by the same path, and its wait's end pairs
 // the same way: the notifier stores `done` (seq_cst) and then claims `sleeping`
 // (wake_caller); the sleeper stores `sleeping` and then loads `done` (CallerWait); one of
@@ -6255,8 +6264,8 @@ inline void Worker::idle_trim(const IdleTrim& trim) noexcept {
 }
 
 inline bool Worker::has_surplus_slabs() noexcept {
-    std::lock_guard<SpinLock> lock(queue_lock);
-    for (const Level& level : levels) {
+    std::lock_guard<SpinLock> lock(ready.lock);
+    for (const Level& level : ready.levels) {
         if (level.tasks.empty_slabs() > 1 || level.pinned.empty_slabs() > 1) return true;
     }
     return false;
@@ -6265,10 +6274,10 @@ inline bool Worker::has_surplus_slabs() noexcept {
 inline void Worker::release_surplus_slabs() noexcept {
     void* detached[2 * level_count];
     {
-        std::lock_guard<SpinLock> lock(queue_lock);
+        std::lock_guard<SpinLock> lock(ready.lock);
         for (int i = 0; i < level_count; ++i) {
-            detached[2 * i] = levels[i].tasks.detach_empty_slabs();
-            detached[2 * i + 1] = levels[i].pinned.detach_empty_slabs();
+            detached[2 * i] = ready.levels[i].tasks.detach_empty_slabs();
+            detached[2 * i + 1] = ready.levels[i].pinned.detach_empty_slabs();
         }
     }
     for (void* slabs : detached) TaskBlockSlabs::unmap_detached(slabs);  // a system call each
@@ -6380,8 +6389,8 @@ FIBER_SCHED_ALWAYS_INLINE inline void Worker::retire_task_fiber(Fiber::ptr& fibe
 std::size_t queue_slabs(Scheduler& scheduler) noexcept {
     std::size_t n = 0;
     for (auto& w : SchedulerCore::of(scheduler).workers) {
-        std::lock_guard<SpinLock> lock(w->queue_lock);
-        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+        std::lock_guard<SpinLock> lock(w->ready.lock);
+        for (const Worker::Level& level : w->ready.levels) n += level.tasks.slabs() + level.pinned.slabs();
     }
     return n;
 }
@@ -6411,7 +6420,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
     // A single worker's Normal fiber may go to the ring (see local_ring).
     const bool ring = target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty();
-    if (ring && queued.load(std::memory_order_relaxed) == 0 && local_reserve()) {
+    if (ring && ready.queued.load(std::memory_order_relaxed) == 0 && local_reserve()) {
         // Nothing in the shared queues (by the hint; the common case): no lock, no
         // read-modify-write. The ring's oldest runs next, or this fiber straight away.
         if (local_size != 0) {
@@ -6426,8 +6435,8 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     back.priority = target.priority;  // a yielding fiber keeps its task's priority
     back.kind = TaskKind::Claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
-    std::lock_guard<SpinLock> lock(queue_lock);
-    if (ring && levels[static_cast<int>(Priority::High)].empty() && requeue_behind_ring_locked(back, next)) return;
+    std::lock_guard<SpinLock> lock(ready.lock);
+    if (ring && ready.levels[static_cast<int>(Priority::High)].empty() && requeue_behind_ring_locked(back, next)) return;
     requeue_in_line_locked(back, next, ring);
 }
 
@@ -6448,7 +6457,7 @@ inline void Worker::take_claimed(QueuedTask& next, Fiber::ptr&& fiber) noexcept 
 // is behind the ring, not behind the yielded prefix, and would otherwise wait as long as
 // fibers keep yielding. False, with `back` intact, when the ring stays empty.
 inline bool Worker::requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next) {
-    if (local_size == 0 && !runnext) take_yielded_prefix_locked();
+    if (local_size == 0 && !ready.runnext) take_yielded_prefix_locked();
     if (local_size == 0) return false;
     take_claimed(next, local_pop());
     if (waiting_locked() == 0 && local_reserve()) {
@@ -6469,7 +6478,7 @@ inline bool Worker::requeue_behind_ring_locked(QueuedTask& back, QueuedTask& nex
 }
 
 // The yielder (in `back`) goes to the back of its level and the oldest task runs next,
-// under queue_lock (held).
+// under ready.lock (held).
 inline void Worker::requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring) {
     if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
     const std::size_t waiting = waiting_locked();
@@ -6477,7 +6486,7 @@ inline void Worker::requeue_in_line_locked(QueuedTask& back, QueuedTask& next, b
         next = std::move(back);  // nothing else to run: straight back to it
         return;
     }
-    if (ring && waiting == 1 && levels[static_cast<int>(Priority::Low)].empty() && local_reserve()) {
+    if (ring && waiting == 1 && ready.levels[static_cast<int>(Priority::Low)].empty() && local_reserve()) {
         // The last one, High or Normal (a Low one waits while this Normal fiber is ready, as
         // two of them would): the shared queues empty out, so this fiber may wait in the ring
         // (which only ever holds fibers older than everything queued there). Growing the
@@ -6525,7 +6534,7 @@ inline Fiber::ptr Worker::local_pop() noexcept {
 inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
     // From one queue of the Normal level only while the other is empty: otherwise the two
     // are interleaved by sequence and a prefix of one is not a prefix of the line.
-    Level& level = levels[static_cast<int>(Priority::Normal)];
+    Level& level = ready.levels[static_cast<int>(Priority::Normal)];
     const bool from_pinned = level.tasks.empty();
     if (!from_pinned && !level.pinned.empty()) return 0;
     TaskQueue& from = from_pinned ? level.pinned : level.tasks;
@@ -6535,7 +6544,7 @@ inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
         from.pop_front();
         ++moved;
     }
-    (from_pinned ? pinned_count : stealable_count) -= moved;
+    (from_pinned ? ready.pinned_count : ready.stealable_count) -= moved;
     if (moved != 0) update_hints();
     return moved;
 }
@@ -6560,11 +6569,11 @@ inline void Worker::flush_local_locked() noexcept {
 
 inline bool Worker::take_local(QueuedTask& next) {
     fire_due_timers();
-    if (queued.load(std::memory_order_relaxed) == 0) {
+    if (ready.queued.load(std::memory_order_relaxed) == 0) {
         take_claimed(next, local_pop());
         return true;
     }
-    std::lock_guard<SpinLock> lock(queue_lock);
+    std::lock_guard<SpinLock> lock(ready.lock);
     flush_local_locked();
     if (pop_locked(next)) return true;
     // Out of memory with the queues empty: run the ring's oldest from there.
@@ -6584,8 +6593,8 @@ inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
     if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
     if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
     if (loop_wait && loop_wait->satisfied()) return false;
-    if (timer_earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
-    if (queued.load(std::memory_order_relaxed) != 0) return false;
+    if (timers.earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
+    if (ready.queued.load(std::memory_order_relaxed) != 0) return false;
     ++tasks_since_io_poll;
     if (local_size != 0) {
         // Pop the oldest, then push `fiber` behind the rest: the slot freed by the pop
@@ -6645,39 +6654,40 @@ namespace fsched {
 namespace detail {
 
 inline void Worker::reserve_timer() {
-    std::lock_guard<SpinLock> lock(timer_lock);
+    std::lock_guard<SpinLock> lock(timers.lock);
     if (FIBER_SCHED_FAULT(TimerAlloc)) throw std::bad_alloc();
-    if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
+    std::vector<Timer>& heap = timers.heap;
+    if (heap.size() == heap.capacity()) heap.reserve(std::max<std::size_t>(16, 2 * heap.capacity()));
 }
 
 inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept {
     const std::int64_t ticks = to_ticks(deadline);
     bool earliest;
     {
-        std::lock_guard<SpinLock> lock(timer_lock);
+        std::lock_guard<SpinLock> lock(timers.lock);
         // Satisfied timed waits leave their timers behind (a notifier cannot reach into
         // this heap); sweep them out whenever the heap has doubled, so memory follows the
         // live timers, not every wait ever made. Amortised O(1) per timer.
-        if (timers.size() >= 64 && timers.size() >= 2 * timers_after_sweep) {
-            timers.erase(std::remove_if(timers.begin(), timers.end(), [](const Timer& t) { return t.dead(); }),
-                         timers.end());
-            std::make_heap(timers.begin(), timers.end(), std::greater<Timer>());
-            timers_after_sweep = timers.size();
+        if (timers.heap.size() >= 64 && timers.heap.size() >= 2 * timers.after_sweep) {
+            std::vector<Timer>& heap = timers.heap;
+            heap.erase(std::remove_if(heap.begin(), heap.end(), [](const Timer& t) { return t.dead(); }), heap.end());
+            std::make_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
+            timers.after_sweep = timers.heap.size();
         }
         // reserve_timer() made room (the sweep only shrinks): push_back does not allocate.
-        timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
-        std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
-        earliest = timers.front().sequence == timer_sequence - 1;
+        timers.heap.push_back(Timer{deadline, timers.sequence++, std::move(fiber), std::move(wait)});
+        std::push_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
+        earliest = timers.heap.front().sequence == timers.sequence - 1;
         // Republished whenever the front changed: by this timer, or by the sweep (a swept
         // front left behind would be a deadline in the past, and the idle wait would spin).
-        const std::int64_t front = to_ticks(timers.front().deadline);
-        if (timer_earliest.load(std::memory_order_relaxed) != front) {
-            timer_earliest.store(front, std::memory_order_seq_cst);
+        const std::int64_t front = to_ticks(timers.heap.front().deadline);
+        if (timers.earliest.load(std::memory_order_relaxed) != front) {
+            timers.earliest.store(front, std::memory_order_seq_cst);
         }
     }
     // A worker asleep until a later deadline would miss this one while this worker is busy:
     // wake it to sleep again until this one. Its `sleeping` is set before it reads the
-    // deadlines (seq_cst both sides), so either it saw timer_earliest or we see it asleep.
+    // deadlines (seq_cst both sides), so either it saw timers.earliest or we see it asleep.
     if (!earliest || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
     for (auto& w : core.workers) {
         if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
@@ -6690,7 +6700,7 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
 
 inline bool Worker::fire_due_timers() {
     // No clock read while there are no timers: the yield and spawn paths pass here.
-    const std::int64_t earliest = timer_earliest.load(std::memory_order_relaxed);
+    const std::int64_t earliest = timers.earliest.load(std::memory_order_relaxed);
     if (earliest == no_deadline) return false;
     const TimePoint now = std::chrono::steady_clock::now();
     if (earliest > to_ticks(now)) return false;
@@ -6698,12 +6708,12 @@ inline bool Worker::fire_due_timers() {
     for (;;) {
         Timer due;
         {
-            std::lock_guard<SpinLock> lock(timer_lock);
-            if (timers.empty() || timers.front().deadline > now) return any;
-            std::pop_heap(timers.begin(), timers.end(), std::greater<Timer>());
-            due = std::move(timers.back());
-            timers.pop_back();
-            timer_earliest.store(timers.empty() ? no_deadline : to_ticks(timers.front().deadline),
+            std::lock_guard<SpinLock> lock(timers.lock);
+            if (timers.heap.empty() || timers.heap.front().deadline > now) return any;
+            std::pop_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
+            due = std::move(timers.heap.back());
+            timers.heap.pop_back();
+            timers.earliest.store(timers.heap.empty() ? no_deadline : to_ticks(timers.heap.front().deadline),
                                  std::memory_order_seq_cst);
         }
         Fiber::ptr fiber = std::move(due.fiber);
@@ -6719,7 +6729,7 @@ inline bool Worker::fire_due_timers() {
 
 inline std::int64_t Worker::earliest_deadline() const noexcept {
     std::int64_t earliest = no_deadline;
-    for (auto& w : core.workers) earliest = std::min(earliest, w->timer_earliest.load(std::memory_order_seq_cst));
+    for (auto& w : core.workers) earliest = std::min(earliest, w->timers.earliest.load(std::memory_order_seq_cst));
     return earliest;
 }
 
@@ -6728,8 +6738,8 @@ void reserve_timer() { thread_state()->worker->reserve_timer(); }
 std::size_t pending_timers(Scheduler& scheduler) noexcept {
     std::size_t n = 0;
     for (auto& w : SchedulerCore::of(scheduler).workers) {
-        std::lock_guard<SpinLock> lock(w->timer_lock);
-        n += w->timers.size();
+        std::lock_guard<SpinLock> lock(w->timers.lock);
+        n += w->timers.heap.size();
     }
     return n;
 }
@@ -6789,22 +6799,22 @@ namespace detail {
 inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
     bool displaced = false;
     {
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (runnext) {
+        std::lock_guard<SpinLock> lock(ready.lock);
+        if (ready.runnext) {
             QueuedTask back;
-            back.fiber = std::move(runnext);
+            back.fiber = std::move(ready.runnext);
             back.kind = TaskKind::Woken;
             try {
                 push_locked(std::move(back), false);  // strong guarantee
             } catch (...) {
-                runnext = std::move(back.fiber);
+                ready.runnext = std::move(back.fiber);
                 return false;
             }
             displaced = true;
         }
-        runnext = std::move(fiber);
-        ++runnext_sets;
-        runnext_state.store((runnext_sets << 1) | 1, std::memory_order_seq_cst);
+        ready.runnext = std::move(fiber);
+        ++ready.runnext_sets;
+        ready.runnext_state.store((ready.runnext_sets << 1) | 1, std::memory_order_seq_cst);
         update_hints();
     }
     if (displaced) {
@@ -6831,7 +6841,7 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
         const std::size_t v = (static_cast<std::size_t>(index) + i) % n;
         Worker& victim = *core.workers[v];
         RunnextLook& look = runnext_looks[v];
-        const std::uint64_t state = victim.runnext_state.load(std::memory_order_relaxed);
+        const std::uint64_t state = victim.ready.runnext_state.load(std::memory_order_relaxed);
         if (!(state & 1) || state != look.state) {
             look.state = state;
             look.looks = 0;
@@ -6839,10 +6849,10 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
         }
         if (++look.looks < runnext_stuck_looks) continue;
         look.looks = 0;
-        std::lock_guard<SpinLock> lock(victim.queue_lock);
-        if (!victim.runnext || victim.runnext_state.load(std::memory_order_relaxed) != state) continue;
+        std::lock_guard<SpinLock> lock(victim.ready.lock);
+        if (!victim.ready.runnext || victim.ready.runnext_state.load(std::memory_order_relaxed) != state) continue;
         victim.take_runnext_locked(out);
-        victim.runnext_streak = 0;  // not its own run
+        victim.ready.runnext_streak = 0;  // not its own run
         core.runnext_stuck_taken.fetch_add(1, std::memory_order_relaxed);
         return true;
     }
@@ -6852,7 +6862,7 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
 inline void Worker::hand_on_runnext_watch() noexcept {
     if (single || core.sleepers.load(std::memory_order_seq_cst) == 0) return;  // the cheap test first
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
-        if (v != static_cast<std::size_t>(index) && (core.workers[v]->runnext_state.load(std::memory_order_seq_cst) & 1)) {
+        if (v != static_cast<std::size_t>(index) && (core.workers[v]->ready.runnext_state.load(std::memory_order_seq_cst) & 1)) {
             wake_runnext_looker();
             return;
         }
@@ -6863,7 +6873,7 @@ inline bool Worker::runnext_activity() noexcept {
     bool active = false;
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
         if (v == static_cast<std::size_t>(index)) continue;
-        const std::uint64_t state = core.workers[v]->runnext_state.load(std::memory_order_seq_cst);
+        const std::uint64_t state = core.workers[v]->ready.runnext_state.load(std::memory_order_seq_cst);
         RunnextLook& look = runnext_looks[v];
         active = active || (state & 1) || state != look.at_sleep;
         look.at_sleep = state;
@@ -7004,28 +7014,28 @@ inline void Worker::stop_helping() noexcept {
         core.enqueue_fiber(std::move(back));
     }
     if (local_size != 0) {
-        std::lock_guard<SpinLock> lock(queue_lock);
+        std::lock_guard<SpinLock> lock(ready.lock);
         flush_local_locked();  // a single worker: no one else to wake for them
         update_hints();
     }
     {
         // A fiber a task woke here into the run-next slot: to the stealable queue, so that
         // others may run it (counted below).
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (runnext) {
+        std::lock_guard<SpinLock> lock(ready.lock);
+        if (ready.runnext) {
             QueuedTask task;
             take_runnext_locked(task);
             try {
                 push_locked(std::move(task), false);
             } catch (...) {
-                runnext = std::move(task.fiber);  // out of memory: it waits for the next help
-                runnext_state.store((++runnext_sets << 1) | 1, std::memory_order_seq_cst);
+                ready.runnext = std::move(task.fiber);  // out of memory: it waits for the next help
+                ready.runnext_state.store((++ready.runnext_sets << 1) | 1, std::memory_order_seq_cst);
             }
             update_hints();
         }
     }
     // Stolen tasks were queued here without waking anyone (the thief was to run them).
-    const std::size_t left = stealable.load(std::memory_order_relaxed);
+    const std::size_t left = ready.stealable.load(std::memory_order_relaxed);
     if (left > 0) core.after_push(*this, false, left);
     // Tasks in `overflow` (a steal that found no memory) wait for the next help or stop().
 }
@@ -7064,7 +7074,7 @@ inline void Worker::hand_on_caller_wake() noexcept {
     std::int64_t earliest_sleeper = no_deadline;
     for (auto& w : core.workers) {
         if (w.get() == this) continue;
-        if (w->stealable.load(std::memory_order_relaxed) != 0) wanted = true;
+        if (w->ready.stealable.load(std::memory_order_relaxed) != 0) wanted = true;
         if (w->sleeping.load(std::memory_order_seq_cst)) {
             earliest_sleeper = std::min(earliest_sleeper, w->sleep_deadline.load(std::memory_order_seq_cst));
         }
@@ -7311,7 +7321,7 @@ inline BatchShares deal_batch(SchedulerCore& core, const Worker* here, std::vect
 // Queues one worker's share under its lock: all of it or none (a failed push_back changed
 // nothing, and what was pushed before it is taken back), then publishes the hints.
 inline void queue_share(Worker& w, std::vector<QueuedTask>& pinned, std::vector<QueuedTask>& unpinned) {
-    std::lock_guard<SpinLock> lock(w.queue_lock);
+    std::lock_guard<SpinLock> lock(w.ready.lock);
     Worker::Sizes before;
     w.sizes_locked(before);
     try {

@@ -48,28 +48,28 @@ inline void Worker::stop_helping() noexcept {
         core.enqueue_fiber(std::move(back));
     }
     if (local_size != 0) {
-        std::lock_guard<SpinLock> lock(queue_lock);
+        std::lock_guard<SpinLock> lock(ready.lock);
         flush_local_locked();  // a single worker: no one else to wake for them
         update_hints();
     }
     {
         // A fiber a task woke here into the run-next slot: to the stealable queue, so that
         // others may run it (counted below).
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (runnext) {
+        std::lock_guard<SpinLock> lock(ready.lock);
+        if (ready.runnext) {
             QueuedTask task;
             take_runnext_locked(task);
             try {
                 push_locked(std::move(task), false);
             } catch (...) {
-                runnext = std::move(task.fiber);  // out of memory: it waits for the next help
-                runnext_state.store((++runnext_sets << 1) | 1, std::memory_order_seq_cst);
+                ready.runnext = std::move(task.fiber);  // out of memory: it waits for the next help
+                ready.runnext_state.store((++ready.runnext_sets << 1) | 1, std::memory_order_seq_cst);
             }
             update_hints();
         }
     }
     // Stolen tasks were queued here without waking anyone (the thief was to run them).
-    const std::size_t left = stealable.load(std::memory_order_relaxed);
+    const std::size_t left = ready.stealable.load(std::memory_order_relaxed);
     if (left > 0) core.after_push(*this, false, left);
     // Tasks in `overflow` (a steal that found no memory) wait for the next help or stop().
 }
@@ -108,7 +108,7 @@ inline void Worker::hand_on_caller_wake() noexcept {
     std::int64_t earliest_sleeper = no_deadline;
     for (auto& w : core.workers) {
         if (w.get() == this) continue;
-        if (w->stealable.load(std::memory_order_relaxed) != 0) wanted = true;
+        if (w->ready.stealable.load(std::memory_order_relaxed) != 0) wanted = true;
         if (w->sleeping.load(std::memory_order_seq_cst)) {
             earliest_sleeper = std::min(earliest_sleeper, w->sleep_deadline.load(std::memory_order_seq_cst));
         }

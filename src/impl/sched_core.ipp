@@ -7,7 +7,7 @@
 //
 // The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them):
 //
-// Each worker owns a run queue (a TaskQueue under the worker's queue_lock) and a queue
+// Each worker owns a run queue (a TaskQueue under the worker's ready.lock) and a queue
 // of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
 // own queues first, highest level first, then steals from the back of the other workers'
 // run queues, the highest level its victim has; pinned queues are never stolen from. While

@@ -35,8 +35,8 @@ inline void Worker::high_moved(long delta) noexcept {
 
 inline bool Worker::take_high(QueuedTask& out) {
     {
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (!levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
+        std::lock_guard<SpinLock> lock(ready.lock);
+        if (!ready.levels[static_cast<int>(Priority::High)].empty()) return pop_locked(out);
     }
     const std::size_t n = core.workers.size();
     for (std::size_t i = 1; i < n; ++i) {

@@ -97,7 +97,7 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 // and on x86 its check is two plain loads. A spinner that stops spinning goes to sleep by
 // the same path. `outstanding` reaching zero during stop() pairs through seq_cst operations
 // on `outstanding`, `stopping` and `sleeping`; a timer added meanwhile through
-// `timer_earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
+// `timers.earliest` and `sleep_deadline` (Worker::add_timer). The use_caller thread helping
 // in a wait (help_until) is worker 0 sleeping by the same path, and its wait's end pairs
 // the same way: the notifier stores `done` (seq_cst) and then claims `sleeping`
 // (wake_caller); the sleeper stores `sleeping` and then loads `done` (CallerWait); one of
@@ -199,8 +199,8 @@ inline void Worker::idle_trim(const IdleTrim& trim) noexcept {
 }
 
 inline bool Worker::has_surplus_slabs() noexcept {
-    std::lock_guard<SpinLock> lock(queue_lock);
-    for (const Level& level : levels) {
+    std::lock_guard<SpinLock> lock(ready.lock);
+    for (const Level& level : ready.levels) {
         if (level.tasks.empty_slabs() > 1 || level.pinned.empty_slabs() > 1) return true;
     }
     return false;
@@ -209,10 +209,10 @@ inline bool Worker::has_surplus_slabs() noexcept {
 inline void Worker::release_surplus_slabs() noexcept {
     void* detached[2 * level_count];
     {
-        std::lock_guard<SpinLock> lock(queue_lock);
+        std::lock_guard<SpinLock> lock(ready.lock);
         for (int i = 0; i < level_count; ++i) {
-            detached[2 * i] = levels[i].tasks.detach_empty_slabs();
-            detached[2 * i + 1] = levels[i].pinned.detach_empty_slabs();
+            detached[2 * i] = ready.levels[i].tasks.detach_empty_slabs();
+            detached[2 * i + 1] = ready.levels[i].pinned.detach_empty_slabs();
         }
     }
     for (void* slabs : detached) TaskBlockSlabs::unmap_detached(slabs);  // a system call each
@@ -324,8 +324,8 @@ FIBER_SCHED_ALWAYS_INLINE inline void Worker::retire_task_fiber(Fiber::ptr& fibe
 std::size_t queue_slabs(Scheduler& scheduler) noexcept {
     std::size_t n = 0;
     for (auto& w : SchedulerCore::of(scheduler).workers) {
-        std::lock_guard<SpinLock> lock(w->queue_lock);
-        for (const Worker::Level& level : w->levels) n += level.tasks.slabs() + level.pinned.slabs();
+        std::lock_guard<SpinLock> lock(w->ready.lock);
+        for (const Worker::Level& level : w->ready.levels) n += level.tasks.slabs() + level.pinned.slabs();
     }
     return n;
 }

@@ -31,22 +31,22 @@ namespace detail {
 inline bool Worker::put_runnext(Fiber::ptr& fiber) noexcept {
     bool displaced = false;
     {
-        std::lock_guard<SpinLock> lock(queue_lock);
-        if (runnext) {
+        std::lock_guard<SpinLock> lock(ready.lock);
+        if (ready.runnext) {
             QueuedTask back;
-            back.fiber = std::move(runnext);
+            back.fiber = std::move(ready.runnext);
             back.kind = TaskKind::Woken;
             try {
                 push_locked(std::move(back), false);  // strong guarantee
             } catch (...) {
-                runnext = std::move(back.fiber);
+                ready.runnext = std::move(back.fiber);
                 return false;
             }
             displaced = true;
         }
-        runnext = std::move(fiber);
-        ++runnext_sets;
-        runnext_state.store((runnext_sets << 1) | 1, std::memory_order_seq_cst);
+        ready.runnext = std::move(fiber);
+        ++ready.runnext_sets;
+        ready.runnext_state.store((ready.runnext_sets << 1) | 1, std::memory_order_seq_cst);
         update_hints();
     }
     if (displaced) {
@@ -73,7 +73,7 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
         const std::size_t v = (static_cast<std::size_t>(index) + i) % n;
         Worker& victim = *core.workers[v];
         RunnextLook& look = runnext_looks[v];
-        const std::uint64_t state = victim.runnext_state.load(std::memory_order_relaxed);
+        const std::uint64_t state = victim.ready.runnext_state.load(std::memory_order_relaxed);
         if (!(state & 1) || state != look.state) {
             look.state = state;
             look.looks = 0;
@@ -81,10 +81,10 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
         }
         if (++look.looks < runnext_stuck_looks) continue;
         look.looks = 0;
-        std::lock_guard<SpinLock> lock(victim.queue_lock);
-        if (!victim.runnext || victim.runnext_state.load(std::memory_order_relaxed) != state) continue;
+        std::lock_guard<SpinLock> lock(victim.ready.lock);
+        if (!victim.ready.runnext || victim.ready.runnext_state.load(std::memory_order_relaxed) != state) continue;
         victim.take_runnext_locked(out);
-        victim.runnext_streak = 0;  // not its own run
+        victim.ready.runnext_streak = 0;  // not its own run
         core.runnext_stuck_taken.fetch_add(1, std::memory_order_relaxed);
         return true;
     }
@@ -94,7 +94,7 @@ inline bool Worker::take_stuck_runnext(QueuedTask& out) noexcept {
 inline void Worker::hand_on_runnext_watch() noexcept {
     if (single || core.sleepers.load(std::memory_order_seq_cst) == 0) return;  // the cheap test first
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
-        if (v != static_cast<std::size_t>(index) && (core.workers[v]->runnext_state.load(std::memory_order_seq_cst) & 1)) {
+        if (v != static_cast<std::size_t>(index) && (core.workers[v]->ready.runnext_state.load(std::memory_order_seq_cst) & 1)) {
             wake_runnext_looker();
             return;
         }
@@ -105,7 +105,7 @@ inline bool Worker::runnext_activity() noexcept {
     bool active = false;
     for (std::size_t v = 0; v < core.workers.size(); ++v) {
         if (v == static_cast<std::size_t>(index)) continue;
-        const std::uint64_t state = core.workers[v]->runnext_state.load(std::memory_order_seq_cst);
+        const std::uint64_t state = core.workers[v]->ready.runnext_state.load(std::memory_order_seq_cst);
         RunnextLook& look = runnext_looks[v];
         active = active || (state & 1) || state != look.at_sleep;
         look.at_sleep = state;

@@ -61,7 +61,7 @@ inline BatchShares deal_batch(SchedulerCore& core, const Worker* here, std::vect
 // Queues one worker's share under its lock: all of it or none (a failed push_back changed
 // nothing, and what was pushed before it is taken back), then publishes the hints.
 inline void queue_share(Worker& w, std::vector<QueuedTask>& pinned, std::vector<QueuedTask>& unpinned) {
-    std::lock_guard<SpinLock> lock(w.queue_lock);
+    std::lock_guard<SpinLock> lock(w.ready.lock);
     Worker::Sizes before;
     w.sizes_locked(before);
     try {

@@ -1,7 +1,7 @@
 // ---------------------------------------------------------------------------
 // The scheduler's task queues: what a queue holds (QueuedTask, and how its fiber is taken:
 // TaskKind) and the queue itself (TaskQueue, a deque whose blocks come from slabs the queue
-// maps itself: TaskBlockSlabs). Owns no lock: a worker's queue_lock guards its queues
+// maps itself: TaskBlockSlabs). Owns no lock: a worker's ready.lock guards its queues
 // (sched_worker.ipp).
 // Relies on: Fiber (fiber.hpp), TaskFunction, NewTask and Priority (scheduler.hpp), the OS
 // layer's page mapping (os.ipp).
@@ -52,7 +52,7 @@ struct QueuedTask {
 // is kept for the queue's next blocks while the worker is busy, so a queue that fills and
 // drains maps nothing, and a burst's slabs go back to the OS, all but one, once the worker
 // has slept for queue_trim_delay (Worker::sleep_until_work). Blocks of another size (none
-// with libstdc++ or libc++) go to operator new. Under the owning worker's queue_lock, as
+// with libstdc++ or libc++) go to operator new. Under the owning worker's ready.lock, as
 // the deque is.
 class TaskBlockSlabs {
 public:
@@ -233,7 +233,7 @@ struct TaskBlockAllocator {
 };
 
 // A worker's queue of one kind (stealable or pinned) at one level: a deque whose freed
-// blocks come from slabs of its own (TaskBlockSlabs). Under the owning worker's queue_lock.
+// blocks come from slabs of its own (TaskBlockSlabs). Under the owning worker's ready.lock.
 class TaskQueue {
 public:
     TaskQueue() : tasks_(TaskBlockAllocator<QueuedTask>(&cache_)) {}

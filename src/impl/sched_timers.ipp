@@ -13,39 +13,40 @@ namespace fsched {
 namespace detail {
 
 inline void Worker::reserve_timer() {
-    std::lock_guard<SpinLock> lock(timer_lock);
+    std::lock_guard<SpinLock> lock(timers.lock);
     if (FIBER_SCHED_FAULT(TimerAlloc)) throw std::bad_alloc();
-    if (timers.size() == timers.capacity()) timers.reserve(std::max<std::size_t>(16, 2 * timers.capacity()));
+    std::vector<Timer>& heap = timers.heap;
+    if (heap.size() == heap.capacity()) heap.reserve(std::max<std::size_t>(16, 2 * heap.capacity()));
 }
 
 inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept {
     const std::int64_t ticks = to_ticks(deadline);
     bool earliest;
     {
-        std::lock_guard<SpinLock> lock(timer_lock);
+        std::lock_guard<SpinLock> lock(timers.lock);
         // Satisfied timed waits leave their timers behind (a notifier cannot reach into
         // this heap); sweep them out whenever the heap has doubled, so memory follows the
         // live timers, not every wait ever made. Amortised O(1) per timer.
-        if (timers.size() >= 64 && timers.size() >= 2 * timers_after_sweep) {
-            timers.erase(std::remove_if(timers.begin(), timers.end(), [](const Timer& t) { return t.dead(); }),
-                         timers.end());
-            std::make_heap(timers.begin(), timers.end(), std::greater<Timer>());
-            timers_after_sweep = timers.size();
+        if (timers.heap.size() >= 64 && timers.heap.size() >= 2 * timers.after_sweep) {
+            std::vector<Timer>& heap = timers.heap;
+            heap.erase(std::remove_if(heap.begin(), heap.end(), [](const Timer& t) { return t.dead(); }), heap.end());
+            std::make_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
+            timers.after_sweep = timers.heap.size();
         }
         // reserve_timer() made room (the sweep only shrinks): push_back does not allocate.
-        timers.push_back(Timer{deadline, timer_sequence++, std::move(fiber), std::move(wait)});
-        std::push_heap(timers.begin(), timers.end(), std::greater<Timer>());
-        earliest = timers.front().sequence == timer_sequence - 1;
+        timers.heap.push_back(Timer{deadline, timers.sequence++, std::move(fiber), std::move(wait)});
+        std::push_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
+        earliest = timers.heap.front().sequence == timers.sequence - 1;
         // Republished whenever the front changed: by this timer, or by the sweep (a swept
         // front left behind would be a deadline in the past, and the idle wait would spin).
-        const std::int64_t front = to_ticks(timers.front().deadline);
-        if (timer_earliest.load(std::memory_order_relaxed) != front) {
-            timer_earliest.store(front, std::memory_order_seq_cst);
+        const std::int64_t front = to_ticks(timers.heap.front().deadline);
+        if (timers.earliest.load(std::memory_order_relaxed) != front) {
+            timers.earliest.store(front, std::memory_order_seq_cst);
         }
     }
     // A worker asleep until a later deadline would miss this one while this worker is busy:
     // wake it to sleep again until this one. Its `sleeping` is set before it reads the
-    // deadlines (seq_cst both sides), so either it saw timer_earliest or we see it asleep.
+    // deadlines (seq_cst both sides), so either it saw timers.earliest or we see it asleep.
     if (!earliest || core.sleepers.load(std::memory_order_seq_cst) == 0) return;
     for (auto& w : core.workers) {
         if (w.get() == this || !w->sleeping.load(std::memory_order_seq_cst)) continue;
@@ -58,7 +59,7 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
 
 inline bool Worker::fire_due_timers() {
     // No clock read while there are no timers: the yield and spawn paths pass here.
-    const std::int64_t earliest = timer_earliest.load(std::memory_order_relaxed);
+    const std::int64_t earliest = timers.earliest.load(std::memory_order_relaxed);
     if (earliest == no_deadline) return false;
     const TimePoint now = std::chrono::steady_clock::now();
     if (earliest > to_ticks(now)) return false;
@@ -66,12 +67,12 @@ inline bool Worker::fire_due_timers() {
     for (;;) {
         Timer due;
         {
-            std::lock_guard<SpinLock> lock(timer_lock);
-            if (timers.empty() || timers.front().deadline > now) return any;
-            std::pop_heap(timers.begin(), timers.end(), std::greater<Timer>());
-            due = std::move(timers.back());
-            timers.pop_back();
-            timer_earliest.store(timers.empty() ? no_deadline : to_ticks(timers.front().deadline),
+            std::lock_guard<SpinLock> lock(timers.lock);
+            if (timers.heap.empty() || timers.heap.front().deadline > now) return any;
+            std::pop_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
+            due = std::move(timers.heap.back());
+            timers.heap.pop_back();
+            timers.earliest.store(timers.heap.empty() ? no_deadline : to_ticks(timers.heap.front().deadline),
                                  std::memory_order_seq_cst);
         }
         Fiber::ptr fiber = std::move(due.fiber);
@@ -87,7 +88,7 @@ inline bool Worker::fire_due_timers() {
 
 inline std::int64_t Worker::earliest_deadline() const noexcept {
     std::int64_t earliest = no_deadline;
-    for (auto& w : core.workers) earliest = std::min(earliest, w->timer_earliest.load(std::memory_order_seq_cst));
+    for (auto& w : core.workers) earliest = std::min(earliest, w->timers.earliest.load(std::memory_order_seq_cst));
     return earliest;
 }
 
@@ -96,8 +97,8 @@ void reserve_timer() { thread_state()->worker->reserve_timer(); }
 std::size_t pending_timers(Scheduler& scheduler) noexcept {
     std::size_t n = 0;
     for (auto& w : SchedulerCore::of(scheduler).workers) {
-        std::lock_guard<SpinLock> lock(w->timer_lock);
-        n += w->timers.size();
+        std::lock_guard<SpinLock> lock(w->timers.lock);
+        n += w->timers.heap.size();
     }
     return n;
 }

@@ -1,8 +1,8 @@
 // ---------------------------------------------------------------------------
 // A worker: its queues by priority and the tasks pinned to it, the run-next slot, the
 // local ring of a single worker's yielded fibers, its timer heap, its idle wait, and the
-// operations on its queues that run under its queue_lock (push, pop, steal). Each lock sits
-// above the fields it guards. The steps of its run loop are declared here and defined in
+// operations on its queues that run under their lock (push, pop, steal). Each lock sits in
+// a small struct with the fields it guards (ReadyQueues `ready`, TimerHeap `timers`). The steps of its run loop are declared here and defined in
 // the parts that own them: sched_find.ipp (where the next task comes from),
 // sched_run_loop.ipp (the loop, spinning, sleeping, running a task), sched_yield.ipp,
 // sched_timers.ipp, sched_runnext.ipp and sched_caller.ipp.
@@ -60,7 +60,6 @@ struct alignas(64) Worker {
     const bool single;  // the scheduler's only worker (no thief, no other queue)
     std::thread thread;
 
-    SpinLock queue_lock;
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
     struct Level {
         TaskQueue tasks;
@@ -68,39 +67,45 @@ struct alignas(64) Worker {
         bool empty() const noexcept { return tasks.empty() && pinned.empty(); }
     };
     static constexpr int level_count = 3;
-    Level levels[level_count];           // indexed by Priority; under queue_lock
-    std::size_t stealable_count = 0;     // tasks in every level's `tasks`; under queue_lock
-    std::size_t pinned_count = 0;        // and in every `pinned`; under queue_lock
-    // Orders a level's two queues (pop_locked): push_locked counts up from here, and
-    // push_front_locked down; under queue_lock.
-    std::uint64_t next_sequence = std::uint64_t{1} << 62;
-    std::uint64_t front_sequence = std::uint64_t{1} << 62;
+
+    // The ready queues and the run-next slot. `lock` guards every field; the three hints
+    // (`queued`, `stealable`, `runnext_state`) are written under it and read without it.
+    struct ReadyQueues {
+        SpinLock lock;
+        Level levels[level_count];        // indexed by Priority
+        std::size_t stealable_count = 0;  // tasks in every level's `tasks`
+        std::size_t pinned_count = 0;     // and in every `pinned`
+        // Orders a level's two queues (pop_locked): push_locked counts up from here, and
+        // push_front_locked down.
+        std::uint64_t next_sequence = std::uint64_t{1} << 62;
+        std::uint64_t front_sequence = std::uint64_t{1} << 62;
+        // The two counts above as hints (waiting_locked() and stealable_count): a stale read
+        // only costs a needless lock or a later look. The last look before sleeping ignores
+        // them and takes every lock (see run_loop).
+        std::atomic<std::size_t> queued{0};
+        std::atomic<std::size_t> stealable{0};
+        // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this
+        // worker woke (put_runnext), which this worker runs next, ahead of its Normal queue,
+        // before it looks anywhere else; the woken fiber finds the waker's caches warm, and a
+        // pair that hands work to each other (a channel ping-pong, a mutex handed over) stays
+        // on one worker instead of crossing by steal at every message. A second wake puts the
+        // first fiber at the back of the Normal queue. Not stealable: another worker takes it
+        // only when it has sat there unchanged for runnext_stuck_looks of that worker's looks
+        // (a task that woke it and runs on without parking; see take_stuck_runnext).
+        Fiber::ptr runnext;
+        std::uint64_t runnext_sets = 0;
+        // (runnext_sets << 1) | occupied, read by other workers as a hint; seq_cst when set,
+        // paired with `sleepers` (see put_runnext).
+        std::atomic<std::uint64_t> runnext_state{0};
+        // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
+        // queue's oldest goes first, so a pair waking each other cannot starve it.
+        unsigned runnext_streak = 0;
+    };
+    ReadyQueues ready;
     // Set while the use_caller thread runs this worker (0) outside stop(): it takes pinned
     // tasks before unpinned ones of the same level. Only the thread running the worker
     // reads or writes it.
     bool caller_helping = false;
-    // The two counts above, published under queue_lock and read without it as hints: a
-    // stale read only costs a needless lock or a later look. The last look before
-    // sleeping ignores them and takes every lock (see run_loop).
-    std::atomic<std::size_t> queued{0};
-    std::atomic<std::size_t> stealable{0};
-
-    // The run-next slot (Go's runnext): an unpinned Normal fiber that a task on this worker
-    // woke (put_runnext), which this worker runs next, ahead of its Normal queue, before it
-    // looks anywhere else; the woken fiber finds the waker's caches warm, and a pair that
-    // hands work to each other (a channel ping-pong, a mutex handed over) stays on one
-    // worker instead of crossing by steal at every message. A second wake puts the first
-    // fiber at the back of the Normal queue. Not stealable: another worker takes it only
-    // when it has sat there unchanged for runnext_stuck_looks of that worker's looks (a task
-    // that woke it and runs on without parking; see take_stuck_runnext). Under queue_lock.
-    Fiber::ptr runnext;
-    std::uint64_t runnext_sets = 0;  // under queue_lock
-    // (runnext_sets << 1) | occupied, stored under queue_lock, read without it by other
-    // workers as a hint; seq_cst when set, paired with `sleepers` (see put_runnext).
-    std::atomic<std::uint64_t> runnext_state{0};
-    // Runnext taken in a row while the Normal queue has tasks: at runnext_streak_max the
-    // queue's oldest goes first, so a pair waking each other cannot starve it. Under queue_lock.
-    unsigned runnext_streak = 0;
     static constexpr unsigned runnext_streak_max = 16;
     static constexpr unsigned runnext_stuck_looks = 16;
 
@@ -115,17 +120,21 @@ struct alignas(64) Worker {
     // is SchedulerCore::idle.
     WorkerIdle idle;
 
-    // Timers of fibers that parked on this worker: a min-heap under timer_lock. This worker
-    // adds to it; any worker may fire its due timers (an idle worker serves a busy one's).
-    // On a cache line of their own: other workers read timer_earliest whenever they look
-    // for work, and must not pull the line of the hot queue lock across to do it.
-    alignas(64) SpinLock timer_lock;
-    std::vector<Timer> timers;          // under timer_lock
-    std::uint64_t timer_sequence = 0;   // under timer_lock
-    std::size_t timers_after_sweep = 0; // under timer_lock
-    // The earliest deadline in `timers` (no_deadline: none), for other workers to read
-    // without the lock; seq_cst, paired with `sleeping` (see add_timer).
-    std::atomic<std::int64_t> timer_earliest{no_deadline};
+    // Timers of fibers that parked on this worker: a min-heap. This worker adds to it; any
+    // worker may fire its due timers (an idle worker serves a busy one's). On a cache line
+    // of their own: other workers read `earliest` whenever they look for work, and must not
+    // pull the line of the hot queue lock across to do it. `lock` guards every field but
+    // `earliest`, which is written under it and read without it.
+    struct TimerHeap {
+        SpinLock lock;
+        std::vector<Timer> heap;
+        std::uint64_t sequence = 0;
+        std::size_t after_sweep = 0;  // the heap's size after the last sweep (add_timer)
+        // The earliest deadline in `heap` (no_deadline: none); seq_cst, paired with
+        // `sleeping` (see add_timer).
+        std::atomic<std::int64_t> earliest{no_deadline};
+    };
+    alignas(64) TimerHeap timers;
 
     // Only this worker's thread touches these.
     alignas(64) std::vector<Fiber::ptr> spare_fibers;  // finished callback fibers, for the next callbacks
@@ -173,54 +182,54 @@ struct alignas(64) Worker {
     // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
     bool fire_due_timers();
 
-    // Publishes the queue sizes as hints; call under queue_lock after changing the queues.
+    // Publishes the queue sizes as hints; call under ready.lock after changing the queues.
     void update_hints() noexcept {
-        stealable.store(stealable_count, std::memory_order_relaxed);
-        queued.store(waiting_locked(), std::memory_order_relaxed);
+        ready.stealable.store(ready.stealable_count, std::memory_order_relaxed);
+        ready.queued.store(waiting_locked(), std::memory_order_relaxed);
     }
     // Every task this worker holds for itself to run: queued ones and the run-next slot.
-    std::size_t waiting_locked() const noexcept { return stealable_count + pinned_count + (runnext ? 1 : 0); }
+    std::size_t waiting_locked() const noexcept { return ready.stealable_count + ready.pinned_count + (ready.runnext ? 1 : 0); }
 
-    // Appends at the task's level under queue_lock (held). Strong guarantee: on
+    // Appends at the task's level under ready.lock (held). Strong guarantee: on
     // std::bad_alloc nothing changed.
     FIBER_SCHED_ALWAYS_INLINE void push_locked(QueuedTask&& task, bool own_pinned) {
-        task.sequence = next_sequence;
+        task.sequence = ready.next_sequence;
         const bool stealable_high = !own_pinned && task.priority == Priority::High;
-        Level& level = levels[static_cast<int>(task.priority)];
+        Level& level = ready.levels[static_cast<int>(task.priority)];
         (own_pinned ? level.pinned : level.tasks).push_back(std::move(task));
-        ++next_sequence;
-        ++(own_pinned ? pinned_count : stealable_count);
+        ++ready.next_sequence;
+        ++(own_pinned ? ready.pinned_count : ready.stealable_count);
         if (stealable_high) high_moved(1);
     }
 
     // Puts a Normal task at the front of its queue, as if it had come before everything
-    // there (flush_local_locked), under queue_lock (held). Strong guarantee.
+    // there (flush_local_locked), under ready.lock (held). Strong guarantee.
     void push_front_locked(QueuedTask&& task, bool own_pinned) {
-        task.sequence = --front_sequence;
-        Level& level = levels[static_cast<int>(Priority::Normal)];
+        task.sequence = --ready.front_sequence;
+        Level& level = ready.levels[static_cast<int>(Priority::Normal)];
         (own_pinned ? level.pinned : level.tasks).push_front(std::move(task));
-        ++(own_pinned ? pinned_count : stealable_count);
+        ++(own_pinned ? ready.pinned_count : ready.stealable_count);
     }
 
     // Keeps SchedulerCore::stealable_high (defined below) in step with this worker's
-    // stealable High tasks; under queue_lock. Only High tasks pay for it.
+    // stealable High tasks; under ready.lock. Only High tasks pay for it.
     void high_moved(long delta) noexcept;
 
     // The queues' sizes, and taking them back to such sizes (undoing push_locked calls),
-    // under queue_lock (held).
+    // under ready.lock (held).
     using Sizes = std::size_t[level_count][2];
     void sizes_locked(Sizes& out) const noexcept {
         for (int i = 0; i < level_count; ++i) {
-            out[i][0] = levels[i].tasks.size();
-            out[i][1] = levels[i].pinned.size();
+            out[i][0] = ready.levels[i].tasks.size();
+            out[i][1] = ready.levels[i].pinned.size();
         }
     }
     void truncate_locked(const Sizes& sizes) noexcept {
         for (int i = 0; i < level_count; ++i) {
-            TaskQueue& t = levels[i].tasks;
-            TaskQueue& p = levels[i].pinned;
-            stealable_count -= t.size() - sizes[i][0];
-            pinned_count -= p.size() - sizes[i][1];
+            TaskQueue& t = ready.levels[i].tasks;
+            TaskQueue& p = ready.levels[i].pinned;
+            ready.stealable_count -= t.size() - sizes[i][0];
+            ready.pinned_count -= p.size() - sizes[i][1];
             if (i == static_cast<int>(Priority::High) && t.size() != sizes[i][0]) {
                 high_moved(-static_cast<long>(t.size() - sizes[i][0]));
             }
@@ -230,25 +239,25 @@ struct alignas(64) Worker {
     }
 
     void push(QueuedTask&& task, bool own_pinned) {
-        std::lock_guard<SpinLock> lock(queue_lock);
+        std::lock_guard<SpinLock> lock(ready.lock);
         push_locked(std::move(task), own_pinned);
         update_hints();
     }
 
-    // Takes a task of the highest level that has one, under queue_lock (held): the oldest
+    // Takes a task of the highest level that has one, under ready.lock (held): the oldest
     // of that level's two queue fronts, so that pinned and unpinned tasks are served in the
     // order they arrived and neither kind can starve the other; while the use_caller thread
     // helps, its pinned tasks first (they have no one else to run them).
     FIBER_SCHED_ALWAYS_INLINE bool pop_locked(QueuedTask& out) {
         // All Normal, the common case, costs one look at the empty High level.
-        Level* level = &levels[static_cast<int>(Priority::Normal)];
-        if (!levels[static_cast<int>(Priority::High)].empty()) {
-            level = &levels[static_cast<int>(Priority::High)];
-        } else if (runnext && (runnext_streak < runnext_streak_max || level->empty())) {
+        Level* level = &ready.levels[static_cast<int>(Priority::Normal)];
+        if (!ready.levels[static_cast<int>(Priority::High)].empty()) {
+            level = &ready.levels[static_cast<int>(Priority::High)];
+        } else if (ready.runnext && (ready.runnext_streak < runnext_streak_max || level->empty())) {
             take_runnext_locked(out);
             return true;
         } else if (level->empty()) {
-            level = &levels[static_cast<int>(Priority::Low)];
+            level = &ready.levels[static_cast<int>(Priority::Low)];
             if (level->empty()) return false;
         }
         bool from_pinned;
@@ -262,22 +271,22 @@ struct alignas(64) Worker {
         TaskQueue& from = from_pinned ? level->pinned : level->tasks;
         out = std::move(from.front());
         from.pop_front();
-        runnext_streak = 0;
-        --(from_pinned ? pinned_count : stealable_count);
+        ready.runnext_streak = 0;
+        --(from_pinned ? ready.pinned_count : ready.stealable_count);
         if (!from_pinned && out.priority == Priority::High) high_moved(-1);
         update_hints();
         return true;
     }
 
-    // Moves the run-next fiber into `out` (a wake-up), under queue_lock (held).
+    // Moves the run-next fiber into `out` (a wake-up), under ready.lock (held).
     void take_runnext_locked(QueuedTask& out) noexcept {
-        out.fiber = std::move(runnext);
+        out.fiber = std::move(ready.runnext);
         out.cb = nullptr;
         out.worker = -1;
         out.priority = Priority::Normal;
         out.kind = TaskKind::Woken;
-        ++runnext_streak;
-        runnext_state.store(runnext_sets << 1, std::memory_order_relaxed);
+        ++ready.runnext_streak;
+        ready.runnext_state.store(ready.runnext_sets << 1, std::memory_order_relaxed);
         update_hints();
     }
 
@@ -303,29 +312,29 @@ struct alignas(64) Worker {
     void wake_runnext_looker() noexcept;
 
     bool pop(QueuedTask& out, bool trust_hint) {
-        if (trust_hint && queued.load(std::memory_order_relaxed) == 0) return false;
-        std::lock_guard<SpinLock> lock(queue_lock);
+        if (trust_hint && ready.queued.load(std::memory_order_relaxed) == 0) return false;
+        std::lock_guard<SpinLock> lock(ready.lock);
         return pop_locked(out);
     }
 
     // Moves up to half (at most 32) of this worker's stealable tasks of the highest level
     // it has into `thief`, where they keep their level. `high_only`: High tasks or nothing.
     bool steal_into(Worker& thief, QueuedTask& first, bool trust_hint, bool high_only = false) {
-        if (trust_hint && stealable.load(std::memory_order_relaxed) == 0) return false;
+        if (trust_hint && ready.stealable.load(std::memory_order_relaxed) == 0) return false;
         std::vector<QueuedTask>& taken = thief.steal_buffer;  // reserved: no allocation here
         {
-            std::lock_guard<SpinLock> lock(queue_lock);
-            if (stealable_count == 0) return false;
+            std::lock_guard<SpinLock> lock(ready.lock);
+            if (ready.stealable_count == 0) return false;
             int level = 0;
-            while (levels[level].tasks.empty()) ++level;  // one is not empty
+            while (ready.levels[level].tasks.empty()) ++level;  // one is not empty
             if (high_only && level != static_cast<int>(Priority::High)) return false;
-            TaskQueue& tasks = levels[level].tasks;
+            TaskQueue& tasks = ready.levels[level].tasks;
             const std::size_t n = std::min<std::size_t>((tasks.size() + 1) / 2, 32);
             for (std::size_t i = 0; i < n; ++i) {
                 taken.push_back(std::move(tasks.back()));
                 tasks.pop_back();
             }
-            stealable_count -= n;
+            ready.stealable_count -= n;
             if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
             update_hints();
         }
@@ -333,7 +342,7 @@ struct alignas(64) Worker {
         first = std::move(taken.back());
         taken.pop_back();
         if (!taken.empty()) {
-            std::lock_guard<SpinLock> lock(thief.queue_lock);
+            std::lock_guard<SpinLock> lock(thief.ready.lock);
             try {
                 while (!taken.empty()) {
                     thief.push_locked(std::move(taken.back()), false);  // strong guarantee
@@ -387,7 +396,7 @@ struct alignas(64) Worker {
     // queued here, go where others can run them.
     void stop_helping() noexcept;
     void requeue_yielded(QueuedTask& next);
-    // requeue_yielded()'s steps, under queue_lock: behind the local ring (false when it
+    // requeue_yielded()'s steps, under ready.lock: behind the local ring (false when it
     // stays empty), or in line at the back of the yielder's level; `next` as a claimed fiber.
     bool requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next);
     void requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring);
@@ -398,8 +407,8 @@ struct alignas(64) Worker {
     void local_push(Fiber::ptr& fiber) noexcept;  // after local_reserve()
     Fiber::ptr local_pop() noexcept;
     bool take_local(QueuedTask& next);
-    void flush_local_locked() noexcept;  // under queue_lock
-    // Under queue_lock: moves the claimed (yielded) fibers at the front of the Normal level
+    void flush_local_locked() noexcept;  // under ready.lock
+    // Under ready.lock: moves the claimed (yielded) fibers at the front of the Normal level
     // to the back of the ring; returns how many.
     std::size_t take_yielded_prefix_locked() noexcept;
     // Looks at the timers, its own queues, then steals. `thorough`: take every queue's

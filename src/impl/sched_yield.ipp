@@ -20,7 +20,7 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
     // A single worker's Normal fiber may go to the ring (see local_ring).
     const bool ring = target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty();
-    if (ring && queued.load(std::memory_order_relaxed) == 0 && local_reserve()) {
+    if (ring && ready.queued.load(std::memory_order_relaxed) == 0 && local_reserve()) {
         // Nothing in the shared queues (by the hint; the common case): no lock, no
         // read-modify-write. The ring's oldest runs next, or this fiber straight away.
         if (local_size != 0) {
@@ -35,8 +35,8 @@ inline void Worker::requeue_yielded(QueuedTask& next) {
     back.priority = target.priority;  // a yielding fiber keeps its task's priority
     back.kind = TaskKind::Claimed;  // still Running: this_fiber::yield() parks without leaving it
     back.fiber = std::move(yielded);
-    std::lock_guard<SpinLock> lock(queue_lock);
-    if (ring && levels[static_cast<int>(Priority::High)].empty() && requeue_behind_ring_locked(back, next)) return;
+    std::lock_guard<SpinLock> lock(ready.lock);
+    if (ring && ready.levels[static_cast<int>(Priority::High)].empty() && requeue_behind_ring_locked(back, next)) return;
     requeue_in_line_locked(back, next, ring);
 }
 
@@ -57,7 +57,7 @@ inline void Worker::take_claimed(QueuedTask& next, Fiber::ptr&& fiber) noexcept 
 // is behind the ring, not behind the yielded prefix, and would otherwise wait as long as
 // fibers keep yielding. False, with `back` intact, when the ring stays empty.
 inline bool Worker::requeue_behind_ring_locked(QueuedTask& back, QueuedTask& next) {
-    if (local_size == 0 && !runnext) take_yielded_prefix_locked();
+    if (local_size == 0 && !ready.runnext) take_yielded_prefix_locked();
     if (local_size == 0) return false;
     take_claimed(next, local_pop());
     if (waiting_locked() == 0 && local_reserve()) {
@@ -78,7 +78,7 @@ inline bool Worker::requeue_behind_ring_locked(QueuedTask& back, QueuedTask& nex
 }
 
 // The yielder (in `back`) goes to the back of its level and the oldest task runs next,
-// under queue_lock (held).
+// under ready.lock (held).
 inline void Worker::requeue_in_line_locked(QueuedTask& back, QueuedTask& next, bool ring) {
     if (local_size != 0) flush_local_locked();  // to the front: they yielded before the rest came
     const std::size_t waiting = waiting_locked();
@@ -86,7 +86,7 @@ inline void Worker::requeue_in_line_locked(QueuedTask& back, QueuedTask& next, b
         next = std::move(back);  // nothing else to run: straight back to it
         return;
     }
-    if (ring && waiting == 1 && levels[static_cast<int>(Priority::Low)].empty() && local_reserve()) {
+    if (ring && waiting == 1 && ready.levels[static_cast<int>(Priority::Low)].empty() && local_reserve()) {
         // The last one, High or Normal (a Low one waits while this Normal fiber is ready, as
         // two of them would): the shared queues empty out, so this fiber may wait in the ring
         // (which only ever holds fibers older than everything queued there). Growing the
@@ -134,7 +134,7 @@ inline Fiber::ptr Worker::local_pop() noexcept {
 inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
     // From one queue of the Normal level only while the other is empty: otherwise the two
     // are interleaved by sequence and a prefix of one is not a prefix of the line.
-    Level& level = levels[static_cast<int>(Priority::Normal)];
+    Level& level = ready.levels[static_cast<int>(Priority::Normal)];
     const bool from_pinned = level.tasks.empty();
     if (!from_pinned && !level.pinned.empty()) return 0;
     TaskQueue& from = from_pinned ? level.pinned : level.tasks;
@@ -144,7 +144,7 @@ inline std::size_t Worker::take_yielded_prefix_locked() noexcept {
         from.pop_front();
         ++moved;
     }
-    (from_pinned ? pinned_count : stealable_count) -= moved;
+    (from_pinned ? ready.pinned_count : ready.stealable_count) -= moved;
     if (moved != 0) update_hints();
     return moved;
 }
@@ -169,11 +169,11 @@ inline void Worker::flush_local_locked() noexcept {
 
 inline bool Worker::take_local(QueuedTask& next) {
     fire_due_timers();
-    if (queued.load(std::memory_order_relaxed) == 0) {
+    if (ready.queued.load(std::memory_order_relaxed) == 0) {
         take_claimed(next, local_pop());
         return true;
     }
-    std::lock_guard<SpinLock> lock(queue_lock);
+    std::lock_guard<SpinLock> lock(ready.lock);
     flush_local_locked();
     if (pop_locked(next)) return true;
     // Out of memory with the queues empty: run the ring's oldest from there.
@@ -193,8 +193,8 @@ inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
     if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
     if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
     if (loop_wait && loop_wait->satisfied()) return false;
-    if (timer_earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
-    if (queued.load(std::memory_order_relaxed) != 0) return false;
+    if (timers.earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
+    if (ready.queued.load(std::memory_order_relaxed) != 0) return false;
     ++tasks_since_io_poll;
     if (local_size != 0) {
         // Pop the oldest, then push `fiber` behind the rest: the slot freed by the pop
