@@ -4469,13 +4469,17 @@ struct InStackAllocator {
     // T is the control block. Directly below the Fiber, whose offset is a multiple of
     // in_stack_alignment and so of alignof(T): sizeof(T) is a multiple of alignof(T).
     T* allocate(std::size_t n) {
-        constexpr std::size_t top_block = in_stack_fiber_offset + sizeof(T);
+        // The block's reference counts change from other threads (a waker copies the
+        // fiber's shared_ptr) while the fiber runs: its frames start on the next cache line
+        // below, never on the block's own.
+        constexpr std::size_t block_at = in_stack_fiber_offset + sizeof(T);
+        constexpr std::size_t top_block = (block_at + in_stack_alignment - 1) / in_stack_alignment * in_stack_alignment;
         static_assert(alignof(T) <= in_stack_alignment && top_block <= 1024,
                       "a Fiber and its shared_ptr control block leave most of the stack's top page to its frames");
         FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
         (void)n;
         FiberAccess::set_top_block(*in_stack_fiber(stack), top_block);
-        return reinterpret_cast<T*>(stack.base + stack.size - top_block);
+        return reinterpret_cast<T*>(stack.base + stack.size - block_at);
     }
     void deallocate(T*, std::size_t) noexcept { release_stack(stack); }
 
