@@ -7,7 +7,10 @@
 //   SchedulerIdle      the scheduler's part:  open(), close(), poll_io(unless_polled),
 //                      register_for_cancel()
 //   WorkerIdle         each worker's part:    open(), close(), notify(shared),
-//                      begin_sleep(shared), wait(shared, deadline), end_sleep(shared)
+//                      begin_sleep(shared), wait(shared, deadline), end_sleep(shared),
+//                      poller_wanted(shared) (false where there is no fsched::io)
+// wait() returns at once for a notify() made since the last wait(): a wake-up that comes
+// before the sleep is never lost.
 //
 // Each scheduler has one epoll instance for the fds its fibers wait for (io_epoll_fd), and
 // each worker one of its own holding just an eventfd (wake_fd). A worker about to sleep
@@ -19,7 +22,7 @@
 // whose registration no one has checked since they parked, the poller's sleep is bounded by
 // the next sweep of those waiters, and busy workers make the sweep in poll_io; with none,
 // nothing wakes up for it. What a ready fd does, and what a sweep checks, is fsched::io's
-// business: io.ipp.
+// business: the io_*.ipp parts.
 // ---------------------------------------------------------------------------
 
 #pragma once
@@ -36,8 +39,8 @@ struct SchedulerIdle;
 // One fd as fsched::io knows it: the fibers waiting for it (at most one per direction), its
 // edge-triggered registration in the scheduler's epoll instance, the readiness edges that no
 // waiter has taken yet, which file the number named when it was last checked, and how many
-// times io::cancel() reached the number. The registration outlives each wait: see io.ipp for
-// why that is safe. An entry is made by the first io call on its number and never erased
+// times io::cancel() reached the number. The registration outlives each wait: see io_registry.ipp
+// for why that is safe. An entry is made by the first io call on its number and never erased
 // while the scheduler lives, only forgotten (io.ipp, forget_file), so that `cancels`
 // outlives it. Under SchedulerIdle::io_lock.
 struct IoFd {

@@ -28,7 +28,11 @@ file(GLOB_RECURSE all RELATIVE "${CMAKE_CURRENT_LIST_DIR}/../../src" "${CMAKE_CU
      "${CMAKE_CURRENT_LIST_DIR}/../../src/*.ipp")
 list(REMOVE_ITEM all fiber_sched.hpp)
 list(REMOVE_ITEM all ${checked})
-if(all)
+if(all AND "$ENV{CI}" STREQUAL "true")
+  # CI installs every cross compiler: a part none of them builds has no configuration in
+  # _parts_configs (tests/CMakeLists.txt) yet.
+  list(APPEND failed "no configuration builds ${all}")
+elseif(all)
   message(STATUS "parts no compiler here builds, so unchecked: ${all}")
 else()
   message(STATUS "every part of src/ was checked by one of the configurations")
