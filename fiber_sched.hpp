@@ -4617,7 +4617,7 @@ struct SchedulerIdle;
 // waiter has taken yet, which file the number named when it was last checked, and how many
 // times io::cancel() reached the number. The registration outlives each wait: see io_registry.ipp
 // for why that is safe. An entry is made by the first io call on its number and never erased
-// while the scheduler lives, only forgotten (io.ipp, forget_file), so that `cancels`
+// while the scheduler lives, only forgotten (io_fd_table.ipp, forget_file), so that `cancels`
 // outlives it. Under SchedulerIdle::io_lock.
 struct IoFd {
     IoWait* reader = nullptr;
@@ -4632,12 +4632,12 @@ struct IoFd {
     unsigned ready = 0;
     // The file the number named when it was last checked (fstat), and whether that file is
     // a non-blocking socket, whose reads and writes then skip the per-call fcntl() check
-    // (io.ipp, usable_fd) and use MSG_DONTWAIT. `checked` false: none of this is known.
+    // (io_calls.ipp, usable_fd) and use MSG_DONTWAIT. `checked` false: none of this is known.
     bool checked = false;
     bool fast_socket = false;
     dev_t device = 0;
     ino_t inode = 0;
-    // io::read on a known TCP socket (io.ipp, "Reads that would fail"): `drained` is set
+    // io::read on a known TCP socket (io_registry.ipp, "Reads that would fail"): `drained` is set
     // when a read returned less than it asked for with no read edge since it began (the
     // mark `read_mark` unchanged), and cleared by the next read edge and the next read;
     // while it is set, io::read parks without making the read that would fail with EAGAIN.
@@ -4653,19 +4653,19 @@ struct IoFd {
     // SchedulerIdle::io_read_marks: unique across entries, so never repeated by a new one.
     std::uint64_t read_mark = 0;
     // io::cancel() calls that reached this number, kept when the entry is forgotten: an io
-    // call under way compares it at each step with the count it started with (io.ipp,
+    // call under way compares it at each step with the count it started with (io_wait.ipp,
     // "Cancel").
     std::uint64_t cancels = 0;
 };
 
-// Wakes the fibers waiting for the fds in `events` (io.ipp); true if any was woken.
+// Wakes the fibers waiting for the fds in `events` (io_sweep.ipp); true if any was woken.
 bool dispatch_io_events(SchedulerIdle& idle, const epoll_event* events, int n, bool from_poller) noexcept;
-// Checks the fds of the waiters that parked trusting their registration unverified (io.ipp,
+// Checks the fds of the waiters that parked trusting their registration unverified (io_sweep.ipp,
 // "Delayed validation"), if a sweep is due; true if it woke any fiber.
 bool sweep_unverified(SchedulerIdle& idle) noexcept;
-// Builds the io registry (io.ipp) and its fork handlers unless built (build_process_state).
+// Builds the io registry (io_registry.ipp) and its fork handlers unless built (build_process_state).
 void build_io_registry();
-// Makes `idle` visible to io::cancel() (io.ipp); throws std::bad_alloc.
+// Makes `idle` visible to io::cancel() (io_registry.ipp); throws std::bad_alloc.
 void add_to_io_registry(SchedulerIdle* idle);
 void remove_from_io_registry(SchedulerIdle* idle) noexcept;
 
@@ -4745,7 +4745,7 @@ struct SchedulerIdle {
     std::unordered_map<int, IoFd> io_fds;
     std::uint32_t io_registrations = 0;  // under io_lock: the source of IoFd::generation
     std::uint64_t io_read_marks = 0;     // under io_lock: the source of IoFd::read_mark
-    // Delayed validation (io.ipp): the waiters that parked on a known socket without an
+    // Delayed validation (io_registry.ipp): the waiters that parked on a known socket without an
     // fstat, oldest first, and the sweeps that check them. Lists and epoch under io_lock.
     IoWait* unverified_head = nullptr;
     IoWait* unverified_tail = nullptr;
