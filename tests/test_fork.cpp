@@ -421,6 +421,15 @@ TEST_CASE("fork: a child forked inside a scheduler task goes on as a plain threa
         CAPTURE(use_caller);
         Scheduler s(2, use_caller, "forker");
         s.start();
+        {
+            // Both workers past their thread's start before the fork: under an
+            // AddressSanitizer that does not lock its allocator across fork() (see the test
+            // above), a worker still inside the runtime's thread set-up held an allocator
+            // lock the child then waited on for good (once in CI, g++ 12).
+            fsched::WaitGroup started(2);
+            for (int w = 0; w < 2; ++w) s.schedule([&started] { started.done(); }, w);
+            started.wait();
+        }
         Fds data;
         make_pipe(data);
         std::atomic<pid_t> child{-1};
