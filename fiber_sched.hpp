@@ -9,6 +9,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
+    set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
+                       and tasks carry names (Fiber::set_name, ScheduleTask::name)
 
 USING IT
     In exactly one .cpp of your program:
@@ -792,6 +794,72 @@ private:
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/fiber_state.hpp ----
+// ---- begin src/observe.hpp ----
+// ---------------------------------------------------------------------------
+// Seeing inside: the profiler hooks (Hooks, set_hooks) and the one flag word the switch paths test before they call any of it.
+//
+// Hooks are off unless set: the switch paths test one relaxed load of
+// observe_flags, a branch the CPU predicts, and call out of line only when a bit is set.
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+
+namespace fsched {
+
+class Fiber;
+
+// Callbacks for a profiler (Tracy, a custom one). Each may be null. Called on the thread
+// concerned, synchronously, from inside the scheduler: keep them short, and do not block,
+// switch fibers or call back into the scheduler from them.
+struct Hooks {
+    // A fiber has been made (also: a pooled callback fiber is given to a new task, which
+    // makes it a new fiber with a new id). On the creating thread.
+    void (*on_create)(Fiber&) = nullptr;
+    // A fiber is going away (also: a callback fiber's task has ended). Its last hook.
+    void (*on_destroy)(Fiber&) = nullptr;
+    // The fiber starts or resumes running on this thread; `worker` is the scheduler worker
+    // index of the thread (Scheduler::worker_index()), -1 on a plain thread.
+    void (*on_switch_in)(Fiber&, int worker) = nullptr;
+    // The fiber stops running on this thread (it parked, yielded or returned). Every
+    // on_switch_in is followed, on the same thread, by one on_switch_out of the same fiber
+    // before any other on_switch_in there: a fiber that resumes another by hand is switched
+    // out first and back in when that one comes back, so the calls never nest.
+    void (*on_switch_out)(Fiber&, int worker) = nullptr;
+    // `woken` has been made runnable by `by` (the running fiber, or nullptr: a plain thread,
+    // a timer or an IO event). On the waking thread; `woken` may already run elsewhere once
+    // it returns.
+    void (*on_wake)(Fiber& woken, Fiber* by) = nullptr;
+};
+
+// Installs `hooks` for every fiber in the process (a copy is kept). Call it before the
+// fibers and schedulers it should see are started: a hook set while fibers run may miss the
+// on_switch_in of a fiber already running, and see its on_switch_out. Hooks{} turns them off.
+void set_hooks(const Hooks& hooks);
+
+namespace detail {
+
+// Bits of observe_flags: which observers are on.
+constexpr unsigned observe_hooks = 1;  // set_hooks() installed at least one hook
+// Read (relaxed) on every switch, wake, create and destroy; written by set_hooks(). It
+// orders nothing: each hook is an atomic pointer of its own, read relaxed where it is called.
+extern std::atomic<unsigned> observe_flags;
+FIBER_SCHED_ALWAYS_INLINE inline bool observing() noexcept {
+    return FIBER_SCHED_UNLIKELY(observe_flags.load(std::memory_order_relaxed) != 0);
+}
+
+// The observers' entry points, out of line (impl/hooks.ipp); call them only when observing().
+// `resumer`: the fiber that resumes `fiber` by hand on this thread (nullptr: a worker's or a
+// plain thread's own stack), switched out around it so that hooks never nest.
+FIBER_SCHED_NOINLINE void observe_switch_in(Fiber& fiber, Fiber* resumer) noexcept;
+FIBER_SCHED_NOINLINE void observe_switch_out(Fiber& fiber, Fiber* resumer) noexcept;
+FIBER_SCHED_NOINLINE void observe_wake(Fiber& woken) noexcept;
+FIBER_SCHED_NOINLINE void observe_create(Fiber& fiber) noexcept;
+FIBER_SCHED_NOINLINE void observe_destroy(Fiber& fiber) noexcept;
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/observe.hpp ----
 // ---- begin src/fiber.hpp ----
 // ---------------------------------------------------------------------------
 // Fiber: a stackful, asymmetric coroutine: resume() runs it until it yields or returns.
@@ -802,6 +870,7 @@ private:
 // (src/task_function.hpp already inlined above)
 // (src/stack.hpp already inlined above)
 // (src/fiber_state.hpp already inlined above)
+// (src/observe.hpp already inlined above)
 
 namespace fsched {
 
@@ -928,6 +997,19 @@ public:
     // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
     static Fiber::ptr current_ptr();
 
+    // Names the fiber for the hooks and in the stack-overflow message. From any
+    // thread, at any time. A callback's fiber carries its task's name (ScheduleTask::name)
+    // while that task runs; set_name() inside the task renames the task. Names are
+    // interned: each distinct name is kept once for the rest of the process, so name kinds
+    // of work ("net-reader"), not each request; past detail::max_interned_names distinct
+    // names (100,000) a new one is shown as "(too many names)".
+    void set_name(std::string name);
+    // The name; empty when it has none.
+    std::string name() const;
+    // The same as a C string that stays valid for the rest of the process (a profiler may
+    // key fibers by the pointer, as Tracy does); nullptr when it has none.
+    const char* name_c_str() const noexcept { return name_.load(std::memory_order_acquire); }
+
 private:
     friend struct detail::FiberAccess;
 
@@ -972,6 +1054,9 @@ private:
     bool handed_out_ = false;  // current() showed it to user code: a worker must not reuse it
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
+    // Interned (never freed); release/acquire: its characters are seen by whoever reads it.
+    std::atomic<const char*> name_{nullptr};
+    bool announced_ = false;  // Hooks::on_create was called for it and on_destroy not yet
 };
 
 }  // namespace fsched
@@ -1066,12 +1151,15 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #if FIBER_SCHED_SWITCH_EH_STATE
     detail::EhSwap eh_swap(ts, eh_);
 #endif
+    if (detail::observing()) detail::observe_switch_in(*this, resumer);
     switch_in(resumer_context);
     // Back on the thread that called resume(): a resumer cannot move while it waits here.
     ts->current = resumer;
 #if FIBER_SCHED_SWITCH_EH_STATE
     eh_swap.back(eh_);
 #endif
+    // Before after_switch_back(), which may let another thread resume it.
+    if (detail::observing()) detail::observe_switch_out(*this, resumer);
     return after_switch_back(scheduled);
 }
 
@@ -1178,10 +1266,16 @@ struct ScheduleTask {
     // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
     // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).
     Priority priority = Priority::Normal;
+    // Names the task's fiber (Fiber::set_name) while the task runs; empty: no name. A
+    // callback's fiber drops it when the task ends.
+    std::string name{};
 };
 
 namespace detail {
 struct SchedulerCore;
+
+// The one stored copy of `name` (Fiber::set_name explains the interning); nullptr for "".
+const char* intern_name(const std::string& name);
 
 // A task on its way from schedule() to a worker's queue: ScheduleTask with the callback
 // in a TaskFunction.
@@ -1190,6 +1284,7 @@ struct NewTask {
     TaskFunction cb;
     int thread = -1;
     Priority priority = Priority::Normal;
+    const char* name = nullptr;  // interned
 };
 
 using TimePoint = std::chrono::steady_clock::time_point;
@@ -1324,6 +1419,7 @@ private:
             task.cb = std::move(given.cb);
             task.thread = thread != -1 ? thread : given.thread;
             task.priority = given.priority;
+            if (!given.name.empty()) task.name = detail::intern_name(given.name);
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -1400,6 +1496,10 @@ void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
 // The running fiber's id, as Fiber::current()->id(), but a callback's fiber stays poolable
 // (see Fiber::current()); 0 outside fibers.
 std::uint64_t id();
+
+// Fiber::set_name() of the running fiber (in a callback task: the task's name, dropped when
+// it ends). Precondition (FIBER_SCHED_ASSERT): inside a fiber.
+void set_name(std::string name);
 
 }  // namespace this_fiber
 }  // namespace fsched
@@ -2037,6 +2137,7 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #if defined(_WIN32)
@@ -2241,7 +2342,15 @@ struct FiberAccess {
     static void reuse(Fiber& f, TaskFunction&& fn) {
         f.reset_function(std::move(fn));
         f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+        if (observing()) observe_create(f);
     }
+    // A callback's fiber goes back to its worker's pool: to hooks, that fiber is gone.
+    static void retire(Fiber& f) noexcept {
+        if (f.announced_) observe_destroy(f);
+        f.name_.store(nullptr, std::memory_order_relaxed);  // a task's name goes with its task
+    }
+    static bool& announced(Fiber& f) noexcept { return f.announced_; }
+    static void set_task_name(Fiber& f, const char* name) noexcept { f.name_.store(name, std::memory_order_release); }
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
     // stack once the switch is complete.
@@ -4300,6 +4409,11 @@ inline char* append_number(char* out, char* end, std::uint64_t value) noexcept {
     char* end = message + sizeof(message);
     char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
     out = append_number(out, end, fiber.id());
+    if (const char* name = fiber.name_c_str()) {  // interned: never freed, safe in a signal handler
+        out = append_text(out, end, " (");
+        out = append_text(out, end, name);
+        out = append_text(out, end, ")");
+    }
     out = append_text(out, end, ": it ran past its ");
     out = append_number(out, end, fiber.stack_size());
     out = append_text(out, end, "-byte stack into the guard page; "
@@ -4414,10 +4528,12 @@ void Fiber::finish_construction() {
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
+    if (detail::observing()) detail::observe_create(*this);
 }
 
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
+    if (announced_) detail::observe_destroy(*this);
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
 #endif
@@ -4559,6 +4675,139 @@ Fiber::ptr Fiber::current_ptr() {
 
 }  // namespace fsched
 // ---- end src/impl/fiber.ipp ----
+// Fiber names and the profiler hooks.
+// ---- begin src/impl/hooks.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: fiber names (interned) and the profiler hooks (observe.hpp).
+//
+// Names are interned in one process-wide set: a name's characters never move or go, so a
+// Fiber keeps a bare pointer (set_name is one atomic store), a task carries one from
+// schedule() to its fiber, and a hook may keep the pointer as a key for the rest of the
+// process (Tracy's fiber API asks for that). The set is bounded (max_interned_names): a
+// program that names each request would otherwise grow it without end.
+//
+// Hooks: each is an atomic pointer, read relaxed where it is called, so set_hooks() while
+// fibers run is no data race; observe_flags says whether any is set. The switch hooks are
+// called from run_claimed(), the one place a fiber is switched in and back out, on the
+// resumer's thread: a fiber that resumes another by hand is reported out and back in around
+// it, so on each thread the calls alternate in / out and never nest.
+// ---------------------------------------------------------------------------
+
+
+// (src/fiber_switch.hpp already inlined above)
+// (src/scheduler.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+std::atomic<unsigned> observe_flags{0};
+
+constexpr std::size_t max_interned_names = 100000;
+
+namespace {
+
+struct NameTable {
+    std::mutex mutex;
+    // std::unordered_set's nodes never move: c_str() of an element is stable.
+    std::unordered_set<std::string> names;
+};
+
+// Function-local: a global constructor in another translation unit may name a fiber.
+NameTable& name_table() {
+    static NameTable* table = new NameTable;  // never destroyed: fibers may outlive main()
+    return *table;
+}
+
+struct HookTable {
+    std::atomic<void (*)(Fiber&)> on_create{nullptr};
+    std::atomic<void (*)(Fiber&)> on_destroy{nullptr};
+    std::atomic<void (*)(Fiber&, int)> on_switch_in{nullptr};
+    std::atomic<void (*)(Fiber&, int)> on_switch_out{nullptr};
+    std::atomic<void (*)(Fiber&, Fiber*)> on_wake{nullptr};
+};
+HookTable hook_table;  // constant-initialised: no order of construction to get wrong
+
+}  // namespace
+
+const char* intern_name(const std::string& name) {
+    if (name.empty()) return nullptr;
+    NameTable& table = name_table();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    auto found = table.names.find(name);
+    if (found != table.names.end()) return found->c_str();
+    if (table.names.size() >= max_interned_names) {
+        static const char* const too_many = "(too many names)";
+        return too_many;
+    }
+    return table.names.insert(name).first->c_str();
+}
+
+void observe_create(Fiber& fiber) noexcept {
+    FiberAccess::announced(fiber) = true;
+    if (auto hook = hook_table.on_create.load(std::memory_order_relaxed)) hook(fiber);
+}
+
+void observe_destroy(Fiber& fiber) noexcept {
+    FiberAccess::announced(fiber) = false;
+    if (auto hook = hook_table.on_destroy.load(std::memory_order_relaxed)) hook(fiber);
+}
+
+void observe_switch_in(Fiber& fiber, Fiber* resumer) noexcept {
+    const int worker = Scheduler::worker_index();
+    if (resumer) {
+        if (auto hook = hook_table.on_switch_out.load(std::memory_order_relaxed)) hook(*resumer, worker);
+    }
+    if (auto hook = hook_table.on_switch_in.load(std::memory_order_relaxed)) hook(fiber, worker);
+}
+
+void observe_switch_out(Fiber& fiber, Fiber* resumer) noexcept {
+    const int worker = Scheduler::worker_index();
+    if (auto hook = hook_table.on_switch_out.load(std::memory_order_relaxed)) hook(fiber, worker);
+    if (resumer) {
+        if (auto hook = hook_table.on_switch_in.load(std::memory_order_relaxed)) hook(*resumer, worker);
+    }
+}
+
+void observe_wake(Fiber& woken) noexcept {
+    if (auto hook = hook_table.on_wake.load(std::memory_order_relaxed)) hook(woken, running_fiber());
+}
+
+}  // namespace detail
+
+void set_hooks(const Hooks& hooks) {
+    using detail::hook_table;
+    hook_table.on_create.store(hooks.on_create, std::memory_order_relaxed);
+    hook_table.on_destroy.store(hooks.on_destroy, std::memory_order_relaxed);
+    hook_table.on_switch_in.store(hooks.on_switch_in, std::memory_order_relaxed);
+    hook_table.on_switch_out.store(hooks.on_switch_out, std::memory_order_relaxed);
+    hook_table.on_wake.store(hooks.on_wake, std::memory_order_relaxed);
+    const bool any = hooks.on_create || hooks.on_destroy || hooks.on_switch_in || hooks.on_switch_out || hooks.on_wake;
+    if (any) {
+        detail::observe_flags.fetch_or(detail::observe_hooks, std::memory_order_relaxed);
+    } else {
+        detail::observe_flags.fetch_and(~detail::observe_hooks, std::memory_order_relaxed);
+    }
+}
+
+void Fiber::set_name(std::string name) { name_.store(detail::intern_name(name), std::memory_order_release); }
+
+std::string Fiber::name() const {
+    const char* name = name_c_str();
+    return name ? std::string(name) : std::string();
+}
+
+namespace this_fiber {
+
+void set_name(std::string name) {
+    Fiber* fiber = detail::running_fiber();  // a callback's fiber stays poolable
+    FIBER_SCHED_ASSERT(fiber && "this_fiber::set_name(): called outside a fiber");
+    fiber->set_name(std::move(name));
+}
+
+}  // namespace this_fiber
+}  // namespace fsched
+// ---- end src/impl/hooks.ipp ----
 // The idle wait: epoll on Linux, else a condition variable.
 // ---- begin src/impl/idle.ipp ----
 // ---------------------------------------------------------------------------
@@ -4965,10 +5214,12 @@ enum class TaskKind : std::uint8_t {
 struct QueuedTask {
     QueuedTask() = default;
     explicit QueuedTask(NewTask&& task) noexcept
-        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), name(task.name), worker(task.thread),
+          priority(task.priority) {}
 
     Fiber::ptr fiber;
     TaskFunction cb;
+    const char* name = nullptr;  // ScheduleTask::name, interned; given to the fiber when it runs
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::Fresh;
@@ -6317,6 +6568,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
+    const char* name = task.name;
     if (!task.fiber) {
         try {
             fiber = fiber_for(std::move(task.cb));
@@ -6332,6 +6584,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         fiber = std::move(task.fiber);
     }
     task = QueuedTask{};
+    if (FIBER_SCHED_UNLIKELY(name != nullptr)) FiberAccess::set_task_name(*fiber, name);
     switch (kind) {
     case TaskKind::Fresh:
         // False: it runs when it has left the worker it is still running on.
@@ -6387,6 +6640,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
 // this task's fiber: a weak_ptr never locks onto a later task's.
 FIBER_SCHED_ALWAYS_INLINE inline void Worker::retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept {
     if (poolable && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) && spare_fibers.size() < spare_fibers_max) {
+        FiberAccess::retire(*fiber);
         spare_fibers.push_back(std::move(fiber));  // reserved: never allocates
     }
     fiber.reset();
@@ -6940,6 +7194,7 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 }
 
 void wake_fiber(Fiber::ptr fiber) noexcept {
+    if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     if (target.worker < 0 && target.priority == Priority::Normal) {
         // Woken by a task of its scheduler: into the waker's run-next slot.

@@ -8,6 +8,7 @@
 #include "task_function.hpp"
 #include "stack.hpp"
 #include "fiber_state.hpp"
+#include "observe.hpp"
 
 namespace fsched {
 
@@ -134,6 +135,19 @@ public:
     // Shared owner of current(); empty outside fibers or when it is not owned by a shared_ptr.
     static Fiber::ptr current_ptr();
 
+    // Names the fiber for the hooks and in the stack-overflow message. From any
+    // thread, at any time. A callback's fiber carries its task's name (ScheduleTask::name)
+    // while that task runs; set_name() inside the task renames the task. Names are
+    // interned: each distinct name is kept once for the rest of the process, so name kinds
+    // of work ("net-reader"), not each request; past detail::max_interned_names distinct
+    // names (100,000) a new one is shown as "(too many names)".
+    void set_name(std::string name);
+    // The name; empty when it has none.
+    std::string name() const;
+    // The same as a C string that stays valid for the rest of the process (a profiler may
+    // key fibers by the pointer, as Tracy does); nullptr when it has none.
+    const char* name_c_str() const noexcept { return name_.load(std::memory_order_acquire); }
+
 private:
     friend struct detail::FiberAccess;
 
@@ -178,6 +192,9 @@ private:
     bool handed_out_ = false;  // current() showed it to user code: a worker must not reuse it
     detail::EhState eh_;                         // the fiber's exception state, while switched out
     detail::SwitchShadow shadow_;
+    // Interned (never freed); release/acquire: its characters are seen by whoever reads it.
+    std::atomic<const char*> name_{nullptr};
+    bool announced_ = false;  // Hooks::on_create was called for it and on_destroy not yet
 };
 
 }  // namespace fsched

@@ -7,6 +7,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
+    set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
+                       and tasks carry names (Fiber::set_name, ScheduleTask::name)
 
 USING IT
     In exactly one .cpp of your program:
@@ -118,6 +120,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "priority.hpp"
 #include "stack.hpp"
 #include "fiber_state.hpp"
+#include "observe.hpp"
 #include "fiber.hpp"
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
@@ -146,6 +149,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #if defined(_WIN32)
@@ -181,6 +185,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
+// Fiber names and the profiler hooks.
+#include "impl/hooks.ipp"
 // The idle wait: epoll on Linux, else a condition variable.
 #include "impl/idle.ipp"
 // The scheduler, one concept per part: the queues, a worker, what the workers share, then

@@ -88,12 +88,15 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool s
 #if FIBER_SCHED_SWITCH_EH_STATE
     detail::EhSwap eh_swap(ts, eh_);
 #endif
+    if (detail::observing()) detail::observe_switch_in(*this, resumer);
     switch_in(resumer_context);
     // Back on the thread that called resume(): a resumer cannot move while it waits here.
     ts->current = resumer;
 #if FIBER_SCHED_SWITCH_EH_STATE
     eh_swap.back(eh_);
 #endif
+    // Before after_switch_back(), which may let another thread resume it.
+    if (detail::observing()) detail::observe_switch_out(*this, resumer);
     return after_switch_back(scheduled);
 }
 

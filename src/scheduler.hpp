@@ -18,10 +18,16 @@ struct ScheduleTask {
     // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
     // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).
     Priority priority = Priority::Normal;
+    // Names the task's fiber (Fiber::set_name) while the task runs; empty: no name. A
+    // callback's fiber drops it when the task ends.
+    std::string name{};
 };
 
 namespace detail {
 struct SchedulerCore;
+
+// The one stored copy of `name` (Fiber::set_name explains the interning); nullptr for "".
+const char* intern_name(const std::string& name);
 
 // A task on its way from schedule() to a worker's queue: ScheduleTask with the callback
 // in a TaskFunction.
@@ -30,6 +36,7 @@ struct NewTask {
     TaskFunction cb;
     int thread = -1;
     Priority priority = Priority::Normal;
+    const char* name = nullptr;  // interned
 };
 
 using TimePoint = std::chrono::steady_clock::time_point;
@@ -164,6 +171,7 @@ private:
             task.cb = std::move(given.cb);
             task.thread = thread != -1 ? thread : given.thread;
             task.priority = given.priority;
+            if (!given.name.empty()) task.name = detail::intern_name(given.name);
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -240,6 +248,10 @@ void sleep_until(const std::chrono::time_point<Clock, Duration>& t) {
 // The running fiber's id, as Fiber::current()->id(), but a callback's fiber stays poolable
 // (see Fiber::current()); 0 outside fibers.
 std::uint64_t id();
+
+// Fiber::set_name() of the running fiber (in a callback task: the task's name, dropped when
+// it ends). Precondition (FIBER_SCHED_ASSERT): inside a fiber.
+void set_name(std::string name);
 
 }  // namespace this_fiber
 }  // namespace fsched

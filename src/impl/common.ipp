@@ -175,7 +175,15 @@ struct FiberAccess {
     static void reuse(Fiber& f, TaskFunction&& fn) {
         f.reset_function(std::move(fn));
         f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+        if (observing()) observe_create(f);
     }
+    // A callback's fiber goes back to its worker's pool: to hooks, that fiber is gone.
+    static void retire(Fiber& f) noexcept {
+        if (f.announced_) observe_destroy(f);
+        f.name_.store(nullptr, std::memory_order_relaxed);  // a task's name goes with its task
+    }
+    static bool& announced(Fiber& f) noexcept { return f.announced_; }
+    static void set_task_name(Fiber& f, const char* name) noexcept { f.name_.store(name, std::memory_order_release); }
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's
     // stack once the switch is complete.

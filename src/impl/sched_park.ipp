@@ -43,6 +43,7 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 }
 
 void wake_fiber(Fiber::ptr fiber) noexcept {
+    if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     if (target.worker < 0 && target.priority == Priority::Normal) {
         // Woken by a task of its scheduler: into the waker's run-next slot.

@@ -245,6 +245,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
+    const char* name = task.name;
     if (!task.fiber) {
         try {
             fiber = fiber_for(std::move(task.cb));
@@ -260,6 +261,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         fiber = std::move(task.fiber);
     }
     task = QueuedTask{};
+    if (FIBER_SCHED_UNLIKELY(name != nullptr)) FiberAccess::set_task_name(*fiber, name);
     switch (kind) {
     case TaskKind::Fresh:
         // False: it runs when it has left the worker it is still running on.
@@ -315,6 +317,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
 // this task's fiber: a weak_ptr never locks onto a later task's.
 FIBER_SCHED_ALWAYS_INLINE inline void Worker::retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept {
     if (poolable && fiber.use_count() == 1 && !FiberAccess::handed_out(*fiber) && spare_fibers.size() < spare_fibers_max) {
+        FiberAccess::retire(*fiber);
         spare_fibers.push_back(std::move(fiber));  // reserved: never allocates
     }
     fiber.reset();

@@ -62,6 +62,11 @@ inline char* append_number(char* out, char* end, std::uint64_t value) noexcept {
     char* end = message + sizeof(message);
     char* out = append_text(message, end, "fiber_sched: stack overflow in fiber ");
     out = append_number(out, end, fiber.id());
+    if (const char* name = fiber.name_c_str()) {  // interned: never freed, safe in a signal handler
+        out = append_text(out, end, " (");
+        out = append_text(out, end, name);
+        out = append_text(out, end, ")");
+    }
     out = append_text(out, end, ": it ran past its ");
     out = append_number(out, end, fiber.stack_size());
     out = append_text(out, end, "-byte stack into the guard page; "
