@@ -1284,7 +1284,6 @@ struct NewTask {
     TaskFunction cb;
     int thread = -1;
     Priority priority = Priority::Normal;
-    const char* name = nullptr;  // interned
 };
 
 using TimePoint = std::chrono::steady_clock::time_point;
@@ -1419,7 +1418,7 @@ private:
             task.cb = std::move(given.cb);
             task.thread = thread != -1 ? thread : given.thread;
             task.priority = given.priority;
-            if (!given.name.empty()) task.name = detail::intern_name(given.name);
+            if (!given.name.empty()) name_task(task, given.name);
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -1432,6 +1431,10 @@ private:
         return task;
     }
 
+    // A named task: a fiber is named now; a callback is wrapped in one that names its fiber
+    // when it starts (the name's pointer rides in the closure, so an unnamed task's queue
+    // entry stays as small as before; the pooled fiber drops the name when the task ends).
+    static void name_task(detail::NewTask& task, const std::string& name);
     void submit(detail::NewTask task);
     void submit_batch(std::vector<detail::NewTask>& tasks);
 
@@ -4790,6 +4793,18 @@ void set_hooks(const Hooks& hooks) {
     }
 }
 
+void Scheduler::name_task(detail::NewTask& task, const std::string& name) {
+    const char* interned = detail::intern_name(name);
+    if (task.fiber) {
+        detail::FiberAccess::set_task_name(*task.fiber, interned);
+        return;
+    }
+    task.cb = [interned, fn = std::move(task.cb)]() mutable {
+        detail::FiberAccess::set_task_name(*detail::running_fiber(), interned);
+        fn();
+    };
+}
+
 void Fiber::set_name(std::string name) { name_.store(detail::intern_name(name), std::memory_order_release); }
 
 std::string Fiber::name() const {
@@ -5214,12 +5229,10 @@ enum class TaskKind : std::uint8_t {
 struct QueuedTask {
     QueuedTask() = default;
     explicit QueuedTask(NewTask&& task) noexcept
-        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), name(task.name), worker(task.thread),
-          priority(task.priority) {}
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
 
     Fiber::ptr fiber;
     TaskFunction cb;
-    const char* name = nullptr;  // ScheduleTask::name, interned; given to the fiber when it runs
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::Fresh;
@@ -6568,7 +6581,6 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
-    const char* name = task.name;
     if (!task.fiber) {
         try {
             fiber = fiber_for(std::move(task.cb));
@@ -6584,7 +6596,6 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         fiber = std::move(task.fiber);
     }
     task = QueuedTask{};
-    if (FIBER_SCHED_UNLIKELY(name != nullptr)) FiberAccess::set_task_name(*fiber, name);
     switch (kind) {
     case TaskKind::Fresh:
         // False: it runs when it has left the worker it is still running on.

@@ -36,7 +36,6 @@ struct NewTask {
     TaskFunction cb;
     int thread = -1;
     Priority priority = Priority::Normal;
-    const char* name = nullptr;  // interned
 };
 
 using TimePoint = std::chrono::steady_clock::time_point;
@@ -171,7 +170,7 @@ private:
             task.cb = std::move(given.cb);
             task.thread = thread != -1 ? thread : given.thread;
             task.priority = given.priority;
-            if (!given.name.empty()) task.name = detail::intern_name(given.name);
+            if (!given.name.empty()) name_task(task, given.name);
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -184,6 +183,10 @@ private:
         return task;
     }
 
+    // A named task: a fiber is named now; a callback is wrapped in one that names its fiber
+    // when it starts (the name's pointer rides in the closure, so an unnamed task's queue
+    // entry stays as small as before; the pooled fiber drops the name when the task ends).
+    static void name_task(detail::NewTask& task, const std::string& name);
     void submit(detail::NewTask task);
     void submit_batch(std::vector<detail::NewTask>& tasks);
 

@@ -112,6 +112,18 @@ void set_hooks(const Hooks& hooks) {
     }
 }
 
+void Scheduler::name_task(detail::NewTask& task, const std::string& name) {
+    const char* interned = detail::intern_name(name);
+    if (task.fiber) {
+        detail::FiberAccess::set_task_name(*task.fiber, interned);
+        return;
+    }
+    task.cb = [interned, fn = std::move(task.cb)]() mutable {
+        detail::FiberAccess::set_task_name(*detail::running_fiber(), interned);
+        fn();
+    };
+}
+
 void Fiber::set_name(std::string name) { name_.store(detail::intern_name(name), std::memory_order_release); }
 
 std::string Fiber::name() const {

@@ -245,7 +245,6 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     const int worker = task.worker;
     const Priority priority = task.priority;
     const TaskKind kind = task.kind;
-    const char* name = task.name;
     if (!task.fiber) {
         try {
             fiber = fiber_for(std::move(task.cb));
@@ -261,7 +260,6 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         fiber = std::move(task.fiber);
     }
     task = QueuedTask{};
-    if (FIBER_SCHED_UNLIKELY(name != nullptr)) FiberAccess::set_task_name(*fiber, name);
     switch (kind) {
     case TaskKind::Fresh:
         // False: it runs when it has left the worker it is still running on.

@@ -29,12 +29,10 @@ enum class TaskKind : std::uint8_t {
 struct QueuedTask {
     QueuedTask() = default;
     explicit QueuedTask(NewTask&& task) noexcept
-        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), name(task.name), worker(task.thread),
-          priority(task.priority) {}
+        : fiber(std::move(task.fiber)), cb(std::move(task.cb)), worker(task.thread), priority(task.priority) {}
 
     Fiber::ptr fiber;
     TaskFunction cb;
-    const char* name = nullptr;  // ScheduleTask::name, interned; given to the fiber when it runs
     int worker = -1;  // the worker it is pinned to; -1: any
     Priority priority = Priority::Normal;  // which level of the queues it waits in
     TaskKind kind = TaskKind::Fresh;
