@@ -57,14 +57,15 @@ void recurse_forever(int depth) { std::printf("%d\n", recurse_deep(depth)); }
 // A child that printed "id=<fiber id>" and then overflowed that fiber's stack of
 // `stack_bytes`: it ended by SIGABRT (on Windows the handler's exit code 3, which
 // run_in_child reports as that), and the report names the fiber and its stack's size.
-void check_overflow_report(const test::ChildResult& r, std::size_t stack_bytes) {
+void check_overflow_report(const test::ChildResult& r, std::size_t stack_bytes, const std::string& name = "") {
     INFO("child stderr: " << r.err);
     CHECK(r.signaled);
     CHECK(r.signal == SIGABRT);
     const std::size_t id_at = r.err.find("id=");
     REQUIRE(id_at != std::string::npos);
     const std::string id = r.err.substr(id_at + 3, r.err.find('\n', id_at) - id_at - 3);
-    CHECK(r.err.find("stack overflow in fiber " + id + ":") != std::string::npos);
+    const std::string named = name.empty() ? ":" : " (" + name + "):";
+    CHECK(r.err.find("stack overflow in fiber " + id + named) != std::string::npos);
     CHECK(r.err.find("its " + std::to_string(stack_bytes) + "-byte stack") != std::string::npos);
 }
 #endif
@@ -189,15 +190,16 @@ TEST_CASE("running off a guarded stack faults instead of corrupting memory") {
 }
 
 #if !defined(FIBER_SCHED_TSAN)  // TSan defers signals; the fault handler test needs them direct
-TEST_CASE("the overflow handler names the fiber and its stack size, then aborts") {
+TEST_CASE("the overflow handler names the fiber (id and name) and its stack size, then aborts") {
     test::ChildResult r = test::run_in_child([] {
         fsched::install_stack_overflow_handler();
         fsched::install_stack_overflow_handler();  // idempotent
         Fiber fiber([] { recurse_forever(0); }, 16 * 1024);
+        fiber.set_name("deep-recursion");
         std::fprintf(stderr, "id=%llu\n", static_cast<unsigned long long>(fiber.id()));
         fiber.resume();
     });
-    check_overflow_report(r, 16384);
+    check_overflow_report(r, 16384, "deep-recursion");
 }
 
 TEST_CASE("the overflow handler works on a thread that did not install it") {
