@@ -91,8 +91,10 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -352,6 +354,16 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 // Frees what make_context() acquired besides the stack; `ctx` must not be running. Called
 // before a context is made again on the same stack and when its fiber is destroyed.
 void release_context(Context& ctx) noexcept;
+
+// Where a backtrace of a switched-out context starts: the address it resumes at, its frame
+// pointer and stack pointer. False where the backend cannot tell (winfiber; ucontext off
+// x86-64 and AArch64 Linux). In the backend's file.
+struct SavedFrame {
+    std::uintptr_t pc = 0;
+    std::uintptr_t fp = 0;
+    std::uintptr_t sp = 0;
+};
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept;
 
 }  // namespace detail
 }  // namespace fsched
@@ -650,6 +662,8 @@ class FiberLifecycle {
 public:
     // For Fiber::state() and the misuse checks; acquire: pairs with the transitions' release.
     FiberState load() const noexcept { return state_.load(std::memory_order_acquire); }
+    // The report's load after it set a fiber's hold (see claim_woken).
+    FiberState load_seq_cst() const noexcept { return state_.load(std::memory_order_seq_cst); }
 
     // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
     // Not noexcept, like every transition with a misuse check: a user's FIBER_SCHED_ASSERT
@@ -702,12 +716,14 @@ public:
 
     // A fiber's wake-up task runs. Only that task leaves the Parked states, but a schedule()
     // may mark the fiber concurrently, hence the CAS.
+    // seq_cst: with a report's seq_cst hold and load (impl/registry.ipp) one of the two sees
+    // the other (the same instructions as acq_rel on x86-64 and AArch64).
     void claim_woken() noexcept {
         FiberState state = load();
         for (;;) {
             const FiberState next =
                 state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
-            if (state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            if (state_.compare_exchange_weak(state, next, std::memory_order_seq_cst, std::memory_order_acquire)) {
                 return;
             }
         }
@@ -860,6 +876,85 @@ FIBER_SCHED_NOINLINE void observe_destroy(Fiber& fiber) noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/observe.hpp ----
+// ---- begin src/wait_record.hpp ----
+// ---------------------------------------------------------------------------
+// What a parked fiber waits for (WaitRecord), as fiber_report() shows it: each primitive
+// calls note_wait() just before it parks; the fiber's resumer publishes the record with the
+// park itself (finish_parked's release), and the report reads it only while the fiber is
+// parked and held (impl/registry.ipp), so the record needs no lock and no atomic of its
+// own but `kind`, which the report also reads of fibers that run.
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+
+namespace fsched {
+
+class Scheduler;
+class Fiber;
+
+namespace detail {
+
+// The wait a parked fiber is in; its word in the report (wait_reason_word) is the primitive's
+// class name or the call's ("sleep", "io", "yield").
+enum class WaitReason : std::uint8_t {
+    None,               // not waiting, or parked by a primitive that says nothing
+    Mutex,
+    ConditionVariable,
+    WaitGroup,
+    ChannelSend,        // "Channel send"
+    ChannelReceive,     // "Channel receive"
+    Sleep,
+    Io,
+    Yield,              // queued again by this_fiber::yield(): runnable, not parked
+    Other               // a primitive that names itself (WaitRecord::word)
+};
+const char* wait_reason_word(WaitReason kind) noexcept;
+
+// What the report may ask a waited-for object, while the waiting fiber is held (so the
+// object is alive). Neither may block (use try_lock and say "busy").
+struct WaitOps {
+    // Writes what `object` holds now (a channel's length, a group's count) into `out`
+    // (NUL-terminated, at most `size` bytes); may be null.
+    void (*describe)(const void* object, char* out, std::size_t size) noexcept = nullptr;
+    // Who holds it now (a fiber id or a thread's token, caller_identity()), 0: no one; may
+    // be null. The deadlock watch follows these.
+    std::uint64_t (*holder)(const void* object) noexcept = nullptr;
+};
+
+struct WaitRecord {
+    std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
+    const char* word = nullptr;                  // WaitReason::Other's word (a string literal)
+    const void* object = nullptr;                // the primitive waited on, or nullptr
+    const WaitOps* ops = nullptr;                // what the report may ask it, or nullptr
+    Scheduler* scheduler = nullptr;              // where it parked, and on which worker
+    int worker = -1;
+    std::int64_t since_ns = 0;                   // coarse_now_ns() at the park
+    std::int64_t deadline_ns = -1;               // steady_clock ns of a timed wait's end; -1: none
+    std::uint64_t a = 0;                         // io: the fd
+    std::uint64_t b = 0;                         // io: the events waited for
+};
+
+// Records the running fiber's coming wait (a no-op outside fibers). `deadline`: the
+// steady_clock time a timed wait ends, or nullptr.
+void note_wait(WaitReason kind, const void* object, const WaitOps* ops = nullptr,
+               const std::chrono::steady_clock::time_point* deadline = nullptr, std::uint64_t a = 0,
+               std::uint64_t b = 0) noexcept;
+
+// The word of what `f` waits for now (as fiber_report() shows it), or nullptr when it is not
+// waiting or its primitive names no wait. A racy look, for tracers: no hold is taken.
+const char* wait_reason(const Fiber& f) noexcept;
+
+// Fibers parked in Mutex::lock() now (the deadlock watch runs only while there are some).
+extern std::atomic<long> mutex_waiters;
+// Starts the watch thread (deadlocks, hang reports) if it is not running; it costs one
+// wake-up a second while it has something to watch. Never throws: without a thread there
+// is no watch.
+void ensure_watchdog() noexcept;
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/wait_record.hpp ----
 // ---- begin src/fiber.hpp ----
 // ---------------------------------------------------------------------------
 // Fiber: a stackful, asymmetric coroutine: resume() runs it until it yields or returns.
@@ -871,6 +966,7 @@ FIBER_SCHED_NOINLINE void observe_destroy(Fiber& fiber) noexcept;
 // (src/stack.hpp already inlined above)
 // (src/fiber_state.hpp already inlined above)
 // (src/observe.hpp already inlined above)
+// (src/wait_record.hpp already inlined above)
 
 namespace fsched {
 
@@ -881,6 +977,7 @@ namespace detail {
 
 struct Worker;
 struct SchedulerCore;
+struct RegistrySegment;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -912,6 +1009,7 @@ struct ThreadState {
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
+    RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -925,6 +1023,8 @@ struct ThreadState {
 
 // Lets stack_stats() see this thread and frees its cached stacks and signal stack at exit.
 void register_thread(ThreadState* ts);
+// At thread exit: gives the thread's part of the fiber registry to the next thread.
+void release_registry_segment(ThreadState* ts) noexcept;
 
 // This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
 ThreadState* thread_state() noexcept;
@@ -980,7 +1080,7 @@ public:
         }
     }
     // Unique, non-zero, increasing in creation order.
-    std::uint64_t id() const noexcept { return id_; }
+    std::uint64_t id() const noexcept { return id_.load(std::memory_order_relaxed); }
     // Usable bytes of stack: the size asked for, rounded up to pages.
     // (A scheduler's callback fiber keeps its Fiber object at the top of its stack, so its
     // stack_size() is a few hundred bytes less than the default size.)
@@ -1042,7 +1142,9 @@ private:
     std::exception_ptr exception_;
     detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
-    std::uint64_t id_ = 0;
+    // Atomic (relaxed: a plain load) because fiber_report() reads it while a pooled fiber is
+    // given its next task's id.
+    std::atomic<std::uint64_t> id_{0};
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
     // fiber has fully switched out (the scheduler's race-free park, see impl/sched_park.ipp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
@@ -1057,6 +1159,14 @@ private:
     // Interned (never freed); release/acquire: its characters are seen by whoever reads it.
     std::atomic<const char*> name_{nullptr};
     bool announced_ = false;  // Hooks::on_create was called for it and on_destroy not yet
+    // What it waits for while parked, for fiber_report() (wait_record.hpp).
+    detail::WaitRecord wait_;
+    // A report reads its stack and wait record: a wake-up that claims it waits (registry.ipp).
+    std::atomic<bool> inspected_{false};
+    // Its slot in the registry of live fibers, and the registry's part that holds the slot;
+    // null: not listed (made by a thread after its thread-exit clean-up).
+    std::atomic<Fiber*>* registry_slot_ = nullptr;
+    detail::RegistrySegment* registry_segment_ = nullptr;
 };
 
 }  // namespace fsched
@@ -1556,6 +1666,10 @@ public:
         lock_contended();
     }
     void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+    // Takes the lock if it is free now (the report's look at a primitive: never waits).
+    bool try_lock() noexcept {
+        return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
+    }
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     // Claims the heir token for no waiter, as a waiter that vanished would leave it.
     void abandon_heir_token_for_test() noexcept { heir_.store(true, std::memory_order_relaxed); }
@@ -1760,6 +1874,8 @@ private:
     static constexpr std::uint32_t waiter_unit = 4;   // the rest counts queued waiters
     void lock_slow(std::uint64_t me);
     void unlock_slow();
+    // fiber_report()'s look at who holds it (WaitOps::holder).
+    static std::uint64_t holder_of(const void* mutex) noexcept;
 
     // locked / starving / waiters. Acquire on taking the lock and release on giving it up
     // order the protected data; waiters are counted only under lock_, together with
@@ -1839,6 +1955,9 @@ public:
     void wait();
 
 private:
+    // fiber_report()'s look at the count (WaitOps::describe).
+    static void describe_wait(const void* group, char* out, std::size_t size) noexcept;
+
     detail::SpinLock lock_;
     std::int64_t count_ = 0;
     detail::WaitList waiters_;
@@ -1885,6 +2004,7 @@ public:
         self.slot = &value;
         senders_.push_back(&self);
         guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_);
         detail::block(lock_, senders_, self, nullptr);
         if (self.error) std::rethrow_exception(self.error);
         return self.ok;
@@ -1929,6 +2049,7 @@ public:
         self.slot = &result;
         receivers_.push_back(&self);
         guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
         detail::block(lock_, receivers_, self, nullptr);
         return result;
     }
@@ -1949,6 +2070,20 @@ public:
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
+    // fiber_report()'s look at a channel a fiber waits on (WaitOps::describe).
+    static void describe_wait(const void* channel, char* out, std::size_t size) noexcept {
+        auto* self = const_cast<Channel*>(static_cast<const Channel*>(channel));
+        if (!self->lock_.try_lock()) {
+            std::snprintf(out, size, "busy");
+            return;
+        }
+        const std::size_t length = self->buffer_.size();
+        const bool closed = self->closed_;
+        self->lock_.unlock();
+        std::snprintf(out, size, "length %zu, capacity %zu%s", length, self->capacity_, closed ? ", closed" : "");
+    }
+    static constexpr detail::WaitOps wait_ops_{&Channel::describe_wait, nullptr};
+
     detail::SpinLock lock_;
     std::deque<T> buffer_;
     const std::size_t capacity_;
@@ -2117,6 +2252,59 @@ FIBER_SCHED_IO_LINUX_ONLY(void, cancel, static_cast<void>(0))
 }  // namespace io
 }  // namespace fsched
 // ---- end src/io.hpp ----
+// ---- begin src/inspect.hpp ----
+// ---------------------------------------------------------------------------
+// Seeing inside: the report of every live fiber (fiber_report, dump_fibers), printed on a
+// signal (install_fiber_dump_handler), when stop() hangs, and on a lock-order deadlock.
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+
+#if defined(_WIN32)
+#define FIBER_SCHED_DUMP_SIGNAL SIGBREAK  // Ctrl+Break in a console
+#else
+#define FIBER_SCHED_DUMP_SIGNAL SIGQUIT   // Ctrl+\ in a terminal, kill -QUIT
+#endif
+
+namespace fsched {
+
+// Every live fiber, one line each, oldest first: its id, name, state (running, runnable
+// after a yield, parked, suspended by Fiber::yield, ready), and for a parked one what it
+// waits for (the primitive's word, its address and what it holds now: a Mutex's owner, a
+// Channel's length and capacity, a WaitGroup's count, a sleep's or timed wait's time left,
+// an io wait's fd and direction), for how long, on which worker of which scheduler it last
+// ran, and its stack's size and the bytes of it touched (resident pages; a pooled stack
+// also counts what the fibers before it touched). Finished fibers that are still around
+// (kept for reuse, or not yet destroyed) are counted, not listed. Each parked fiber's
+// backtrace follows its line: it is read from the context it saved, by following frame
+// pointers, so build with -fno-omit-frame-pointer (frames of code built without them, and
+// of foreign code, end it early or are missing), and link with -rdynamic for function
+// names (else each frame shows its module and the address `addr2line -f -C -e MODULE`
+// takes). Then each lock-order deadlock among the fibers, if any.
+// From any thread, at any time, while schedulers run: a fiber woken meanwhile waits until
+// the report has read it (microseconds), and a fiber destroyed meanwhile until the report
+// has read every fiber; no fiber is disturbed otherwise. Not from a signal handler.
+std::string fiber_report();
+// fiber_report() written to `out`.
+void dump_fibers(std::FILE* out = stderr);
+// Prints the report to stderr each time the process gets `signo` (SIGQUIT by default;
+// SIGBREAK on Windows), and the program goes on: the handler only writes a byte to a pipe,
+// and a thread of its own ("fsched-dump") makes and prints the report. Replaces that
+// signal's handler; calling it again for the same signal does nothing. Throws
+// std::system_error when the pipe, the thread or the handler cannot be set up.
+void install_fiber_dump_handler(int signo = FIBER_SCHED_DUMP_SIGNAL);
+
+namespace detail {
+// Where the automatic reports (lock-order deadlocks, hung stop()s) go; default: stderr.
+// For tests; an empty function restores stderr.
+void set_report_sink(std::function<void(const std::string&)> sink);
+// How often the watch thread looks, and how long each fiber of a lock cycle must have
+// waited before the cycle is reported (defaults: 1 s and 1 s). For tests.
+void set_watch_timing(std::chrono::milliseconds period, std::chrono::milliseconds deadlock_after);
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/inspect.hpp ----
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -2320,6 +2508,11 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     return ts->eh;
 }
 
+// The registry of live fibers (registry.ipp): `f` is listed once made (by its creating
+// thread), unlisted before it is destroyed (on any thread).
+void registry_add(Fiber& f) noexcept;
+void registry_remove(Fiber& f) noexcept;
+
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
@@ -2344,7 +2537,7 @@ struct FiberAccess {
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, TaskFunction&& fn) {
         f.reset_function(std::move(fn));
-        f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+        f.id_.store(next_fiber_id.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
         if (observing()) observe_create(f);
     }
     // A callback's fiber goes back to its worker's pool: to hooks, that fiber is gone.
@@ -2367,6 +2560,24 @@ struct FiberAccess {
         self->after_switch_arg_ = arg;
         self->park_stays_running_ = stays_running;
         self->switch_to_resumer(false);
+        self->wait_.kind.store(WaitReason::None, std::memory_order_relaxed);  // running again
+    }
+
+    // The report's window (registry.ipp): what a fiber waits for, its hold, its registry
+    // slot, its saved context and the stack's bytes its frames may use.
+    static WaitRecord& wait(Fiber& f) noexcept { return f.wait_; }
+    static std::atomic<bool>& inspected(Fiber& f) noexcept { return f.inspected_; }
+    static std::atomic<Fiber*>*& registry_slot(Fiber& f) noexcept { return f.registry_slot_; }
+    static RegistrySegment*& registry_segment(Fiber& f) noexcept { return f.registry_segment_; }
+    static const Context& context(const Fiber& f) noexcept { return f.context_; }
+    static std::size_t frames_size(const Fiber& f) noexcept { return f.stack_.size - f.top_block_; }
+    // A wake-up claimed `f` (claim_woken, seq_cst) while a report reads it: wait until the
+    // report lets go, so the fiber neither runs under the report's reads nor is misreported.
+    FIBER_SCHED_ALWAYS_INLINE static void wait_while_inspected(Fiber& f) noexcept {
+        if (FIBER_SCHED_UNLIKELY(f.inspected_.load(std::memory_order_seq_cst))) wait_for_inspection(f);
+    }
+    FIBER_SCHED_NOINLINE static void wait_for_inspection(Fiber& f) noexcept {
+        while (f.inspected_.load(std::memory_order_acquire)) std::this_thread::yield();
     }
 };
 
@@ -3232,6 +3443,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->return_address);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->rbp);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
+
 // The context's last switch-out saved the TIB's StackLimit in its frame: kept in the top
 // slot for the stack's next fiber (make_context), with the guarded bit already there.
 void release_context(Context& ctx) noexcept {
@@ -3364,6 +3584,9 @@ void release_context(Context& ctx) noexcept {
     if (ctx.sp) DeleteFiber(ctx.sp);
     ctx.sp = nullptr;
 }
+
+// An OS fiber keeps its registers to itself: no backtrace of a parked fiber.
+bool saved_frame(const Context&, SavedFrame&) noexcept { return false; }
 
 }  // namespace detail
 }  // namespace fsched
@@ -3512,6 +3735,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 void release_context(Context&) noexcept {}
 
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const X86_64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->return_address);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->rbp);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
+
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_x86_64_sysv.ipp ----
@@ -3639,6 +3871,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 }
 
 void release_context(Context&) noexcept {}
+
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const Aarch64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->x30);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->x29);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
 
 }  // namespace detail
 }  // namespace fsched
@@ -3798,6 +4039,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 void release_context(Context&) noexcept {}
 
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const Riscv64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->ra);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->s0_s11[0]);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
+
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/context_riscv64_lp64d.ipp ----
@@ -3862,6 +4112,27 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 }
 
 void release_context(Context&) noexcept {}
+
+// A switched-out side's registers, from the ucontext_t that swapcontext() saved in the
+// switch's frame (glibc's layouts on x86-64 and AArch64; elsewhere no backtrace).
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* uc = static_cast<const ucontext_t*>(ctx.sp);
+    if (!uc) return false;
+#if defined(__linux__) && defined(__x86_64__) && defined(REG_RIP)
+    out.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+    out.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
+    out.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+    return true;
+#elif defined(__linux__) && defined(__aarch64__)
+    out.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+    out.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
+    out.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
+    return true;
+#else
+    (void)out;
+    return false;
+#endif
+}
 
 }  // namespace detail
 }  // namespace fsched
@@ -4448,6 +4719,7 @@ struct ThreadExit {
     ~ThreadExit() {
         ThreadState* ts = thread_state();
         stack_pool().unregister_thread(ts);
+        release_registry_segment(ts);
         for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
         ts->cached_stack_count = 0;
         if (ts->owned_altstack) {
@@ -4532,10 +4804,12 @@ void Fiber::finish_construction() {
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
     if (detail::observing()) detail::observe_create(*this);
+    detail::registry_add(*this);  // last: a report may read it from now on
 }
 
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
+    detail::registry_remove(*this);  // first: returns once no report reads it
     if (announced_) detail::observe_destroy(*this);
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
@@ -4700,6 +4974,7 @@ Fiber::ptr Fiber::current_ptr() {
 // (src/fiber_switch.hpp already inlined above)
 // (src/scheduler.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -4732,6 +5007,14 @@ struct HookTable {
 HookTable hook_table;  // constant-initialised: no order of construction to get wrong
 
 }  // namespace
+
+// Its lock's fork handlers (from build_process_state): a child forked while another thread
+// names a fiber would otherwise find the lock taken for good.
+void build_name_table() {
+    (void)name_table();
+    os::at_fork([] { name_table().mutex.lock(); }, [] { name_table().mutex.unlock(); },
+                [] { name_table().mutex.unlock(); });
+}
 
 const char* intern_name(const std::string& name) {
     if (name.empty()) return nullptr;
@@ -4823,6 +5106,1140 @@ void set_name(std::string name) {
 }  // namespace this_fiber
 }  // namespace fsched
 // ---- end src/impl/hooks.ipp ----
+// The registry of live fibers, and the report made from it (and its OS calls).
+// ---- begin src/impl/inspect_os.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: what the fiber report needs from the OS: a cheap clock for "parked since",
+// the asymmetric barrier that keeps the registry's destroy path free of fences, the pages of
+// a stack that were touched, and a code address's symbol and module.
+//
+// The barrier: a destroyed fiber leaves its registry slot with a plain store, then reads
+// whether a report is walking its segment; the report sets that flag, then makes every
+// thread's earlier stores visible at once (Linux membarrier(PRIVATE_EXPEDITED): an IPI to
+// each CPU running the process, a full barrier there), then reads the slots. So one side
+// pays a system call per report instead of each destroy paying a locked instruction.
+// Where that call is missing (older kernels, qemu-user, other systems) both sides fence.
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+
+#if defined(_WIN32)
+// <windows.h> is included by fiber_sched.hpp.
+#else
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
+#endif
+
+namespace fsched {
+namespace detail {
+namespace os {
+
+// Monotonic nanoseconds from a clock that may be a few milliseconds coarse (Linux:
+// CLOCK_MONOTONIC_COARSE, about 5 ns a read), for "parked since". Not steady_clock's epoch.
+inline std::int64_t coarse_now_ns() noexcept {
+#if defined(_WIN32)
+    return static_cast<std::int64_t>(GetTickCount64()) * 1000000;
+#else
+#if defined(CLOCK_MONOTONIC_COARSE)
+    const clockid_t clock = CLOCK_MONOTONIC_COARSE;
+#else
+    const clockid_t clock = CLOCK_MONOTONIC;
+#endif
+    timespec t{};
+    clock_gettime(clock, &t);
+    return static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+#endif
+}
+
+#if defined(__linux__) && defined(SYS_membarrier)
+constexpr int membarrier_private_expedited = 1 << 3;           // MEMBARRIER_CMD_PRIVATE_EXPEDITED
+constexpr int membarrier_register_private_expedited = 1 << 4;  // ..._REGISTER_PRIVATE_EXPEDITED
+#endif
+
+// Asks for the heavy barrier; true when heavy_barrier() works in this process from now on.
+inline bool enable_heavy_barrier() noexcept {
+#if defined(__linux__) && defined(SYS_membarrier) && !defined(FIBER_SCHED_TSAN)
+    // (ThreadSanitizer does not know the system call orders anything: fences there.)
+    return syscall(SYS_membarrier, membarrier_register_private_expedited, 0) == 0;
+#else
+    return false;
+#endif
+}
+
+// Every thread's stores made before the call are visible to the caller after it. Only
+// after enable_heavy_barrier() returned true; false when the call failed.
+inline bool heavy_barrier() noexcept {
+#if defined(__linux__) && defined(SYS_membarrier)
+    return syscall(SYS_membarrier, membarrier_private_expedited, 0) == 0;
+#else
+    return false;
+#endif
+}
+
+// Bytes of [lo, lo + bytes) backed by memory now (pages touched since mapped or discarded);
+// SIZE_MAX when the system cannot tell.
+inline std::size_t resident_bytes(const void* lo, std::size_t bytes) noexcept {
+#if defined(_WIN32)
+    std::size_t committed = 0;
+    const char* p = static_cast<const char*>(lo);
+    const char* end = p + bytes;
+    while (p < end) {
+        MEMORY_BASIC_INFORMATION info{};
+        if (VirtualQuery(p, &info, sizeof info) == 0) return SIZE_MAX;
+        const char* region_end = static_cast<const char*>(info.BaseAddress) + info.RegionSize;
+        if (region_end > end) region_end = end;
+        if (info.State == MEM_COMMIT) committed += static_cast<std::size_t>(region_end - p);
+        p = region_end;
+    }
+    return committed;
+#else
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const auto first = reinterpret_cast<std::uintptr_t>(lo) / page * page;
+    const auto last = reinterpret_cast<std::uintptr_t>(lo) + bytes;
+    std::size_t resident = 0;
+    // A chunk at a time: a 1 GiB stack needs no 256 KiB vector.
+#if defined(__APPLE__)
+    char vec[256];
+#else
+    unsigned char vec[256];
+#endif
+    for (std::uintptr_t at = first; at < last;) {
+        const std::size_t pages = std::min<std::size_t>(sizeof vec, (last - at + page - 1) / page);
+        if (mincore(reinterpret_cast<void*>(at), pages * page, vec) != 0) return SIZE_MAX;
+        for (std::size_t i = 0; i < pages; ++i) resident += (vec[i] & 1) ? page : 0;
+        at += pages * page;
+    }
+    return resident;
+#endif
+}
+
+// Where a code address is: its symbol (mangled; "" when not exported) and its offset, the
+// module's path, and the address addr2line (or atos) takes for it in that module. False
+// when nothing is known (a JIT's code, or Windows without a symbol reader: the module only).
+struct CodeLocation {
+    const char* symbol = "";
+    std::uintptr_t symbol_offset = 0;
+    const char* module = "";
+    std::uintptr_t module_address = 0;
+};
+inline bool locate_code(std::uintptr_t pc, CodeLocation& out, char* module_buffer, std::size_t buffer_size) noexcept {
+#if defined(_WIN32)
+    HMODULE module = nullptr;
+    if (!GetModuleHandleExA(GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS | GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+                            reinterpret_cast<LPCSTR>(pc), &module)) {
+        return false;
+    }
+    const DWORD n = GetModuleFileNameA(module, module_buffer, static_cast<DWORD>(buffer_size));
+    if (n == 0 || n >= buffer_size) module_buffer[0] = '\0';
+    out.module = module_buffer;
+    out.module_address = pc - reinterpret_cast<std::uintptr_t>(module);  // an RVA
+    return true;
+#else
+    (void)module_buffer;
+    (void)buffer_size;
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(pc), &info) == 0) return false;
+    out.module = info.dli_fname ? info.dli_fname : "";
+    const auto base = reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+    out.module_address = pc - base;
+#if defined(__ELF__)
+    // A position-dependent executable (ELF type ET_EXEC) is linked at its load address:
+    // addr2line takes the address itself there, an offset from the base elsewhere.
+    if (base && reinterpret_cast<const unsigned char*>(base)[16] == 2) out.module_address = pc;
+#endif
+    if (info.dli_sname && info.dli_saddr) {
+        out.symbol = info.dli_sname;
+        out.symbol_offset = pc - reinterpret_cast<std::uintptr_t>(info.dli_saddr);
+    }
+    return true;
+#endif
+}
+
+}  // namespace os
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/inspect_os.ipp ----
+// ---- begin src/impl/registry.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the registry of live fibers, and how a report reads a fiber that other
+// threads may wake, run or destroy meanwhile.
+//
+// The registry. Each thread that makes fibers owns a segment: chunks of slots, each holding
+// a live Fiber* or null. A new fiber takes a slot from its thread's free list with a plain
+// store (no lock, no atomic read-modify-write: creating and destroying a fiber costs a few
+// plain loads and stores more); a destroyed fiber, on any thread, nulls its slot. The free
+// list is its owner's alone: when it runs dry the owner sweeps its chunks for null slots,
+// and adds a chunk as large as all the others when under a quarter are free, so a sweep's
+// cost is spread over at least as many creations as it has slots. Segments and chunks are
+// never freed; a segment whose thread exited goes to the next thread that asks.
+//
+// A destroyed fiber must not be freed while a report reads it. The destroyer nulls its
+// slot, then reads its segment's `reporting` flag and waits while it is set; the report
+// sets every segment's flag, then reads the slots. Between the two sides a barrier: the
+// report's heavy one (inspect_os.ipp) where the system has it, so the destroyer's is a
+// compiler barrier; else a seq_cst fence on each side. Either the report sees the slot
+// null, or the destroyer sees the flag and waits until the report has let go.
+//
+// A parked fiber's stack and wait record. The report sets the fiber's hold (`inspected_`,
+// seq_cst), then reads its state (seq_cst); the wake-up that claims a parked fiber does the
+// opposite (claim_woken's seq_cst CAS, then the hold, in Worker::claim_task_fiber): either
+// the report sees the fiber no longer parked and leaves it alone, or the wake-up sees the
+// hold and waits until the report has read it. Only claim_woken takes a fiber out of
+// Parked, so while held it stays parked, its stack and record still, and the primitive it
+// waits on alive.
+// ---------------------------------------------------------------------------
+
+
+// (src/fiber_switch.hpp already inlined above)
+// (src/scheduler.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+// (src/impl/inspect_os.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+struct RegistryChunk {
+    explicit RegistryChunk(std::size_t n) : size(n), slots(new std::atomic<Fiber*>[n]) {
+        for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
+    }
+    RegistryChunk* next = nullptr;  // the older chunk; set before this one is published
+    const std::size_t size;
+    const std::unique_ptr<std::atomic<Fiber*>[]> slots;
+};
+
+struct RegistrySegment {
+    std::atomic<RegistryChunk*> chunks{nullptr};  // newest first; release-published
+    std::atomic<bool> reporting{false};           // a report reads this segment's fibers
+    RegistrySegment* next = nullptr;              // in the list of all; set before published
+    bool owned = false;                           // a thread makes its fibers here (registry mutex)
+    // The owner's only (handed over under the registry mutex):
+    std::vector<std::atomic<Fiber*>*> free_slots;
+    std::size_t capacity = 0;
+};
+
+namespace {
+
+constexpr std::size_t registry_chunk_min = 256;
+
+struct Registry {
+    std::mutex mutex;  // claiming and adding segments
+    std::atomic<RegistrySegment*> segments{nullptr};  // newest first
+    std::mutex report_mutex;  // one report at a time
+};
+
+// Function-local and never destroyed: fibers outlive main(); built by build_process_state.
+Registry& registry() {
+    static Registry* r = new Registry;
+    return *r;
+}
+
+// True until the heavy barrier is known to work: then destroyers need no fence.
+std::atomic<bool> registry_fences{true};
+
+RegistrySegment* claim_segment(ThreadState* ts) noexcept {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    RegistrySegment* seg = r.segments.load(std::memory_order_relaxed);
+    while (seg && seg->owned) seg = seg->next;
+    if (!seg) {
+        seg = new (std::nothrow) RegistrySegment;
+        if (!seg) return nullptr;
+        seg->next = r.segments.load(std::memory_order_relaxed);
+        r.segments.store(seg, std::memory_order_release);
+    }
+    seg->owned = true;
+    ts->registry = seg;
+    return seg;
+}
+
+// The owner, with no free slot left: sweeps for null slots, adds a chunk if few are free.
+bool refill(RegistrySegment& seg) noexcept {
+    try {
+        seg.free_slots.reserve(seg.capacity);
+        for (RegistryChunk* c = seg.chunks.load(std::memory_order_relaxed); c; c = c->next) {
+            for (std::size_t i = 0; i < c->size; ++i) {
+                if (!c->slots[i].load(std::memory_order_relaxed)) seg.free_slots.push_back(&c->slots[i]);
+            }
+        }
+        if (seg.free_slots.size() * 4 <= seg.capacity || seg.capacity == 0) {
+            const std::size_t n = std::max(registry_chunk_min, seg.capacity);
+            auto* chunk = new RegistryChunk(n);
+            seg.free_slots.reserve(seg.capacity + n);
+            chunk->next = seg.chunks.load(std::memory_order_relaxed);
+            seg.chunks.store(chunk, std::memory_order_release);
+            seg.capacity += n;
+            for (std::size_t i = n; i-- > 0;) seg.free_slots.push_back(&chunk->slots[i]);
+        }
+    } catch (...) {
+        // Out of memory: the fiber goes unlisted; the ones before stay listed.
+    }
+    return !seg.free_slots.empty();
+}
+
+}  // namespace
+
+// Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
+void registry_add(Fiber& f) noexcept {
+    ThreadState* ts = thread_state();
+    if (FIBER_SCHED_UNLIKELY(ts->exited)) return;  // a thread_local destructor's fiber
+    RegistrySegment* seg = ts->registry;
+    if (FIBER_SCHED_UNLIKELY(!seg) && !(seg = claim_segment(ts))) return;
+    if (FIBER_SCHED_UNLIKELY(seg->free_slots.empty()) && !refill(*seg)) return;
+    std::atomic<Fiber*>* slot = seg->free_slots.back();
+    seg->free_slots.pop_back();
+    FiberAccess::registry_slot(f) = slot;
+    FiberAccess::registry_segment(f) = seg;
+    slot->store(&f, std::memory_order_release);  // the report's acquire sees it whole
+}
+
+namespace {
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg) noexcept {
+    while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+}  // namespace
+
+// Unlists `f` (any thread) before it is destroyed; returns once no report reads it.
+void registry_remove(Fiber& f) noexcept {
+    std::atomic<Fiber*>* slot = FiberAccess::registry_slot(f);
+    if (!slot) return;
+    slot->store(nullptr, std::memory_order_relaxed);
+    if (FIBER_SCHED_UNLIKELY(registry_fences.load(std::memory_order_relaxed))) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+    } else {
+        std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
+    }
+    RegistrySegment& seg = *FiberAccess::registry_segment(f);
+    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(std::memory_order_acquire))) wait_for_report(seg);
+    FiberAccess::registry_slot(f) = nullptr;
+}
+
+void release_registry_segment(ThreadState* ts) noexcept {
+    if (!ts->registry) return;
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    ts->registry->owned = false;
+    ts->registry = nullptr;
+}
+
+// Calls visit(fiber) for each listed fiber, with none of them destroyed until it returns.
+// Reports run one at a time. visit must not destroy a fiber, nor wait for a thread that
+// might (it would wait for this walk): it copies what it needs.
+template <class Visit>
+void for_each_live_fiber(Visit&& visit) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.report_mutex);
+    RegistrySegment* const first = r.segments.load(std::memory_order_acquire);
+    for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(true, std::memory_order_relaxed);
+    if (registry_fences.load(std::memory_order_relaxed) || !os::heavy_barrier()) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        // A heavy barrier that failed (a forked child, a sandbox) cannot vouch for the
+        // destroyers that skipped their fence; from now on they fence.
+        registry_fences.store(true, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+    struct Release {
+        RegistrySegment* first;
+        ~Release() {
+            for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(false, std::memory_order_release);
+        }
+    } release{first};
+    for (RegistrySegment* s = first; s; s = s->next) {
+        for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
+            for (std::size_t i = 0; i < c->size; ++i) {
+                if (Fiber* f = c->slots[i].load(std::memory_order_acquire)) visit(*f);
+            }
+        }
+    }
+}
+
+// Registers the registry's fork handlers and asks for the heavy barrier; once, from
+// build_process_state, before any thread of the library exists.
+void build_registry() {
+    (void)registry();
+    if (os::enable_heavy_barrier()) registry_fences.store(false, std::memory_order_relaxed);
+    os::at_fork(
+        [] {
+            registry().mutex.lock();
+            registry().report_mutex.lock();
+        },
+        [] {
+            registry().report_mutex.unlock();
+            registry().mutex.unlock();
+        },
+        [] {
+            // Only this thread goes on: no report runs; the others' segments stay theirs
+            // (their fibers are still listed, as their memory is still there).
+            registry_fences.store(true, std::memory_order_relaxed);
+            for (RegistrySegment* s = registry().segments.load(std::memory_order_relaxed); s; s = s->next) {
+                s->reporting.store(false, std::memory_order_relaxed);
+            }
+            registry().report_mutex.unlock();
+            registry().mutex.unlock();
+            if (os::enable_heavy_barrier()) registry_fences.store(false, std::memory_order_relaxed);
+        });
+}
+
+// --- wait records ----------------------------------------------------------------------
+
+std::atomic<long> mutex_waiters{0};
+
+const char* wait_reason_word(WaitReason kind) noexcept {
+    switch (kind) {
+    case WaitReason::None: return "";
+    case WaitReason::Mutex: return "Mutex";
+    case WaitReason::ConditionVariable: return "ConditionVariable";
+    case WaitReason::WaitGroup: return "WaitGroup";
+    case WaitReason::ChannelSend: return "Channel send";
+    case WaitReason::ChannelReceive: return "Channel receive";
+    case WaitReason::Sleep: return "sleep";
+    case WaitReason::Io: return "io";
+    case WaitReason::Yield: return "yield";
+    case WaitReason::Other: return "";
+    }
+    return "";
+}
+
+void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
+               const std::chrono::steady_clock::time_point* deadline, std::uint64_t a, std::uint64_t b) noexcept {
+    ThreadState* ts = thread_state();
+    Fiber* f = ts->current;
+    if (!f) return;
+    WaitRecord& w = FiberAccess::wait(*f);
+    w.word = nullptr;
+    w.object = object;
+    w.ops = ops;
+    w.scheduler = ts->scheduler;
+    w.worker = Scheduler::worker_index();
+    w.since_ns = os::coarse_now_ns();
+    w.deadline_ns = deadline ? static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                              deadline->time_since_epoch())
+                                                              .count())
+                             : -1;
+    w.a = a;
+    w.b = b;
+    w.kind.store(kind, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/registry.ipp ----
+// ---- begin src/impl/report.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the fiber report (fiber_report, dump_fibers), backtraces of parked
+// fibers, lock-order deadlocks, the watch thread that reports them and hung stop()s, and
+// the dump-on-signal handler.
+//
+// A report is made in two steps: a snapshot under the registry's walk (registry.ipp), which
+// copies each fiber's fields and, for a parked one held still, its wait record and the
+// return addresses of its frames; then the text, with symbols looked up (dladdr, which may
+// take locks) after every fiber has been let go.
+//
+// Backtraces follow frame pointers from the registers the fiber's context saved
+// (saved_frame, in each backend): each frame record is two words, the caller's frame
+// pointer and the return address (x86-64, AArch64: at fp; RISC-V: just below fp). A frame
+// pointer must lie in the fiber's stack above the last one, or the walk ends; so a frame
+// built without frame pointers ends it early (or, where the register holds a stale value
+// inside the stack, adds a wrong frame), and it never reads outside the stack.
+//
+// The watch thread starts the first time a fiber parks on a Mutex or a stop() with a hang
+// report begins; it looks once a period (1 s): a lock cycle whose fibers have all waited
+// that long, and are found again unchanged a period later, is reported once; a stop() that
+// has waited its hang-report time gets the whole report once.
+// ---------------------------------------------------------------------------
+
+
+// (src/inspect.hpp already inlined above)
+// (src/fiber_switch.hpp already inlined above)
+// (src/scheduler.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
+// (src/impl/inspect_os.ipp already inlined above)
+// (src/impl/registry.ipp already inlined above)
+// (src/impl/context_backend.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+// What fiber_report() shows of one fiber, copied while the fiber could not go away.
+struct FiberSnapshot {
+    static constexpr int max_frames = 48;
+    std::uint64_t id = 0;
+    const char* name = nullptr;  // interned: valid for good
+    FiberState state = FiberState::Ready;
+    WaitReason kind = WaitReason::None;
+    bool held = false;  // parked, and read under its hold: the fields below are its own
+    const void* object = nullptr;
+    std::string detail;
+    std::string scheduler;
+    int worker = -1;
+    std::int64_t since_ns = 0;
+    std::int64_t deadline_ns = -1;
+    std::uint64_t a = 0;
+    std::uint64_t b = 0;
+    std::uint64_t holder = 0;
+    std::size_t stack_size = 0;
+    std::size_t touched = SIZE_MAX;
+    int frames = 0;
+    std::uintptr_t pc[max_frames] = {};
+};
+
+// A stop() that prints the report once it has waited `after` (HangWatch).
+struct HangWatchEntry {
+    const std::string* scheduler;
+    std::chrono::steady_clock::time_point began;
+    std::chrono::milliseconds after;
+    bool reported;
+};
+
+namespace {
+
+inline bool is_parked(FiberState s) noexcept { return s == FiberState::Parked || s == FiberState::ParkedResumePending; }
+
+#if defined(__clang__) || defined(__GNUC__)
+#define FIBER_SCHED_READS_OTHER_STACKS __attribute__((no_sanitize("address", "thread")))
+#else
+#define FIBER_SCHED_READS_OTHER_STACKS
+#endif
+
+// The return addresses of a switched-out context's frames (see the top comment); `lo`..`hi`
+// is the part of its stack in use (from its saved stack pointer to its top).
+FIBER_SCHED_READS_OTHER_STACKS FIBER_SCHED_NOINLINE int walk_frames(const SavedFrame& start, std::uintptr_t hi,
+                                                                     std::uintptr_t* pcs, int max) noexcept {
+    int n = 0;
+    if (start.pc == 0) return 0;
+    pcs[n++] = start.pc;
+    std::uintptr_t fp = start.fp;
+    std::uintptr_t floor = start.sp;  // each frame record lies above the one before
+    constexpr std::uintptr_t word = sizeof(void*);
+    while (n < max) {
+#if defined(__riscv)
+        if (fp < floor + 2 * word || fp > hi || fp % word != 0) break;
+        const auto* record = reinterpret_cast<const std::uintptr_t*>(fp) - 2;
+#else
+        if (fp < floor || fp > hi - 2 * word || fp % word != 0) break;
+        const auto* record = reinterpret_cast<const std::uintptr_t*>(fp);
+#endif
+        const std::uintptr_t next = record[0];
+        const std::uintptr_t ret = record[1];
+        if (ret == 0) break;  // the trampoline's null return address: the fiber's first frame
+        pcs[n++] = ret;
+        if (next <= fp) break;
+        floor = fp;
+        fp = next;
+    }
+    return n;
+}
+
+void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, std::size_t& finished) {
+    FiberLifecycle& life = FiberAccess::lifecycle(f);
+    FiberState state = life.load();
+    if (state == FiberState::Term) {
+        ++finished;
+        return;
+    }
+    out.emplace_back();
+    FiberSnapshot& s = out.back();
+    s.id = f.id();
+    s.name = f.name_c_str();
+    s.state = state;
+    s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
+    const Stack& stack = FiberAccess::stack(f);
+    s.stack_size = f.stack_size();
+    if (with_frames) s.touched = os::resident_bytes(stack.base, FiberAccess::frames_size(f));
+    if (!is_parked(state)) return;
+    std::atomic<bool>& hold = FiberAccess::inspected(f);
+    hold.store(true, std::memory_order_seq_cst);
+    s.state = life.load_seq_cst();
+    if (is_parked(s.state)) {
+        s.held = true;
+        const WaitRecord& w = FiberAccess::wait(f);
+        s.kind = w.kind.load(std::memory_order_relaxed);
+        s.object = w.object;
+        if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
+        if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
+        s.worker = w.worker;
+        s.since_ns = w.since_ns;
+        s.deadline_ns = w.deadline_ns;
+        s.a = w.a;
+        s.b = w.b;
+        if (w.ops && w.ops->holder) s.holder = w.ops->holder(w.object);
+        if (w.ops && w.ops->describe) {
+            char text[128];
+            text[0] = '\0';
+            w.ops->describe(w.object, text, sizeof text);
+            text[sizeof text - 1] = '\0';
+            if (!s.detail.empty() && text[0]) s.detail += ", ";
+            s.detail += text;
+        }
+        SavedFrame start;
+        if (with_frames && saved_frame(FiberAccess::context(f), start)) {
+            const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
+            s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
+        }
+    } else {
+        s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
+    }
+    hold.store(false, std::memory_order_release);
+}
+
+struct Snapshot {
+    std::vector<FiberSnapshot> fibers;  // by id
+    std::size_t finished = 0;
+    std::int64_t taken_ns = 0;          // coarse clock
+    std::int64_t taken_steady_ns = 0;   // steady_clock, for deadlines
+};
+
+Snapshot take_snapshot(bool with_frames) {
+    Snapshot snap;
+    for_each_live_fiber([&](Fiber& f) { snapshot_one(f, with_frames, snap.fibers, snap.finished); });
+    snap.taken_ns = os::coarse_now_ns();
+    snap.taken_steady_ns = static_cast<std::int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+    std::sort(snap.fibers.begin(), snap.fibers.end(),
+              [](const FiberSnapshot& x, const FiberSnapshot& y) { return x.id < y.id; });
+    return snap;
+}
+
+const FiberSnapshot* find_fiber(const Snapshot& snap, std::uint64_t id) {
+    auto it = std::lower_bound(snap.fibers.begin(), snap.fibers.end(), id,
+                               [](const FiberSnapshot& s, std::uint64_t v) { return s.id < v; });
+    return it != snap.fibers.end() && it->id == id ? &*it : nullptr;
+}
+
+template <class... Args>
+void append(std::string& out, const char* format, Args... args) {
+    char buffer[512];
+    const int n = std::snprintf(buffer, sizeof buffer, format, args...);
+    if (n > 0) out.append(buffer, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buffer - 1));
+}
+
+std::string seconds(std::int64_t ns) {
+    std::string s;
+    if (ns < 0) ns = 0;
+    if (ns >= 1000000000) {
+        append(s, "%.1f s", static_cast<double>(ns) / 1e9);
+    } else {
+        append(s, "%.0f ms", static_cast<double>(ns) / 1e6);
+    }
+    return s;
+}
+
+std::string kib(std::size_t bytes) {
+    std::string s;
+    append(s, "%zu KiB", (bytes + 1023) / 1024);
+    return s;
+}
+
+// "fiber 12 (net-reader)"; with `bare`, "12".
+std::string who(const Snapshot& snap, std::uint64_t id) {
+    std::string s;
+    if (const FiberSnapshot* f = find_fiber(snap, id)) {
+        append(s, "fiber %llu", static_cast<unsigned long long>(id));
+        if (f->name) append(s, " (%s)", f->name);
+    } else {
+        append(s, "%llu (a thread, or a fiber not listed)", static_cast<unsigned long long>(id));
+    }
+    return s;
+}
+
+std::string state_words(const FiberSnapshot& f) {
+    switch (f.state) {
+    case FiberState::Ready: return "ready (never run)";
+    case FiberState::Suspended: return "suspended (Fiber::yield)";
+    case FiberState::Running:
+    case FiberState::RunningResumePending:
+        return f.kind == WaitReason::Yield ? "runnable (yield)" : "running";
+    case FiberState::Parked:
+    case FiberState::ParkedResumePending: return f.held ? "parked" : "running";
+    case FiberState::Term: return "finished";
+    }
+    return "";
+}
+
+// What a parked fiber waits for: "Mutex 0x... held by fiber 14 (db-writer)".
+std::string wait_words(const Snapshot& snap, const FiberSnapshot& f) {
+    std::string s;
+    const char* word = wait_reason_word(f.kind);
+    if (f.kind == WaitReason::None) {
+        s = "an unnamed wait";
+    } else if (f.kind == WaitReason::Other) {
+        s = f.detail.empty() ? "a wait" : f.detail;
+    } else {
+        s = word;
+    }
+    if (f.object) append(s, " %p", f.object);
+    if (f.kind == WaitReason::Mutex) {
+        s += f.holder ? " held by " + who(snap, f.holder) : std::string(" (free now)");
+    }
+    if (f.kind == WaitReason::Io) {
+        append(s, " on fd %llu for %s", static_cast<unsigned long long>(f.a),
+               f.b == 1 ? "reading" : f.b == 2 ? "writing" : "reading and writing");
+    }
+    if (f.kind != WaitReason::Other && !f.detail.empty()) s += " (" + f.detail + ")";
+    if (f.deadline_ns >= 0 && f.deadline_ns != INT64_MAX) {
+        s += ", " + seconds(f.deadline_ns - snap.taken_steady_ns) + " left";
+    }
+    return s;
+}
+
+void append_frames(std::string& out, const FiberSnapshot& f) {
+    char module[512];
+    for (int i = 0; i < f.frames; ++i) {
+        // A return address is the instruction after the call: look up the call's own byte.
+        const std::uintptr_t pc = f.pc[i];
+        const std::uintptr_t at = pc - 1;
+        os::CodeLocation where;
+        module[0] = '\0';
+        append(out, "    #%-2d 0x%016llx", i, static_cast<unsigned long long>(pc));
+        if (!os::locate_code(at, where, module, sizeof module)) {
+            out += '\n';
+            continue;
+        }
+        if (where.symbol[0]) {
+            int status = -1;
+            char* demangled = abi::__cxa_demangle(where.symbol, nullptr, nullptr, &status);
+            const char* name = status == 0 && demangled ? demangled : where.symbol;
+            std::string shown(name);
+            if (shown.size() > 160) shown = shown.substr(0, 157) + "...";
+            append(out, " %s+0x%llx", shown.c_str(), static_cast<unsigned long long>(where.symbol_offset + 1));
+            std::free(demangled);
+        }
+        append(out, " [%s @0x%llx]\n", where.module, static_cast<unsigned long long>(where.module_address + 1));
+    }
+}
+
+std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
+    std::string line;
+    append(line, "fiber %llu", static_cast<unsigned long long>(f.id));
+    if (f.name) append(line, " (%s)", f.name);
+    line += ": " + state_words(f);
+    if (f.held) {
+        line += " " + seconds(snap.taken_ns - f.since_ns) + " on " + wait_words(snap, f);
+        if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
+    }
+    line += "; stack " + kib(f.stack_size);
+    if (f.touched != SIZE_MAX) line += ", " + kib(f.touched) + " touched";
+    line += '\n';
+    return line;
+}
+
+// Lock cycles among the snapshot's parked Mutex waiters (each waits for one holder, so the
+// graph is functional: one walk per fiber finds every cycle). Each cycle starts at its
+// smallest id; `min_wait_ns`: each of its fibers has waited at least that long.
+std::vector<std::vector<const FiberSnapshot*>> find_lock_cycles(const Snapshot& snap, std::int64_t min_wait_ns) {
+    std::vector<std::vector<const FiberSnapshot*>> cycles;
+    std::unordered_map<std::uint64_t, int> color;  // 1: on the walk now, 2: done
+    auto waiting = [&](const FiberSnapshot* f) {
+        return f && f->held && f->kind == WaitReason::Mutex && f->holder != 0 &&
+               snap.taken_ns - f->since_ns >= min_wait_ns;
+    };
+    for (const FiberSnapshot& start : snap.fibers) {
+        if (!waiting(&start) || color[start.id] != 0) continue;
+        std::vector<const FiberSnapshot*> path;
+        const FiberSnapshot* f = &start;
+        while (waiting(f) && color[f->id] == 0) {
+            color[f->id] = 1;
+            path.push_back(f);
+            f = find_fiber(snap, f->holder);
+        }
+        if (f && color[f->id] == 1) {  // back on this walk: a cycle from f
+            auto from = std::find(path.begin(), path.end(), f);
+            std::vector<const FiberSnapshot*> cycle(from, path.end());
+            std::rotate(cycle.begin(), std::min_element(cycle.begin(), cycle.end(),
+                                                        [](const FiberSnapshot* x, const FiberSnapshot* y) {
+                                                            return x->id < y->id;
+                                                        }),
+                        cycle.end());
+            cycles.push_back(std::move(cycle));
+        }
+        for (const FiberSnapshot* p : path) color[p->id] = 2;
+    }
+    return cycles;
+}
+
+// "lock-order deadlock: fiber 12 (net-reader) waits for Mutex 0x... held by fiber 14
+// (db-writer), which waits for Mutex 0x... held by 12"
+std::string cycle_sentence(const Snapshot& snap, const std::vector<const FiberSnapshot*>& cycle) {
+    std::string s = "lock-order deadlock: " + who(snap, cycle[0]->id);
+    for (std::size_t i = 0; i < cycle.size(); ++i) {
+        const FiberSnapshot* f = cycle[i];
+        if (i > 0) s += ", which";
+        append(s, " waits for Mutex %p held by ", f->object);
+        s += i + 1 < cycle.size() ? who(snap, f->holder) : std::to_string(f->holder);
+    }
+    return s;
+}
+
+// A cycle's identity: its fibers and the parks they are in (a fiber that woke and parked
+// again is a new cycle).
+std::string cycle_key(const std::vector<const FiberSnapshot*>& cycle) {
+    std::string key;
+    for (const FiberSnapshot* f : cycle) {
+        append(key, "%llu:%lld:%p;", static_cast<unsigned long long>(f->id), static_cast<long long>(f->since_ns),
+               f->object);
+    }
+    return key;
+}
+
+std::string format_report(const Snapshot& snap) {
+    std::size_t running = 0, runnable = 0, parked = 0, other = 0;
+    for (const FiberSnapshot& f : snap.fibers) {
+        const std::string w = state_words(f);
+        if (w == "running") {
+            ++running;
+        } else if (w == "runnable (yield)") {
+            ++runnable;
+        } else if (w == "parked") {
+            ++parked;
+        } else {
+            ++other;
+        }
+    }
+    std::string out;
+    append(out, "fiber_sched: %zu live fibers: %zu running, %zu runnable, %zu parked, %zu ready or suspended", snap.fibers.size(),
+           running, runnable, parked, other);
+    if (snap.finished) append(out, "; %zu finished (kept for reuse or not yet destroyed)", snap.finished);
+    out += '\n';
+    for (const FiberSnapshot& f : snap.fibers) {
+        out += fiber_line(snap, f);
+        if (f.held) append_frames(out, f);
+    }
+    for (const auto& cycle : find_lock_cycles(snap, 0)) out += cycle_sentence(snap, cycle) + '\n';
+    return out;
+}
+
+// --- the watch thread ---------------------------------------------------------------------
+
+struct WatchState {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::function<void(const std::string&)> sink;
+    std::chrono::milliseconds period{1000};
+    std::chrono::milliseconds deadlock_after{1000};
+    std::vector<HangWatchEntry*> hangs;
+    std::unordered_set<std::string> candidates;  // cycles seen at the last look
+    std::unordered_set<std::string> reported;    // cycles reported (never again)
+    bool running = false;
+};
+
+WatchState& watch_state() {
+    static WatchState* w = new WatchState;  // never destroyed: the thread outlives main()
+    return *w;
+}
+std::atomic<bool> watch_started{false};
+
+void emit_report(const std::string& text) {
+    std::function<void(const std::string&)> sink;
+    {
+        std::lock_guard<std::mutex> lock(watch_state().mutex);
+        sink = watch_state().sink;
+    }
+    if (sink) {
+        sink(text);
+    } else {
+        os::write_stderr(text.data(), text.size());
+    }
+}
+
+void look_for_deadlocks() {
+    WatchState& w = watch_state();
+    std::chrono::milliseconds after;
+    {
+        std::lock_guard<std::mutex> lock(w.mutex);
+        after = w.deadlock_after;
+    }
+    const Snapshot snap = take_snapshot(false);
+    std::unordered_set<std::string> seen;
+    std::vector<std::string> texts;
+    const auto cycles = find_lock_cycles(snap, std::chrono::duration_cast<std::chrono::nanoseconds>(after).count());
+    {
+        std::lock_guard<std::mutex> lock(w.mutex);
+        for (const auto& cycle : cycles) {
+            std::string key = cycle_key(cycle);
+            if (w.reported.count(key)) continue;
+            if (w.candidates.count(key)) {
+                w.reported.insert(key);
+                texts.push_back("fiber_sched: " + cycle_sentence(snap, cycle) + '\n');
+            } else {
+                seen.insert(std::move(key));
+            }
+        }
+        w.candidates = std::move(seen);
+    }
+    for (const std::string& t : texts) emit_report(t);
+}
+
+void look_for_hangs() {
+    WatchState& w = watch_state();
+    std::vector<std::string> names;
+    std::vector<double> waited;
+    {
+        std::lock_guard<std::mutex> lock(w.mutex);
+        const auto now = std::chrono::steady_clock::now();
+        for (HangWatchEntry* h : w.hangs) {
+            if (h->reported || now - h->began < h->after) continue;
+            h->reported = true;
+            names.push_back(*h->scheduler);
+            waited.push_back(std::chrono::duration<double>(now - h->began).count());
+        }
+    }
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        std::string text;
+        append(text, "fiber_sched: Scheduler \"%s\": stop() has waited %.1f s for its tasks; every fiber:\n",
+               names[i].c_str(), waited[i]);
+        text += format_report(take_snapshot(true));
+        emit_report(text);
+    }
+}
+
+void watch_loop() noexcept {
+    WatchState& w = watch_state();
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(w.mutex);
+            w.wake.wait_for(lock, w.period);
+        }
+        try {
+            look_for_hangs();
+            if (mutex_waiters.load(std::memory_order_relaxed) > 0) look_for_deadlocks();
+        } catch (...) {
+            // Out of memory for a report: look again next time.
+        }
+    }
+}
+
+}  // namespace
+
+void ensure_watchdog() noexcept {
+    if (FIBER_SCHED_LIKELY(watch_started.load(std::memory_order_acquire))) return;
+    WatchState& w = watch_state();
+    std::lock_guard<std::mutex> lock(w.mutex);
+    if (watch_started.load(std::memory_order_relaxed)) return;
+    try {
+        std::thread([] {
+            os::name_thread("fsched-watch", 0);
+            watch_loop();
+        }).detach();
+        watch_started.store(true, std::memory_order_release);
+    } catch (...) {
+        // No thread: no watch; the next park on a Mutex tries again.
+    }
+}
+
+// Registers a stop() that prints the report once it has waited `after` (0: never).
+class HangWatch {
+public:
+    HangWatch(const std::string& scheduler, std::chrono::milliseconds after) noexcept
+        : entry_{&scheduler, std::chrono::steady_clock::now(), after, false} {
+        if (after.count() <= 0) return;
+        ensure_watchdog();
+        std::lock_guard<std::mutex> lock(watch_state().mutex);
+        try {
+            watch_state().hangs.push_back(&entry_);
+            registered_ = true;
+        } catch (...) {
+        }
+    }
+    ~HangWatch() {
+        if (!registered_) return;
+        std::lock_guard<std::mutex> lock(watch_state().mutex);
+        auto& hangs = watch_state().hangs;
+        hangs.erase(std::remove(hangs.begin(), hangs.end(), &entry_), hangs.end());
+    }
+    HangWatch(const HangWatch&) = delete;
+    HangWatch& operator=(const HangWatch&) = delete;
+
+private:
+    HangWatchEntry entry_;
+    bool registered_ = false;
+};
+
+// FIBER_SCHED_HANG_REPORT_S, read at each stop(): seconds (a decimal number) it waits before
+// it prints the report; unset, empty, 0 or not a number: never.
+std::chrono::milliseconds hang_report_from_environment() noexcept {
+    const char* text = std::getenv("FIBER_SCHED_HANG_REPORT_S");
+    if (!text || !*text) return std::chrono::milliseconds(0);
+    char* end = nullptr;
+    const double s = std::strtod(text, &end);
+    if (end == text || !(s > 0) || s > 1e9) return std::chrono::milliseconds(0);
+    return std::chrono::milliseconds(static_cast<long long>(s * 1000));
+}
+
+void set_report_sink(std::function<void(const std::string&)> sink) {
+    std::lock_guard<std::mutex> lock(watch_state().mutex);
+    watch_state().sink = std::move(sink);
+}
+
+void set_watch_timing(std::chrono::milliseconds period, std::chrono::milliseconds deadlock_after) {
+    FIBER_SCHED_ASSERT(period.count() > 0 && deadlock_after.count() >= 0 &&
+                       "set_watch_timing(): the period must be positive, the wait not negative");
+    {
+        std::lock_guard<std::mutex> lock(watch_state().mutex);
+        watch_state().period = period;
+        watch_state().deadlock_after = deadlock_after;
+    }
+    watch_state().wake.notify_all();
+}
+
+const char* wait_reason(const Fiber& f) noexcept {
+    const WaitReason kind = FiberAccess::wait(const_cast<Fiber&>(f)).kind.load(std::memory_order_relaxed);
+    return kind == WaitReason::None || kind == WaitReason::Other ? nullptr : wait_reason_word(kind);
+}
+
+// --- the dump handler -------------------------------------------------------------------
+
+namespace {
+
+struct DumpState {
+    std::mutex mutex;
+    std::vector<int> signals;
+    bool thread_started = false;
+#if defined(_WIN32)
+    HANDLE semaphore = nullptr;
+#else
+    int read_fd = -1;
+#endif
+};
+DumpState& dump_state() {
+    static DumpState* d = new DumpState;
+    return *d;
+}
+
+#if defined(_WIN32)
+std::atomic<HANDLE> dump_semaphore{nullptr};
+void fsched_dump_signal(int signo) {
+    std::signal(signo, &fsched_dump_signal);  // the CRT resets it to SIG_DFL before the call
+    if (HANDLE s = dump_semaphore.load()) ReleaseSemaphore(s, 1, nullptr);
+}
+#else
+std::atomic<int> dump_write_fd{-1};  // lock-free: read in the signal handler
+void fsched_dump_signal(int) {
+    const int saved = errno;
+    const int fd = dump_write_fd.load(std::memory_order_relaxed);
+    if (fd >= 0) {
+        const char byte = 1;
+        ssize_t ignored = ::write(fd, &byte, 1);  // non-blocking: a full pipe has a dump coming
+        (void)ignored;
+    }
+    errno = saved;
+}
+#endif
+
+void dump_loop() noexcept {
+    for (;;) {
+#if defined(_WIN32)
+        if (WaitForSingleObject(dump_semaphore.load(), INFINITE) != WAIT_OBJECT_0) return;
+#else
+        char bytes[64];
+        const int fd = dump_state().read_fd;
+        const ssize_t n = ::read(fd, bytes, sizeof bytes);  // several signals: one report
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;  // closed (a fork()ed child closed its copy)
+#endif
+        try {
+            dump_fibers(stderr);
+        } catch (...) {
+        }
+    }
+}
+
+}  // namespace
+
+void build_report_state() {
+    (void)watch_state();
+    (void)dump_state();
+    os::at_fork([] { watch_state().mutex.lock(); dump_state().mutex.lock(); },
+                [] { dump_state().mutex.unlock(); watch_state().mutex.unlock(); },
+                [] {
+                    // The watch and dump threads are the parent's: none here until asked again.
+                    watch_started.store(false, std::memory_order_relaxed);
+                    watch_state().hangs.clear();
+                    DumpState& d = dump_state();
+#if !defined(_WIN32)
+                    const int w = dump_write_fd.exchange(-1);
+                    if (w >= 0) ::close(w);
+                    if (d.read_fd >= 0) ::close(d.read_fd);
+                    d.read_fd = -1;
+#endif
+                    d.thread_started = false;
+                    d.signals.clear();
+                    dump_state().mutex.unlock();
+                    watch_state().mutex.unlock();
+                });
+}
+
+}  // namespace detail
+
+std::string fiber_report() { return detail::format_report(detail::take_snapshot(true)); }
+
+void dump_fibers(std::FILE* out) {
+    FIBER_SCHED_ASSERT(out && "dump_fibers(): the FILE is null");
+    const std::string text = fiber_report();
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fflush(out);
+}
+
+void install_fiber_dump_handler(int signo) {
+    detail::build_process_state();
+    detail::DumpState& d = detail::dump_state();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (std::find(d.signals.begin(), d.signals.end(), signo) != d.signals.end()) return;
+    d.signals.reserve(d.signals.size() + 1);
+    if (!d.thread_started) {
+#if defined(_WIN32)
+        HANDLE s = CreateSemaphoreA(nullptr, 0, 1 << 20, nullptr);
+        if (!s) throw std::system_error(static_cast<int>(GetLastError()), std::system_category(), "install_fiber_dump_handler(): CreateSemaphore");
+        detail::dump_semaphore.store(s);
+#else
+        int fds[2];
+        if (::pipe(fds) != 0) throw std::system_error(errno, std::generic_category(), "install_fiber_dump_handler(): pipe");
+        for (int fd : fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+        ::fcntl(fds[1], F_SETFL, ::fcntl(fds[1], F_GETFL) | O_NONBLOCK);
+        d.read_fd = fds[0];
+        detail::dump_write_fd.store(fds[1]);
+#endif
+        try {
+            std::thread([] {
+                detail::os::name_thread("fsched-dump", 0);
+                detail::dump_loop();
+            }).detach();
+        } catch (const std::system_error&) {
+#if defined(_WIN32)
+            CloseHandle(detail::dump_semaphore.exchange(nullptr));
+#else
+            ::close(detail::dump_write_fd.exchange(-1));
+            ::close(d.read_fd);
+            d.read_fd = -1;
+#endif
+            throw;
+        }
+        d.thread_started = true;
+    }
+#if defined(_WIN32)
+    if (std::signal(signo, &detail::fsched_dump_signal) == SIG_ERR) {
+        throw std::system_error(EINVAL, std::generic_category(), "install_fiber_dump_handler(): signal");
+    }
+#else
+    struct sigaction action {};
+    action.sa_handler = &detail::fsched_dump_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    if (sigaction(signo, &action, nullptr) != 0) {
+        throw std::system_error(errno, std::generic_category(), "install_fiber_dump_handler(): sigaction");
+    }
+#endif
+    d.signals.push_back(signo);
+}
+
+}  // namespace fsched
+// ---- end src/impl/report.ipp ----
 // The idle wait: epoll on Linux, else a condition variable.
 // ---- begin src/impl/idle.ipp ----
 // ---------------------------------------------------------------------------
@@ -6602,6 +8019,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         return FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority});
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
+        FiberAccess::wait_while_inspected(*fiber);
         return true;
     case TaskKind::Claimed:
         return true;
@@ -6903,6 +8321,8 @@ void yield() {
     // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
     // back and takes the next task under one lock (run_loop); the fiber stays claimed
     // meanwhile (fiber_state.hpp). The hook runs on that worker once the switch is done.
+    // One store: the report shows it runnable after a yield (park_current clears it).
+    detail::FiberAccess::wait(*ts->current).kind.store(detail::WaitReason::Yield, std::memory_order_relaxed);
     detail::FiberAccess::park_current(
         ts->current, [](Fiber*, void* worker) { static_cast<detail::Worker*>(worker)->yield_pending = true; },
         ts->worker, true);
@@ -7028,6 +8448,7 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
         return;
     }
     reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
+    note_wait(WaitReason::Sleep, nullptr, nullptr, &deadline);
     park([](Fiber*, void* arg) {
         // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
         thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),
@@ -7387,6 +8808,7 @@ std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
 
 
 // (src/impl/sched_core.ipp already inlined above)
+// (src/impl/report.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -7500,6 +8922,8 @@ void Scheduler::stop() {
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
+    // FIBER_SCHED_HANG_REPORT_S: the report, once, if the tasks take that long to finish.
+    const detail::HangWatch hang_watch(name_, detail::hang_report_from_environment());
     core.started.store(true, std::memory_order_release);  // start() after stop() does nothing
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
@@ -7685,6 +9109,9 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
 // (src/impl/sched_core.ipp already inlined above)
 // (src/impl/stack.ipp already inlined above)
 // (src/impl/stack_overflow.ipp already inlined above)
+// (src/impl/hooks.ipp already inlined above)
+// (src/impl/registry.ipp already inlined above)
+// (src/impl/report.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -7721,6 +9148,9 @@ void forget_schedulers_in_child() noexcept {
 void build_process_state() {
     static const bool built = [] {
         (void)stack_pool();  // registers its handlers (stack.ipp)
+        build_registry();    // and the fiber registry's (registry.ipp)
+        build_report_state();  // the watch and dump threads' (report.ipp)
+        build_name_table();    // the fiber names' (hooks.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)
         build_io_registry();  // and its (io_registry.ipp)
 #endif
@@ -7926,10 +9356,20 @@ void Mutex::lock_slow(std::uint64_t me) {
         } else {
             waiters_.push_back(&self);
         }
+        // The report shows who holds it, and the watch follows holders to find lock cycles.
+        static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
+        detail::note_wait(detail::WaitReason::Mutex, this, &ops);
+        detail::mutex_waiters.fetch_add(1, std::memory_order_relaxed);
+        detail::ensure_watchdog();
         detail::block(lock_, waiters_, self, nullptr);
+        detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
         if (self.ok) return;  // handed over: unlock() made us the owner
         woken_before = true;
     }
+}
+
+std::uint64_t Mutex::holder_of(const void* mutex) noexcept {
+    return static_cast<const Mutex*>(mutex)->owner_.load(std::memory_order_relaxed);
 }
 
 bool Mutex::try_lock() {
@@ -8004,6 +9444,7 @@ void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
     waiters_.push_back(&self);
     // Released while our lock is held: a notify in between finds us in the list.
     lock.mutex()->unlock();
+    detail::note_wait(detail::WaitReason::ConditionVariable, this);
     detail::block(lock_, waiters_, self, nullptr);
     lock.mutex()->lock();
 }
@@ -8016,6 +9457,7 @@ std::cv_status ConditionVariable::wait_until_steady(std::unique_lock<Mutex>& loc
     lock_.lock();
     waiters_.push_back(&self);
     lock.mutex()->unlock();
+    detail::note_wait(detail::WaitReason::ConditionVariable, this, nullptr, &deadline);
     const bool woken = detail::block(lock_, waiters_, self, &deadline);
     lock.mutex()->lock();
     return woken ? std::cv_status::no_timeout : std::cv_status::timeout;
@@ -8046,7 +9488,20 @@ void WaitGroup::wait() {
     }
     detail::Waiter self;
     waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&WaitGroup::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::WaitGroup, this, &ops);
     detail::block(lock_, waiters_, self, nullptr);
+}
+
+void WaitGroup::describe_wait(const void* group, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<WaitGroup*>(static_cast<const WaitGroup*>(group));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const long long count = self->count_;
+    self->lock_.unlock();
+    std::snprintf(out, size, "count %lld", count);
 }
 
 }  // namespace fsched
@@ -8919,6 +10374,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
     if (idle.poller.load(std::memory_order_seq_cst) == nullptr) wake_for_io(idle);
     FiberIoWait where{&idle, fd};
+    note_wait(WaitReason::Io, nullptr, nullptr, deadline, static_cast<std::uint64_t>(fd), static_cast<unsigned>(what));
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     return fiber_wait_result(call, wait, what, kind, woken);

@@ -61,6 +61,14 @@ function(fiber_sched_add_test_executable target)
   target_compile_definitions(${target} PRIVATE
     "FIBER_SCHED_TEST_VARIANT=\"${arg_VARIANT}\"" FIBER_SCHED_FAULT_INJECTION ${arg_DEFINITIONS})
   fiber_sched_strict_warnings(${target})
+  if(NOT MSVC)
+    # fiber_report()'s backtraces follow frame pointers (tests/test_inspect.cpp checks them);
+    # -rdynamic (ENABLE_EXPORTS) lets dladdr name the test program's functions.
+    target_compile_options(${target} PRIVATE -fno-omit-frame-pointer)
+    if(NOT WIN32)
+      set_target_properties(${target} PROPERTIES ENABLE_EXPORTS ON)
+    endif()
+  endif()
   target_compile_options(${target} PRIVATE ${arg_COMPILE_OPTIONS})
   target_link_options(${target} PRIVATE ${arg_LINK_OPTIONS})
 endfunction()

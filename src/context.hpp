@@ -55,5 +55,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 // before a context is made again on the same stack and when its fiber is destroyed.
 void release_context(Context& ctx) noexcept;
 
+// Where a backtrace of a switched-out context starts: the address it resumes at, its frame
+// pointer and stack pointer. False where the backend cannot tell (winfiber; ucontext off
+// x86-64 and AArch64 Linux). In the backend's file.
+struct SavedFrame {
+    std::uintptr_t pc = 0;
+    std::uintptr_t fp = 0;
+    std::uintptr_t sp = 0;
+};
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept;
+
 }  // namespace detail
 }  // namespace fsched

@@ -9,6 +9,7 @@
 #include "stack.hpp"
 #include "fiber_state.hpp"
 #include "observe.hpp"
+#include "wait_record.hpp"
 
 namespace fsched {
 
@@ -19,6 +20,7 @@ namespace detail {
 
 struct Worker;
 struct SchedulerCore;
+struct RegistrySegment;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -50,6 +52,7 @@ struct ThreadState {
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
+    RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -63,6 +66,8 @@ struct ThreadState {
 
 // Lets stack_stats() see this thread and frees its cached stacks and signal stack at exit.
 void register_thread(ThreadState* ts);
+// At thread exit: gives the thread's part of the fiber registry to the next thread.
+void release_registry_segment(ThreadState* ts) noexcept;
 
 // This thread's state; opaque to the optimiser, so every call reads the thread it runs on.
 ThreadState* thread_state() noexcept;
@@ -118,7 +123,7 @@ public:
         }
     }
     // Unique, non-zero, increasing in creation order.
-    std::uint64_t id() const noexcept { return id_; }
+    std::uint64_t id() const noexcept { return id_.load(std::memory_order_relaxed); }
     // Usable bytes of stack: the size asked for, rounded up to pages.
     // (A scheduler's callback fiber keeps its Fiber object at the top of its stack, so its
     // stack_size() is a few hundred bytes less than the default size.)
@@ -180,7 +185,9 @@ private:
     std::exception_ptr exception_;
     detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
-    std::uint64_t id_ = 0;
+    // Atomic (relaxed: a plain load) because fiber_report() reads it while a pooled fiber is
+    // given its next task's id.
+    std::atomic<std::uint64_t> id_{0};
     // Set by a fiber that parks itself; resume() runs it on the resumer's stack once the
     // fiber has fully switched out (the scheduler's race-free park, see impl/sched_park.ipp).
     void (*after_switch_)(Fiber*, void*) = nullptr;
@@ -195,6 +202,14 @@ private:
     // Interned (never freed); release/acquire: its characters are seen by whoever reads it.
     std::atomic<const char*> name_{nullptr};
     bool announced_ = false;  // Hooks::on_create was called for it and on_destroy not yet
+    // What it waits for while parked, for fiber_report() (wait_record.hpp).
+    detail::WaitRecord wait_;
+    // A report reads its stack and wait record: a wake-up that claims it waits (registry.ipp).
+    std::atomic<bool> inspected_{false};
+    // Its slot in the registry of live fibers, and the registry's part that holds the slot;
+    // null: not listed (made by a thread after its thread-exit clean-up).
+    std::atomic<Fiber*>* registry_slot_ = nullptr;
+    detail::RegistrySegment* registry_segment_ = nullptr;
 };
 
 }  // namespace fsched

@@ -89,8 +89,10 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -121,11 +123,13 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "stack.hpp"
 #include "fiber_state.hpp"
 #include "observe.hpp"
+#include "wait_record.hpp"
 #include "fiber.hpp"
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
 #include "sync.hpp"
 #include "io.hpp"
+#include "inspect.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -187,6 +191,10 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/fiber.ipp"
 // Fiber names and the profiler hooks.
 #include "impl/hooks.ipp"
+// The registry of live fibers, and the report made from it (and its OS calls).
+#include "impl/inspect_os.ipp"
+#include "impl/registry.ipp"
+#include "impl/report.ipp"
 // The idle wait: epoll on Linux, else a condition variable.
 #include "impl/idle.ipp"
 // The scheduler, one concept per part: the queues, a worker, what the workers share, then

@@ -77,6 +77,8 @@ class FiberLifecycle {
 public:
     // For Fiber::state() and the misuse checks; acquire: pairs with the transitions' release.
     FiberState load() const noexcept { return state_.load(std::memory_order_acquire); }
+    // The report's load after it set a fiber's hold (see claim_woken).
+    FiberState load_seq_cst() const noexcept { return state_.load(std::memory_order_seq_cst); }
 
     // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
     // Not noexcept, like every transition with a misuse check: a user's FIBER_SCHED_ASSERT
@@ -129,12 +131,14 @@ public:
 
     // A fiber's wake-up task runs. Only that task leaves the Parked states, but a schedule()
     // may mark the fiber concurrently, hence the CAS.
+    // seq_cst: with a report's seq_cst hold and load (impl/registry.ipp) one of the two sees
+    // the other (the same instructions as acq_rel on x86-64 and AArch64).
     void claim_woken() noexcept {
         FiberState state = load();
         for (;;) {
             const FiberState next =
                 state == FiberState::ParkedResumePending ? FiberState::RunningResumePending : FiberState::Running;
-            if (state_.compare_exchange_weak(state, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            if (state_.compare_exchange_weak(state, next, std::memory_order_seq_cst, std::memory_order_acquire)) {
                 return;
             }
         }

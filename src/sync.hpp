@@ -47,6 +47,10 @@ public:
         lock_contended();
     }
     void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+    // Takes the lock if it is free now (the report's look at a primitive: never waits).
+    bool try_lock() noexcept {
+        return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
+    }
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     // Claims the heir token for no waiter, as a waiter that vanished would leave it.
     void abandon_heir_token_for_test() noexcept { heir_.store(true, std::memory_order_relaxed); }
@@ -251,6 +255,8 @@ private:
     static constexpr std::uint32_t waiter_unit = 4;   // the rest counts queued waiters
     void lock_slow(std::uint64_t me);
     void unlock_slow();
+    // fiber_report()'s look at who holds it (WaitOps::holder).
+    static std::uint64_t holder_of(const void* mutex) noexcept;
 
     // locked / starving / waiters. Acquire on taking the lock and release on giving it up
     // order the protected data; waiters are counted only under lock_, together with
@@ -330,6 +336,9 @@ public:
     void wait();
 
 private:
+    // fiber_report()'s look at the count (WaitOps::describe).
+    static void describe_wait(const void* group, char* out, std::size_t size) noexcept;
+
     detail::SpinLock lock_;
     std::int64_t count_ = 0;
     detail::WaitList waiters_;
@@ -376,6 +385,7 @@ public:
         self.slot = &value;
         senders_.push_back(&self);
         guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_);
         detail::block(lock_, senders_, self, nullptr);
         if (self.error) std::rethrow_exception(self.error);
         return self.ok;
@@ -420,6 +430,7 @@ public:
         self.slot = &result;
         receivers_.push_back(&self);
         guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
         detail::block(lock_, receivers_, self, nullptr);
         return result;
     }
@@ -440,6 +451,20 @@ public:
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
+    // fiber_report()'s look at a channel a fiber waits on (WaitOps::describe).
+    static void describe_wait(const void* channel, char* out, std::size_t size) noexcept {
+        auto* self = const_cast<Channel*>(static_cast<const Channel*>(channel));
+        if (!self->lock_.try_lock()) {
+            std::snprintf(out, size, "busy");
+            return;
+        }
+        const std::size_t length = self->buffer_.size();
+        const bool closed = self->closed_;
+        self->lock_.unlock();
+        std::snprintf(out, size, "length %zu, capacity %zu%s", length, self->capacity_, closed ? ", closed" : "");
+    }
+    static constexpr detail::WaitOps wait_ops_{&Channel::describe_wait, nullptr};
+
     detail::SpinLock lock_;
     std::deque<T> buffer_;
     const std::size_t capacity_;

@@ -150,6 +150,11 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     return ts->eh;
 }
 
+// The registry of live fibers (registry.ipp): `f` is listed once made (by its creating
+// thread), unlisted before it is destroyed (on any thread).
+void registry_add(Fiber& f) noexcept;
+void registry_remove(Fiber& f) noexcept;
+
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }
@@ -174,7 +179,7 @@ struct FiberAccess {
     // A pooled fiber reused for a new task is a new fiber to its user: it gets a new id.
     static void reuse(Fiber& f, TaskFunction&& fn) {
         f.reset_function(std::move(fn));
-        f.id_ = next_fiber_id.fetch_add(1, std::memory_order_relaxed);
+        f.id_.store(next_fiber_id.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
         if (observing()) observe_create(f);
     }
     // A callback's fiber goes back to its worker's pool: to hooks, that fiber is gone.
@@ -197,6 +202,24 @@ struct FiberAccess {
         self->after_switch_arg_ = arg;
         self->park_stays_running_ = stays_running;
         self->switch_to_resumer(false);
+        self->wait_.kind.store(WaitReason::None, std::memory_order_relaxed);  // running again
+    }
+
+    // The report's window (registry.ipp): what a fiber waits for, its hold, its registry
+    // slot, its saved context and the stack's bytes its frames may use.
+    static WaitRecord& wait(Fiber& f) noexcept { return f.wait_; }
+    static std::atomic<bool>& inspected(Fiber& f) noexcept { return f.inspected_; }
+    static std::atomic<Fiber*>*& registry_slot(Fiber& f) noexcept { return f.registry_slot_; }
+    static RegistrySegment*& registry_segment(Fiber& f) noexcept { return f.registry_segment_; }
+    static const Context& context(const Fiber& f) noexcept { return f.context_; }
+    static std::size_t frames_size(const Fiber& f) noexcept { return f.stack_.size - f.top_block_; }
+    // A wake-up claimed `f` (claim_woken, seq_cst) while a report reads it: wait until the
+    // report lets go, so the fiber neither runs under the report's reads nor is misreported.
+    FIBER_SCHED_ALWAYS_INLINE static void wait_while_inspected(Fiber& f) noexcept {
+        if (FIBER_SCHED_UNLIKELY(f.inspected_.load(std::memory_order_seq_cst))) wait_for_inspection(f);
+    }
+    FIBER_SCHED_NOINLINE static void wait_for_inspection(Fiber& f) noexcept {
+        while (f.inspected_.load(std::memory_order_acquire)) std::this_thread::yield();
     }
 };
 

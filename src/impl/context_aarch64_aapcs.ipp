@@ -122,5 +122,14 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 void release_context(Context&) noexcept {}
 
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const Aarch64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->x30);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->x29);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
+
 }  // namespace detail
 }  // namespace fsched

@@ -151,5 +151,14 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 void release_context(Context&) noexcept {}
 
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const Riscv64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->ra);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->s0_s11[0]);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
+
 }  // namespace detail
 }  // namespace fsched

@@ -59,6 +59,27 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 
 void release_context(Context&) noexcept {}
 
+// A switched-out side's registers, from the ucontext_t that swapcontext() saved in the
+// switch's frame (glibc's layouts on x86-64 and AArch64; elsewhere no backtrace).
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* uc = static_cast<const ucontext_t*>(ctx.sp);
+    if (!uc) return false;
+#if defined(__linux__) && defined(__x86_64__) && defined(REG_RIP)
+    out.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+    out.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
+    out.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+    return true;
+#elif defined(__linux__) && defined(__aarch64__)
+    out.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+    out.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
+    out.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
+    return true;
+#else
+    (void)out;
+    return false;
+#endif
+}
+
 }  // namespace detail
 }  // namespace fsched
 

@@ -116,6 +116,9 @@ void release_context(Context& ctx) noexcept {
     ctx.sp = nullptr;
 }
 
+// An OS fiber keeps its registers to itself: no backtrace of a parked fiber.
+bool saved_frame(const Context&, SavedFrame&) noexcept { return false; }
+
 }  // namespace detail
 }  // namespace fsched
 

@@ -234,6 +234,15 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
     ctx.sp = frame;
 }
 
+bool saved_frame(const Context& ctx, SavedFrame& out) noexcept {
+    const auto* frame = static_cast<const Win64SwitchFrame*>(ctx.sp);
+    if (!frame) return false;
+    out.pc = reinterpret_cast<std::uintptr_t>(frame->return_address);
+    out.fp = reinterpret_cast<std::uintptr_t>(frame->rbp);
+    out.sp = reinterpret_cast<std::uintptr_t>(frame);
+    return true;
+}
+
 // The context's last switch-out saved the TIB's StackLimit in its frame: kept in the top
 // slot for the stack's next fiber (make_context), with the guarded bit already there.
 void release_context(Context& ctx) noexcept {

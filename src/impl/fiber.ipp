@@ -37,10 +37,12 @@ void Fiber::finish_construction() {
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
     if (detail::observing()) detail::observe_create(*this);
+    detail::registry_add(*this);  // last: a report may read it from now on
 }
 
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
+    detail::registry_remove(*this);  // first: returns once no report reads it
     if (announced_) detail::observe_destroy(*this);
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed

@@ -19,6 +19,7 @@
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
 #include "impl/common.ipp"
+#include "impl/os.ipp"
 
 namespace fsched {
 namespace detail {
@@ -51,6 +52,14 @@ struct HookTable {
 HookTable hook_table;  // constant-initialised: no order of construction to get wrong
 
 }  // namespace
+
+// Its lock's fork handlers (from build_process_state): a child forked while another thread
+// names a fiber would otherwise find the lock taken for good.
+void build_name_table() {
+    (void)name_table();
+    os::at_fork([] { name_table().mutex.lock(); }, [] { name_table().mutex.unlock(); },
+                [] { name_table().mutex.unlock(); });
+}
 
 const char* intern_name(const std::string& name) {
     if (name.empty()) return nullptr;

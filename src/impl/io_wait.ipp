@@ -339,6 +339,7 @@ bool fiber_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
     idle.io_waiters.fetch_add(1, std::memory_order_seq_cst);
     if (idle.poller.load(std::memory_order_seq_cst) == nullptr) wake_for_io(idle);
     FiberIoWait where{&idle, fd};
+    note_wait(WaitReason::Io, nullptr, nullptr, deadline, static_cast<std::uint64_t>(fd), static_cast<unsigned>(what));
     const bool woken = block(idle.io_lock, wait.waiter, deadline, &unlink_io_wait, &where);
     idle.io_waiters.fetch_sub(1, std::memory_order_seq_cst);
     return fiber_wait_result(call, wait, what, kind, woken);

@@ -11,6 +11,9 @@
 #include "impl/sched_core.ipp"
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
+#include "impl/hooks.ipp"
+#include "impl/registry.ipp"
+#include "impl/report.ipp"
 
 namespace fsched {
 namespace detail {
@@ -47,6 +50,9 @@ void forget_schedulers_in_child() noexcept {
 void build_process_state() {
     static const bool built = [] {
         (void)stack_pool();  // registers its handlers (stack.ipp)
+        build_registry();    // and the fiber registry's (registry.ipp)
+        build_report_state();  // the watch and dump threads' (report.ipp)
+        build_name_table();    // the fiber names' (hooks.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)
         build_io_registry();  // and its (io_registry.ipp)
 #endif

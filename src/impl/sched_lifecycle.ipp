@@ -8,6 +8,7 @@
 #pragma once
 
 #include "impl/sched_core.ipp"
+#include "impl/report.ipp"
 
 namespace fsched {
 namespace detail {
@@ -121,6 +122,8 @@ void Scheduler::stop() {
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
     std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
     if (core.closed()) return;
+    // FIBER_SCHED_HANG_REPORT_S: the report, once, if the tasks take that long to finish.
+    const detail::HangWatch hang_watch(name_, detail::hang_report_from_environment());
     core.started.store(true, std::memory_order_release);  // start() after stop() does nothing
     core.stopping.store(true, std::memory_order_seq_cst);
     for (;;) {

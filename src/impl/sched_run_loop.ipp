@@ -266,6 +266,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         return FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority});
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
+        FiberAccess::wait_while_inspected(*fiber);
         return true;
     case TaskKind::Claimed:
         return true;

@@ -115,6 +115,7 @@ void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
         return;
     }
     reserve_timer();  // may throw std::bad_alloc, here in the fiber, before it parks
+    note_wait(WaitReason::Sleep, nullptr, nullptr, &deadline);
     park([](Fiber*, void* arg) {
         // On the worker the fiber parked from, whose timer heap has room (reserve_timer).
         thread_state()->worker->add_timer(*static_cast<std::chrono::steady_clock::time_point*>(arg),

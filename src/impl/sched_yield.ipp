@@ -231,6 +231,8 @@ void yield() {
     // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
     // back and takes the next task under one lock (run_loop); the fiber stays claimed
     // meanwhile (fiber_state.hpp). The hook runs on that worker once the switch is done.
+    // One store: the report shows it runnable after a yield (park_current clears it).
+    detail::FiberAccess::wait(*ts->current).kind.store(detail::WaitReason::Yield, std::memory_order_relaxed);
     detail::FiberAccess::park_current(
         ts->current, [](Fiber*, void* worker) { static_cast<detail::Worker*>(worker)->yield_pending = true; },
         ts->worker, true);

@@ -98,6 +98,7 @@ struct ThreadExit {
     ~ThreadExit() {
         ThreadState* ts = thread_state();
         stack_pool().unregister_thread(ts);
+        release_registry_segment(ts);
         for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
         ts->cached_stack_count = 0;
         if (ts->owned_altstack) {

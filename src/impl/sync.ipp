@@ -171,10 +171,20 @@ void Mutex::lock_slow(std::uint64_t me) {
         } else {
             waiters_.push_back(&self);
         }
+        // The report shows who holds it, and the watch follows holders to find lock cycles.
+        static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
+        detail::note_wait(detail::WaitReason::Mutex, this, &ops);
+        detail::mutex_waiters.fetch_add(1, std::memory_order_relaxed);
+        detail::ensure_watchdog();
         detail::block(lock_, waiters_, self, nullptr);
+        detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
         if (self.ok) return;  // handed over: unlock() made us the owner
         woken_before = true;
     }
+}
+
+std::uint64_t Mutex::holder_of(const void* mutex) noexcept {
+    return static_cast<const Mutex*>(mutex)->owner_.load(std::memory_order_relaxed);
 }
 
 bool Mutex::try_lock() {
@@ -249,6 +259,7 @@ void ConditionVariable::wait(std::unique_lock<Mutex>& lock) {
     waiters_.push_back(&self);
     // Released while our lock is held: a notify in between finds us in the list.
     lock.mutex()->unlock();
+    detail::note_wait(detail::WaitReason::ConditionVariable, this);
     detail::block(lock_, waiters_, self, nullptr);
     lock.mutex()->lock();
 }
@@ -261,6 +272,7 @@ std::cv_status ConditionVariable::wait_until_steady(std::unique_lock<Mutex>& loc
     lock_.lock();
     waiters_.push_back(&self);
     lock.mutex()->unlock();
+    detail::note_wait(detail::WaitReason::ConditionVariable, this, nullptr, &deadline);
     const bool woken = detail::block(lock_, waiters_, self, &deadline);
     lock.mutex()->lock();
     return woken ? std::cv_status::no_timeout : std::cv_status::timeout;
@@ -291,7 +303,20 @@ void WaitGroup::wait() {
     }
     detail::Waiter self;
     waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&WaitGroup::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::WaitGroup, this, &ops);
     detail::block(lock_, waiters_, self, nullptr);
+}
+
+void WaitGroup::describe_wait(const void* group, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<WaitGroup*>(static_cast<const WaitGroup*>(group));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const long long count = self->count_;
+    self->lock_.unlock();
+    std::snprintf(out, size, "count %lld", count);
 }
 
 }  // namespace fsched

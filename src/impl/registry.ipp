@@ -1,0 +1,263 @@
+// ---------------------------------------------------------------------------
+// Implementation: the registry of live fibers, and how a report reads a fiber that other
+// threads may wake, run or destroy meanwhile.
+//
+// The registry. Each thread that makes fibers owns a segment: chunks of slots, each holding
+// a live Fiber* or null. A new fiber takes a slot from its thread's free list with a plain
+// store (no lock, no atomic read-modify-write: creating and destroying a fiber costs a few
+// plain loads and stores more); a destroyed fiber, on any thread, nulls its slot. The free
+// list is its owner's alone: when it runs dry the owner sweeps its chunks for null slots,
+// and adds a chunk as large as all the others when under a quarter are free, so a sweep's
+// cost is spread over at least as many creations as it has slots. Segments and chunks are
+// never freed; a segment whose thread exited goes to the next thread that asks.
+//
+// A destroyed fiber must not be freed while a report reads it. The destroyer nulls its
+// slot, then reads its segment's `reporting` flag and waits while it is set; the report
+// sets every segment's flag, then reads the slots. Between the two sides a barrier: the
+// report's heavy one (inspect_os.ipp) where the system has it, so the destroyer's is a
+// compiler barrier; else a seq_cst fence on each side. Either the report sees the slot
+// null, or the destroyer sees the flag and waits until the report has let go.
+//
+// A parked fiber's stack and wait record. The report sets the fiber's hold (`inspected_`,
+// seq_cst), then reads its state (seq_cst); the wake-up that claims a parked fiber does the
+// opposite (claim_woken's seq_cst CAS, then the hold, in Worker::claim_task_fiber): either
+// the report sees the fiber no longer parked and leaves it alone, or the wake-up sees the
+// hold and waits until the report has read it. Only claim_woken takes a fiber out of
+// Parked, so while held it stays parked, its stack and record still, and the primitive it
+// waits on alive.
+// ---------------------------------------------------------------------------
+
+#pragma once
+
+#include "fiber_switch.hpp"
+#include "scheduler.hpp"
+#include "impl/common.ipp"
+#include "impl/os.ipp"
+#include "impl/inspect_os.ipp"
+
+namespace fsched {
+namespace detail {
+
+struct RegistryChunk {
+    explicit RegistryChunk(std::size_t n) : size(n), slots(new std::atomic<Fiber*>[n]) {
+        for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
+    }
+    RegistryChunk* next = nullptr;  // the older chunk; set before this one is published
+    const std::size_t size;
+    const std::unique_ptr<std::atomic<Fiber*>[]> slots;
+};
+
+struct RegistrySegment {
+    std::atomic<RegistryChunk*> chunks{nullptr};  // newest first; release-published
+    std::atomic<bool> reporting{false};           // a report reads this segment's fibers
+    RegistrySegment* next = nullptr;              // in the list of all; set before published
+    bool owned = false;                           // a thread makes its fibers here (registry mutex)
+    // The owner's only (handed over under the registry mutex):
+    std::vector<std::atomic<Fiber*>*> free_slots;
+    std::size_t capacity = 0;
+};
+
+namespace {
+
+constexpr std::size_t registry_chunk_min = 256;
+
+struct Registry {
+    std::mutex mutex;  // claiming and adding segments
+    std::atomic<RegistrySegment*> segments{nullptr};  // newest first
+    std::mutex report_mutex;  // one report at a time
+};
+
+// Function-local and never destroyed: fibers outlive main(); built by build_process_state.
+Registry& registry() {
+    static Registry* r = new Registry;
+    return *r;
+}
+
+// True until the heavy barrier is known to work: then destroyers need no fence.
+std::atomic<bool> registry_fences{true};
+
+RegistrySegment* claim_segment(ThreadState* ts) noexcept {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    RegistrySegment* seg = r.segments.load(std::memory_order_relaxed);
+    while (seg && seg->owned) seg = seg->next;
+    if (!seg) {
+        seg = new (std::nothrow) RegistrySegment;
+        if (!seg) return nullptr;
+        seg->next = r.segments.load(std::memory_order_relaxed);
+        r.segments.store(seg, std::memory_order_release);
+    }
+    seg->owned = true;
+    ts->registry = seg;
+    return seg;
+}
+
+// The owner, with no free slot left: sweeps for null slots, adds a chunk if few are free.
+bool refill(RegistrySegment& seg) noexcept {
+    try {
+        seg.free_slots.reserve(seg.capacity);
+        for (RegistryChunk* c = seg.chunks.load(std::memory_order_relaxed); c; c = c->next) {
+            for (std::size_t i = 0; i < c->size; ++i) {
+                if (!c->slots[i].load(std::memory_order_relaxed)) seg.free_slots.push_back(&c->slots[i]);
+            }
+        }
+        if (seg.free_slots.size() * 4 <= seg.capacity || seg.capacity == 0) {
+            const std::size_t n = std::max(registry_chunk_min, seg.capacity);
+            auto* chunk = new RegistryChunk(n);
+            seg.free_slots.reserve(seg.capacity + n);
+            chunk->next = seg.chunks.load(std::memory_order_relaxed);
+            seg.chunks.store(chunk, std::memory_order_release);
+            seg.capacity += n;
+            for (std::size_t i = n; i-- > 0;) seg.free_slots.push_back(&chunk->slots[i]);
+        }
+    } catch (...) {
+        // Out of memory: the fiber goes unlisted; the ones before stay listed.
+    }
+    return !seg.free_slots.empty();
+}
+
+}  // namespace
+
+// Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
+void registry_add(Fiber& f) noexcept {
+    ThreadState* ts = thread_state();
+    if (FIBER_SCHED_UNLIKELY(ts->exited)) return;  // a thread_local destructor's fiber
+    RegistrySegment* seg = ts->registry;
+    if (FIBER_SCHED_UNLIKELY(!seg) && !(seg = claim_segment(ts))) return;
+    if (FIBER_SCHED_UNLIKELY(seg->free_slots.empty()) && !refill(*seg)) return;
+    std::atomic<Fiber*>* slot = seg->free_slots.back();
+    seg->free_slots.pop_back();
+    FiberAccess::registry_slot(f) = slot;
+    FiberAccess::registry_segment(f) = seg;
+    slot->store(&f, std::memory_order_release);  // the report's acquire sees it whole
+}
+
+namespace {
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg) noexcept {
+    while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+}  // namespace
+
+// Unlists `f` (any thread) before it is destroyed; returns once no report reads it.
+void registry_remove(Fiber& f) noexcept {
+    std::atomic<Fiber*>* slot = FiberAccess::registry_slot(f);
+    if (!slot) return;
+    slot->store(nullptr, std::memory_order_relaxed);
+    if (FIBER_SCHED_UNLIKELY(registry_fences.load(std::memory_order_relaxed))) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+    } else {
+        std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
+    }
+    RegistrySegment& seg = *FiberAccess::registry_segment(f);
+    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(std::memory_order_acquire))) wait_for_report(seg);
+    FiberAccess::registry_slot(f) = nullptr;
+}
+
+void release_registry_segment(ThreadState* ts) noexcept {
+    if (!ts->registry) return;
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    ts->registry->owned = false;
+    ts->registry = nullptr;
+}
+
+// Calls visit(fiber) for each listed fiber, with none of them destroyed until it returns.
+// Reports run one at a time. visit must not destroy a fiber, nor wait for a thread that
+// might (it would wait for this walk): it copies what it needs.
+template <class Visit>
+void for_each_live_fiber(Visit&& visit) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.report_mutex);
+    RegistrySegment* const first = r.segments.load(std::memory_order_acquire);
+    for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(true, std::memory_order_relaxed);
+    if (registry_fences.load(std::memory_order_relaxed) || !os::heavy_barrier()) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        // A heavy barrier that failed (a forked child, a sandbox) cannot vouch for the
+        // destroyers that skipped their fence; from now on they fence.
+        registry_fences.store(true, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+    struct Release {
+        RegistrySegment* first;
+        ~Release() {
+            for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(false, std::memory_order_release);
+        }
+    } release{first};
+    for (RegistrySegment* s = first; s; s = s->next) {
+        for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
+            for (std::size_t i = 0; i < c->size; ++i) {
+                if (Fiber* f = c->slots[i].load(std::memory_order_acquire)) visit(*f);
+            }
+        }
+    }
+}
+
+// Registers the registry's fork handlers and asks for the heavy barrier; once, from
+// build_process_state, before any thread of the library exists.
+void build_registry() {
+    (void)registry();
+    if (os::enable_heavy_barrier()) registry_fences.store(false, std::memory_order_relaxed);
+    os::at_fork(
+        [] {
+            registry().mutex.lock();
+            registry().report_mutex.lock();
+        },
+        [] {
+            registry().report_mutex.unlock();
+            registry().mutex.unlock();
+        },
+        [] {
+            // Only this thread goes on: no report runs; the others' segments stay theirs
+            // (their fibers are still listed, as their memory is still there).
+            registry_fences.store(true, std::memory_order_relaxed);
+            for (RegistrySegment* s = registry().segments.load(std::memory_order_relaxed); s; s = s->next) {
+                s->reporting.store(false, std::memory_order_relaxed);
+            }
+            registry().report_mutex.unlock();
+            registry().mutex.unlock();
+            if (os::enable_heavy_barrier()) registry_fences.store(false, std::memory_order_relaxed);
+        });
+}
+
+// --- wait records ----------------------------------------------------------------------
+
+std::atomic<long> mutex_waiters{0};
+
+const char* wait_reason_word(WaitReason kind) noexcept {
+    switch (kind) {
+    case WaitReason::None: return "";
+    case WaitReason::Mutex: return "Mutex";
+    case WaitReason::ConditionVariable: return "ConditionVariable";
+    case WaitReason::WaitGroup: return "WaitGroup";
+    case WaitReason::ChannelSend: return "Channel send";
+    case WaitReason::ChannelReceive: return "Channel receive";
+    case WaitReason::Sleep: return "sleep";
+    case WaitReason::Io: return "io";
+    case WaitReason::Yield: return "yield";
+    case WaitReason::Other: return "";
+    }
+    return "";
+}
+
+void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
+               const std::chrono::steady_clock::time_point* deadline, std::uint64_t a, std::uint64_t b) noexcept {
+    ThreadState* ts = thread_state();
+    Fiber* f = ts->current;
+    if (!f) return;
+    WaitRecord& w = FiberAccess::wait(*f);
+    w.word = nullptr;
+    w.object = object;
+    w.ops = ops;
+    w.scheduler = ts->scheduler;
+    w.worker = Scheduler::worker_index();
+    w.since_ns = os::coarse_now_ns();
+    w.deadline_ns = deadline ? static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                              deadline->time_since_epoch())
+                                                              .count())
+                             : -1;
+    w.a = a;
+    w.b = b;
+    w.kind.store(kind, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+}  // namespace fsched

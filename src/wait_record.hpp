@@ -1,0 +1,78 @@
+// ---------------------------------------------------------------------------
+// What a parked fiber waits for (WaitRecord), as fiber_report() shows it: each primitive
+// calls note_wait() just before it parks; the fiber's resumer publishes the record with the
+// park itself (finish_parked's release), and the report reads it only while the fiber is
+// parked and held (impl/registry.ipp), so the record needs no lock and no atomic of its
+// own but `kind`, which the report also reads of fibers that run.
+// ---------------------------------------------------------------------------
+
+#pragma once
+
+#include "config.hpp"
+
+namespace fsched {
+
+class Scheduler;
+class Fiber;
+
+namespace detail {
+
+// The wait a parked fiber is in; its word in the report (wait_reason_word) is the primitive's
+// class name or the call's ("sleep", "io", "yield").
+enum class WaitReason : std::uint8_t {
+    None,               // not waiting, or parked by a primitive that says nothing
+    Mutex,
+    ConditionVariable,
+    WaitGroup,
+    ChannelSend,        // "Channel send"
+    ChannelReceive,     // "Channel receive"
+    Sleep,
+    Io,
+    Yield,              // queued again by this_fiber::yield(): runnable, not parked
+    Other               // a primitive that names itself (WaitRecord::word)
+};
+const char* wait_reason_word(WaitReason kind) noexcept;
+
+// What the report may ask a waited-for object, while the waiting fiber is held (so the
+// object is alive). Neither may block (use try_lock and say "busy").
+struct WaitOps {
+    // Writes what `object` holds now (a channel's length, a group's count) into `out`
+    // (NUL-terminated, at most `size` bytes); may be null.
+    void (*describe)(const void* object, char* out, std::size_t size) noexcept = nullptr;
+    // Who holds it now (a fiber id or a thread's token, caller_identity()), 0: no one; may
+    // be null. The deadlock watch follows these.
+    std::uint64_t (*holder)(const void* object) noexcept = nullptr;
+};
+
+struct WaitRecord {
+    std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
+    const char* word = nullptr;                  // WaitReason::Other's word (a string literal)
+    const void* object = nullptr;                // the primitive waited on, or nullptr
+    const WaitOps* ops = nullptr;                // what the report may ask it, or nullptr
+    Scheduler* scheduler = nullptr;              // where it parked, and on which worker
+    int worker = -1;
+    std::int64_t since_ns = 0;                   // coarse_now_ns() at the park
+    std::int64_t deadline_ns = -1;               // steady_clock ns of a timed wait's end; -1: none
+    std::uint64_t a = 0;                         // io: the fd
+    std::uint64_t b = 0;                         // io: the events waited for
+};
+
+// Records the running fiber's coming wait (a no-op outside fibers). `deadline`: the
+// steady_clock time a timed wait ends, or nullptr.
+void note_wait(WaitReason kind, const void* object, const WaitOps* ops = nullptr,
+               const std::chrono::steady_clock::time_point* deadline = nullptr, std::uint64_t a = 0,
+               std::uint64_t b = 0) noexcept;
+
+// The word of what `f` waits for now (as fiber_report() shows it), or nullptr when it is not
+// waiting or its primitive names no wait. A racy look, for tracers: no hold is taken.
+const char* wait_reason(const Fiber& f) noexcept;
+
+// Fibers parked in Mutex::lock() now (the deadlock watch runs only while there are some).
+extern std::atomic<long> mutex_waiters;
+// Starts the watch thread (deadlocks, hang reports) if it is not running; it costs one
+// wake-up a second while it has something to watch. Never throws: without a thread there
+// is no watch.
+void ensure_watchdog() noexcept;
+
+}  // namespace detail
+}  // namespace fsched

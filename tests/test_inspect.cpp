@@ -1,0 +1,479 @@
+// Seeing inside (issue 23): the registry of live fibers and fiber_report() — every wait kind
+// named with what it holds, backtraces of parked fibers, safety while fibers wake, run and
+// die on other threads — and the reports nobody asks for: lock-order deadlocks, a hung
+// stop() (FIBER_SCHED_HANG_REPORT_S) and the dump-on-signal handler.
+#include "fiber_sched.hpp"
+#include "helpers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if !defined(_WIN32)
+#include <sys/socket.h>
+#include <unistd.h>
+#endif
+
+using fsched::Fiber;
+using fsched::Scheduler;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The report's line of fiber `id` ("" if it is not listed).
+std::string line_of(const std::string& report, std::uint64_t id) {
+    const std::string head = "fiber " + std::to_string(id);
+    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
+        const bool line_start = at == 0 || report[at - 1] == '\n';
+        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
+        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
+    }
+    return "";
+}
+
+// The backtrace lines under fiber `id`'s line.
+std::string frames_of(const std::string& report, std::uint64_t id) {
+    const std::string line = line_of(report, id);
+    if (line.empty()) return "";
+    std::size_t at = report.find(line) + line.size() + 1;
+    std::string frames;
+    while (at < report.size() && report.compare(at, 5, "    #") == 0) {
+        const std::size_t end = report.find('\n', at);
+        frames += report.substr(at, end - at + 1);
+        at = end + 1;
+    }
+    return frames;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The count in the report's first line, "fiber_sched: N live fibers: ...".
+long live_count(const std::string& report) {
+    const char* head = "fiber_sched: ";
+    if (report.compare(0, std::strlen(head), head) != 0) return -1;
+    return std::strtol(report.c_str() + std::strlen(head), nullptr, 10);
+}
+
+// Polls fiber_report() until pred(report) holds (or 20 s pass, for the slowest variants).
+template <class Pred>
+std::string report_when(Pred pred) {
+    std::string report;
+    for (int i = 0; i < 4000; ++i) {
+        report = fsched::fiber_report();
+        if (pred(report)) return report;
+        std::this_thread::sleep_for(5ms);
+    }
+    return report;
+}
+
+// Backtraces need the asm backends' saved frames (or ucontext's on x86-64/AArch64 Linux).
+bool backtraces_expected() {
+    const std::string backend = fsched::backend();
+    if (backend == "winfiber") return false;
+#if !(defined(__x86_64__) || defined(__aarch64__))
+    if (backend == "ucontext") return false;
+#endif
+    return true;
+}
+
+}  // namespace
+
+// Parks in a function the backtrace must show (external linkage: -rdynamic exports it).
+FIBER_SCHED_NOINLINE void fsched_test_parked_here(fsched::Channel<int>& ch);
+FIBER_SCHED_NOINLINE void fsched_test_parked_here(fsched::Channel<int>& ch) {
+    auto v = ch.receive();
+    (void)v;
+    __asm__ volatile("" ::: "memory");  // keeps the call from becoming a tail call
+}
+
+TEST_CASE("report: lists fibers made and forgets destroyed ones, across threads") {
+    const long before = live_count(fsched::fiber_report());
+    REQUIRE(before >= 0);
+    std::vector<std::unique_ptr<Fiber>> fibers;
+    for (int i = 0; i < 300; ++i) fibers.push_back(std::make_unique<Fiber>([] { Fiber::yield(); }));
+    fibers[7]->set_name("seventh");
+    std::string report = fsched::fiber_report();
+    CHECK(live_count(report) == before + 300);
+    const std::string seventh = line_of(report, fibers[7]->id());
+    CHECK(contains(seventh, "(seventh): ready (never run)"));
+    fibers[8]->resume();
+    CHECK(contains(line_of(fsched::fiber_report(), fibers[8]->id()), ": suspended (Fiber::yield)"));
+    // Destroyed on another thread than the one that made them.
+    std::thread([&] {
+        for (int i = 0; i < 150; ++i) fibers[static_cast<std::size_t>(i)].reset();
+    }).join();
+    report = fsched::fiber_report();
+    CHECK(live_count(report) == before + 150);
+    CHECK(line_of(report, fibers[200]->id()) != "");
+    fibers.clear();
+    CHECK(live_count(fsched::fiber_report()) == before);
+    // Threads that exit hand their segment on; fibers they made stay listed until destroyed.
+    std::vector<std::unique_ptr<Fiber>> made_elsewhere;
+    for (int t = 0; t < 4; ++t) {
+        std::thread([&] {
+            for (int i = 0; i < 10; ++i) made_elsewhere.push_back(std::make_unique<Fiber>([] {}));
+        }).join();
+    }
+    CHECK(live_count(fsched::fiber_report()) == before + 40);
+    made_elsewhere.clear();
+    CHECK(live_count(fsched::fiber_report()) == before);
+}
+
+TEST_CASE("report: every wait kind, with what it waits for, on which worker, for how long") {
+    Scheduler s(2, false, "inspected");
+    s.start();
+    fsched::Mutex m;
+    fsched::ConditionVariable cv;
+    fsched::WaitGroup wg(3);
+    fsched::Channel<int> empty(4);   // a receiver waits
+    fsched::Channel<int> full(1);    // a sender waits
+    full.send(1);
+    fsched::Channel<int> release_all;
+    std::atomic<std::uint64_t> holder_id{0}, mutex_id{0}, cv_id{0}, wg_id{0}, recv_id{0}, send_id{0}, sleep_id{0},
+        yield_id{0}, parked_fn_id{0};
+    std::atomic<bool> stop_yielding{false};
+    std::atomic<bool> cv_go{false};
+    std::atomic<bool> holding{false};
+
+    s.schedule(fsched::ScheduleTask{nullptr, [&] {
+                                        holder_id = fsched::this_fiber::id();
+                                        std::lock_guard<fsched::Mutex> lock(m);
+                                        holding = true;
+                                        release_all.receive();
+                                    },
+                                    -1, fsched::Priority::Normal, "holder"});
+    while (!holding) std::this_thread::sleep_for(1ms);
+    s.schedule(fsched::ScheduleTask{nullptr, [&] {
+                                        mutex_id = fsched::this_fiber::id();
+                                        std::lock_guard<fsched::Mutex> lock(m);
+                                    },
+                                    -1, fsched::Priority::Normal, "mutex-waiter"});
+    s.schedule([&] {
+        cv_id = fsched::this_fiber::id();
+        fsched::Mutex local;
+        std::unique_lock<fsched::Mutex> lock(local);
+        cv.wait(lock, [&] { return cv_go.load(); });
+    });
+    s.schedule([&] {
+        wg_id = fsched::this_fiber::id();
+        wg.wait();
+    });
+    s.schedule([&] {
+        recv_id = fsched::this_fiber::id();
+        empty.receive();
+    });
+    s.schedule([&] {
+        send_id = fsched::this_fiber::id();
+        full.send(2);
+    });
+    s.schedule([&] {
+        sleep_id = fsched::this_fiber::id();
+        fsched::this_fiber::sleep_for(30s);  // cut short below: a channel would be simpler, a sleep is what we test
+    });
+    s.schedule([&] {
+        parked_fn_id = fsched::this_fiber::id();
+        fsched_test_parked_here(empty);
+    });
+    s.schedule([&] {
+        yield_id = fsched::this_fiber::id();
+        while (!stop_yielding) fsched::this_fiber::yield();
+    });
+
+    auto all_parked = [&](const std::string& r) {
+        for (auto* id : {&mutex_id, &cv_id, &wg_id, &recv_id, &send_id, &sleep_id, &parked_fn_id}) {
+            if (id->load() == 0 || !contains(line_of(r, id->load()), ": parked ")) return false;
+        }
+        return true;
+    };
+    const std::string report = report_when(all_parked);
+    INFO(report);
+    REQUIRE(all_parked(report));
+    const std::string mutex_line = line_of(report, mutex_id);
+    CHECK(contains(mutex_line, "(mutex-waiter): parked"));
+    CHECK(contains(mutex_line, " on Mutex 0x"));
+    CHECK(contains(mutex_line, "held by fiber " + std::to_string(holder_id.load()) + " (holder)"));
+    CHECK(contains(mutex_line, "of \"inspected\""));
+    CHECK(contains(mutex_line, "; stack "));
+    CHECK(contains(mutex_line, " KiB touched"));
+    CHECK(contains(line_of(report, cv_id), " on ConditionVariable 0x"));
+    CHECK(contains(line_of(report, wg_id), " on WaitGroup 0x"));
+    CHECK(contains(line_of(report, wg_id), "(count 3)"));
+    CHECK(contains(line_of(report, recv_id), " on Channel receive 0x"));
+    CHECK(contains(line_of(report, recv_id), "(length 0, capacity 4)"));
+    CHECK(contains(line_of(report, send_id), " on Channel send 0x"));
+    CHECK(contains(line_of(report, send_id), "(length 1, capacity 1)"));
+    const std::string sleep_line = line_of(report, sleep_id);
+    CHECK(contains(sleep_line, " on sleep"));
+    CHECK(contains(sleep_line, " s left"));
+    CHECK(contains(line_of(report, holder_id), ": parked "));  // the holder waits on release_all
+    // The yielding fiber: runnable (queued) or running at the instant it was read.
+    const std::string yield_report =
+        report_when([&](const std::string& r) { return contains(line_of(r, yield_id), "runnable (yield)"); });
+    CHECK(contains(line_of(yield_report, yield_id), ": runnable (yield)"));
+
+    // The backtrace of a parked fiber goes through the function it parked in.
+    const std::string frames = frames_of(report, parked_fn_id);
+    if (backtraces_expected()) {
+        INFO(frames);
+        CHECK(contains(frames, "    #0  0x"));
+#if !defined(_WIN32)
+        CHECK(contains(frames, "fsched_test_parked_here"));
+        CHECK(contains(frames, " [") );
+#endif
+    }
+    // Running and suspended fibers have no backtrace.
+    CHECK(frames_of(report, yield_id).empty());
+
+    stop_yielding = true;
+    cv_go = true;
+    {
+        fsched::Mutex dummy;
+        cv.notify_all();
+    }
+    wg.add(-3);
+    empty.send(1);
+    empty.send(1);
+    full.receive();
+    release_all.send(0);
+    s.stop();
+}
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+TEST_CASE("report: an io wait shows its fd and direction") {
+    int fds[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+    Scheduler s(1, false, "io-inspected");
+    s.start();
+    std::atomic<std::uint64_t> id{0};
+    s.schedule([&] {
+        id = fsched::this_fiber::id();
+        fsched::io::wait(fds[0], fsched::io::Ready::Read);
+    });
+    const std::string report =
+        report_when([&](const std::string& r) { return id != 0 && contains(line_of(r, id), ": parked "); });
+    INFO(report);
+    CHECK(contains(line_of(report, id), " on io on fd " + std::to_string(fds[0]) + " for reading"));
+    char c = 'x';
+    REQUIRE(::write(fds[1], &c, 1) == 1);
+    s.stop();
+    ::close(fds[0]);
+    ::close(fds[1]);
+}
+#endif
+
+TEST_CASE("report: safe while fibers are woken, run, made and destroyed on other threads") {
+    // Channel ping-pong pairs keep waking parked fibers (each wake meets a report's hold
+    // now and then), short tasks come and go (pooled fibers get new ids), and plain threads
+    // make and destroy fibers, while this thread reports in a loop. Every task must finish,
+    // and every parked fiber the report shows must be named by its wait.
+    Scheduler s(3, false, "churn");
+    s.start();
+    constexpr int pairs = 6;
+    constexpr int rounds = 3000;
+    std::atomic<int> finished{0};
+    std::vector<std::unique_ptr<fsched::Channel<int>>> channels;
+    for (int i = 0; i < 2 * pairs; ++i) channels.push_back(std::make_unique<fsched::Channel<int>>(0));
+    for (int p = 0; p < pairs; ++p) {
+        auto& ping = *channels[static_cast<std::size_t>(2 * p)];
+        auto& pong = *channels[static_cast<std::size_t>(2 * p + 1)];
+        s.schedule([&] {
+            for (int r = 0; r < rounds; ++r) {
+                ping.send(r);
+                pong.receive();
+            }
+            ++finished;
+        });
+        s.schedule([&] {
+            for (int r = 0; r < rounds; ++r) {
+                ping.receive();
+                pong.send(r);
+            }
+            ++finished;
+        });
+    }
+    std::atomic<bool> done{false};
+    std::thread maker([&] {
+        while (!done) {
+            std::vector<std::unique_ptr<Fiber>> batch;
+            for (int i = 0; i < 32; ++i) batch.push_back(std::make_unique<Fiber>([] { Fiber::yield(); }));
+            for (auto& f : batch) f->resume();
+            std::thread([&] { batch.clear(); }).join();
+            s.schedule([] { fsched::this_fiber::sleep_for(1ms); });
+        }
+    });
+    int reports = 0;
+    bool every_parked_named = true;
+    while (finished.load() < 2 * pairs) {
+        const std::string r = fsched::fiber_report();
+        ++reports;
+        for (std::size_t at = 0; (at = r.find(": parked ", at)) != std::string::npos; ++at) {
+            const std::size_t end = r.find('\n', at);
+            const std::string rest = r.substr(at, end - at);
+            if (!contains(rest, " on Channel ") && !contains(rest, " on sleep")) every_parked_named = false;
+        }
+    }
+    done = true;
+    maker.join();
+    s.stop();
+    CHECK(finished.load() == 2 * pairs);
+    CHECK(reports > 0);
+    CHECK(every_parked_named);
+}
+
+TEST_CASE("deadlock: a lock-order cycle is reported once, naming both fibers and the mutexes") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::detail::set_watch_timing(20ms, 100ms);
+        auto* s = new Scheduler(2, false, "deadlocked");
+        s->start();
+        auto* a = new fsched::Mutex;
+        auto* b = new fsched::Mutex;
+        auto* ready = new fsched::WaitGroup(2);
+        auto body = [=](fsched::Mutex* first, fsched::Mutex* second) {
+            return [=] {
+                std::lock_guard<fsched::Mutex> one(*first);
+                ready->done();
+                ready->wait();
+                std::lock_guard<fsched::Mutex> two(*second);  // never
+            };
+        };
+        s->schedule(fsched::ScheduleTask{nullptr, body(a, b), -1, fsched::Priority::Normal, "net-reader"});
+        s->schedule(fsched::ScheduleTask{nullptr, body(b, a), -1, fsched::Priority::Normal, "db-writer"});
+        std::this_thread::sleep_for(1500ms);  // about seventy looks: reported once
+        const std::string report = fsched::fiber_report();
+        std::fprintf(stderr, "REPORT\n%s", report.c_str());
+        std::fflush(stderr);
+        std::_Exit(0);  // the deadlocked scheduler cannot stop
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    const std::string& out = r.err;
+    const std::size_t first = out.find("fiber_sched: lock-order deadlock: fiber ");
+    REQUIRE(first != std::string::npos);
+    CHECK(out.find("fiber_sched: lock-order deadlock:", first + 1) == std::string::npos);  // once
+    const std::string sentence = out.substr(first, out.find('\n', first) - first);
+    // It starts at the smaller id, either of the two.
+    CHECK((contains(sentence, "(net-reader) waits for Mutex 0x") || contains(sentence, "(db-writer) waits for Mutex 0x")));
+    CHECK(contains(sentence, "(net-reader)"));
+    CHECK(contains(sentence, "(db-writer)"));
+    CHECK(contains(sentence, ", which waits for Mutex 0x"));
+    // "... held by fiber N (x), which waits for ... held by M", M the first fiber.
+    const std::string first_id = sentence.substr(std::strlen("fiber_sched: lock-order deadlock: fiber "));
+    const std::string id = first_id.substr(0, first_id.find(' '));
+    const std::string tail = "held by " + id;
+    CHECK(sentence.size() > tail.size());
+    CHECK(sentence.compare(sentence.size() - tail.size(), std::string::npos, tail) == 0);
+    // The manual report shows the cycle too, and both parked on a Mutex held by the other.
+    const std::string report = out.substr(out.find("REPORT\n"));
+    CHECK(contains(report, "lock-order deadlock: fiber "));
+    CHECK(contains(report, "(net-reader): parked "));
+    CHECK(contains(report, "(db-writer): parked "));
+}
+
+TEST_CASE("deadlock: no report for a mutex that is only contended") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::detail::set_watch_timing(10ms, 0ms);
+        Scheduler s(3, false, "contended");
+        fsched::Mutex a, b;
+        for (int t = 0; t < 6; ++t) {
+            s.schedule([&, t] {
+                for (int i = 0; i < 2000; ++i) {
+                    // One order for every fiber: no cycle, however long they wait.
+                    std::lock_guard<fsched::Mutex> one(a);
+                    std::lock_guard<fsched::Mutex> two(b);
+                    if (i % 64 == t) fsched::this_fiber::sleep_for(1ms);
+                }
+            });
+        }
+        s.stop();
+    }, 120);
+    INFO(r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(!contains(r.err, "lock-order deadlock"));
+}
+
+TEST_CASE("hang report: FIBER_SCHED_HANG_REPORT_S prints the report once while stop() waits") {
+    test::ChildResult r = test::run_in_child([] {
+#if defined(_WIN32)
+        _putenv_s("FIBER_SCHED_HANG_REPORT_S", "0.2");
+#else
+        setenv("FIBER_SCHED_HANG_REPORT_S", "0.2", 1);
+#endif
+        fsched::detail::set_watch_timing(20ms, 1000ms);
+        Scheduler s(1, false, "slow-stop");
+        s.schedule(fsched::ScheduleTask{nullptr, [] { fsched::this_fiber::sleep_for(1500ms); }, -1,
+                                        fsched::Priority::Normal, "slow-task"});
+        s.stop();
+        std::fprintf(stderr, "STOPPED\n");
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    const std::size_t at = r.err.find("fiber_sched: Scheduler \"slow-stop\": stop() has waited ");
+    REQUIRE(at != std::string::npos);
+    CHECK(r.err.find("stop() has waited", at + 60) == std::string::npos);
+    CHECK(contains(r.err, "(slow-task): parked "));
+    CHECK(contains(r.err, " on sleep"));
+    CHECK(r.err.find("STOPPED") > at);
+}
+
+TEST_CASE("hang report: off without FIBER_SCHED_HANG_REPORT_S, and for a bad value") {
+    for (const char* value : {"", "0", "soon", "-3"}) {
+        test::ChildResult r = test::run_in_child([value] {
+#if defined(_WIN32)
+            _putenv_s("FIBER_SCHED_HANG_REPORT_S", *value ? value : " ");
+#else
+            setenv("FIBER_SCHED_HANG_REPORT_S", value, 1);
+#endif
+            fsched::detail::set_watch_timing(10ms, 1000ms);
+            Scheduler s(1, false, "quiet");
+            s.schedule([] { fsched::this_fiber::sleep_for(200ms); });
+            s.stop();
+        }, 60);
+        INFO(value, r.err);
+        CHECK(r.exited);
+        CHECK(!contains(r.err, "stop() has waited"));
+    }
+}
+
+TEST_CASE("dump handler: the report on a signal, and the program goes on") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_fiber_dump_handler();
+        fsched::install_fiber_dump_handler();  // again: nothing more
+        Scheduler s(1, false, "dumped");
+        s.start();
+        fsched::Channel<int> ch;
+        s.schedule(fsched::ScheduleTask{nullptr, [&] { ch.receive(); }, -1, fsched::Priority::Normal, "waiting-one"});
+        std::this_thread::sleep_for(100ms);
+        std::raise(FIBER_SCHED_DUMP_SIGNAL);
+        std::this_thread::sleep_for(1000ms);  // the dump thread prints meanwhile
+        std::fprintf(stderr, "WENT ON\n");
+        ch.send(1);
+        s.stop();
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    const std::size_t at = r.err.find("fiber_sched: ");
+    REQUIRE(at != std::string::npos);
+    CHECK(contains(r.err, "(waiting-one): parked "));
+    CHECK(contains(r.err, " on Channel receive 0x"));
+    CHECK(r.err.find("WENT ON") > at);
+}
+
+TEST_CASE("report: misuse") {
+    test::ChildResult r = test::run_in_child([] { fsched::dump_fibers(nullptr); });
+    CHECK(test::aborted_with(r, "dump_fibers(): the FILE is null"));
+    test::ChildResult t = test::run_in_child([] { fsched::detail::set_watch_timing(0ms, 0ms); });
+    CHECK(test::aborted_with(t, "set_watch_timing()"));
+}
