@@ -228,7 +228,9 @@ inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
         FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
-    return FiberAccess::make_in_stack(std::move(cb));
+    // Every pooled fiber has the scheduler's stack size (a task's own size is made in
+    // schedule() and never pooled: run_task).
+    return FiberAccess::make_in_stack(std::move(cb), core.options.stack_size);
 }
 
 inline void Worker::run_task(QueuedTask& task) {
