@@ -72,6 +72,41 @@ struct SchedulerOptions {
     std::vector<int> cpu_affinity;
 };
 
+// What a Scheduler's workers have done, since construction (Scheduler::stats()). Each
+// worker counts its own; the totals add every worker's. The counts are read without
+// stopping anything: a snapshot taken while the scheduler runs may be a few events behind
+// here and there, never ahead.
+struct SchedulerStats {
+    // Runs of a task's fiber: a worker switched to it from its queues, for a new task, a
+    // woken fiber or one that yielded (this_fiber::yield()); a task that parks or yields
+    // counts once per run.
+    std::uint64_t tasks_run = 0;
+    // Steals that took something: a worker looking for work took tasks from another
+    // worker's queue (or its run-next fiber, stuck there); counted by the thief.
+    std::uint64_t steals = 0;
+    // Times a task's fiber parked (waited on a Mutex, ConditionVariable, WaitGroup, Channel,
+    // a sleep, an io wait); counted by the worker it parked from.
+    std::uint64_t parks = 0;
+    // Parked fibers resumed after a wake-up (by a task, a plain thread or a timer); counted
+    // by the worker that resumed the fiber, so a wake from any thread costs that thread no
+    // shared write.
+    std::uint64_t wakes = 0;
+    // Timers that fired and woke a fiber (a sleep's end, a timed wait that timed out);
+    // counted by the worker that fired them, which may be another than the fiber's.
+    std::uint64_t timers_fired = 0;
+    // Per worker (index: worker): time spent asleep in the idle wait, the sleep going on
+    // now included.
+    std::vector<std::chrono::nanoseconds> idle_time;
+    // Per worker: tasks ready in its queues now (every priority, pinned ones and its
+    // run-next fiber; not the fibers a single worker's yields keep aside, nor the one
+    // running).
+    std::vector<std::size_t> queued;
+    // Tasks the steals took (a steal takes up to half its victim's queue, at most 32).
+    std::uint64_t tasks_stolen = 0;
+    // Times a worker went to sleep in its idle wait (after spinning found nothing).
+    std::uint64_t sleeps = 0;
+};
+
 namespace detail {
 struct SchedulerCore;
 
@@ -208,6 +243,9 @@ public:
     // terminates the program too.
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
 
+    // The workers' counts so far (SchedulerStats). From any thread, at any time, before
+    // start() and after stop() too; it takes no lock and disturbs no worker.
+    SchedulerStats stats() const;
 
 private:
     friend struct detail::SchedulerCore;

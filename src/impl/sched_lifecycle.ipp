@@ -1,8 +1,8 @@
 // ---------------------------------------------------------------------------
 // A Scheduler's life: construction (its options, its idle wait's fds), start() (the worker
 // threads, pinned and hooked: run_worker_thread), stop() and the exit protocol
-// (SchedulerCore::outstanding), and the stopping thread standing in for workers that got
-// no thread.
+// (SchedulerCore::outstanding), the stopping thread standing in for workers that got no
+// thread, and stats().
 // Relies on: sched_core.ipp, sched_run_loop.ipp, sched_caller.ipp (run_ready).
 // ---------------------------------------------------------------------------
 
@@ -226,5 +226,26 @@ bool SchedulerCore::stop_and_close() {
 }
 
 }  // namespace detail
+
+SchedulerStats Scheduler::stats() const {
+    const detail::SchedulerCore& core = *core_;
+    SchedulerStats stats;
+    stats.idle_time.reserve(core.workers.size());
+    stats.queued.reserve(core.workers.size());
+    const detail::TimePoint now = std::chrono::steady_clock::now();
+    for (const auto& w : core.workers) {
+        const detail::Worker::Counters& c = w->counters;
+        stats.tasks_run += c.tasks_run.load(std::memory_order_relaxed);
+        stats.steals += c.steals.load(std::memory_order_relaxed);
+        stats.tasks_stolen += c.tasks_stolen.load(std::memory_order_relaxed);
+        stats.parks += c.parks.load(std::memory_order_relaxed);
+        stats.wakes += c.wakes.load(std::memory_order_relaxed);
+        stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
+        stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
+        stats.idle_time.push_back(w->idle_time(now));
+        stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
+    }
+    return stats;
+}
 
 }  // namespace fsched

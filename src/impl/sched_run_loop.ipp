@@ -170,7 +170,10 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     // no_deadline is TimePoint::max()'s count: the minimum is max() only with nothing due.
     const TimePoint deadline =
         std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim.stacks_at, trim.queues_at});
+    count(counters.sleeps);
+    idle_clock_asleep(std::chrono::steady_clock::now());
     idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    idle_clock_awake(std::chrono::steady_clock::now());
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
@@ -268,6 +271,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
         return FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority});
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
+        count(counters.wakes);  // here, not at the wake: the waker may be any thread
         return true;
     case TaskKind::Claimed:
         return true;
@@ -279,6 +283,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
     ThreadState* ts = thread_state();
     SwitchOutcome outcome;
     for (;;) {
+        count(counters.tasks_run);
         ts->task_fiber = fiber.get();
         ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
         try {
@@ -294,7 +299,11 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         FIBER_SCHED_ASSERT(ts->worker == this &&
                            "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
                            "ends or yields to its worker (the child has no workers)");
-        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
+        if (outcome != SwitchOutcome::Parked) break;
+        if (!yield_pending) {
+            count(counters.parks);
+            break;
+        }
         // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
         yield_pending = false;
         if (!direct_yield_next(fiber)) {
