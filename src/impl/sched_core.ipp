@@ -15,7 +15,8 @@
 // takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
 // an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
-// Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
+// Callbacks run in pooled fibers, reset for each task, so their stacks are reused (all of
+// the scheduler's stack size: a task with a size of its own gets its fiber in schedule()).
 //
 // Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
 // its idle wait (WorkerIdle::wait, idle_epoll.ipp or idle_condvar.ipp), the one place a
