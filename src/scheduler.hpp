@@ -62,8 +62,8 @@ struct SchedulerOptions {
     std::function<void(int worker)> on_thread_start;
     std::function<void(int worker)> on_thread_stop;
     // Worker i's thread runs only on CPU cpu_affinity[i % size()] (empty: on any CPU). Each
-    // entry must be at least 0 and below the number of CPUs the system has
-    // (FIBER_SCHED_ASSERT, at construction). Pinned with pthread_setaffinity_np on Linux and
+    // entry must be at least 0 and below the CPUs there are (FIBER_SCHED_ASSERT, at
+    // construction; on Linux, one past the highest CPU this process may run on). Pinned with pthread_setaffinity_np on Linux and
     // SetThreadAffinityMask on Windows (processor group 0); macOS and the BSDs have no
     // pinning here. A thread that cannot be pinned (macOS, the BSDs; a CPU outside the
     // process's affinity mask) runs unpinned, and a std::system_error saying so goes to the
