@@ -6,6 +6,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     Fiber              a coroutine with its own stack: resume() / yield()
     Scheduler          runs fibers and callbacks on a pool of threads (per-worker
                        queues, work stealing, pinned tasks, blocking idle)
+    SchedulerOptions   stack sizes, thread start/stop hooks, CPU affinity per worker;
+                       Scheduler::stats() counts what the workers did
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
@@ -258,6 +260,7 @@ enum class FaultSite : int {
     WaitAlloc,     // the shared state of a timed wait
     IoAlloc,       // the record of an fd that a fiber waits for
     ThreadStart,   // starting a worker thread
+    CpuPin,        // pinning a worker thread to its CPU (SchedulerOptions::cpu_affinity)
     EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
                    // worker, to widen that race in tests
     Count
@@ -1379,6 +1382,94 @@ struct ScheduleTask {
     // Names the task's fiber (Fiber::set_name) while the task runs; empty: no name. A
     // callback's fiber drops it when the task ends.
     std::string name{};
+    // Bytes of stack for this callback's fiber (0: the scheduler's, SchedulerOptions::
+    // stack_size). Non-zero, the fiber is made by schedule() (which throws std::bad_alloc or
+    // std::length_error, with nothing scheduled, when it cannot be), with at least that many
+    // bytes usable (Fiber::stack_size()), and freed when the task ends, never pooled.
+    // Precondition (FIBER_SCHED_ASSERT): no `fiber` (a fiber has its stack already).
+    std::size_t stack_size = 0;
+};
+
+// How a Scheduler is made (Scheduler(const SchedulerOptions&)).
+struct SchedulerOptions {
+    // Workers, at least 1 (and below 65536); with use_caller the constructing thread is
+    // worker 0, and threads - 1 threads are started.
+    std::size_t threads = 1;
+    bool use_caller = true;
+    // The scheduler's name(), also its threads' names ("<name>-<worker>").
+    std::string name = "Scheduler";
+    // Bytes of stack for each callback's fiber, pooled per worker (0:
+    // FIBER_SCHED_DEFAULT_STACK_SIZE); non-zero, at least that many are usable
+    // (Fiber::stack_size()). ScheduleTask::stack_size overrides it for one task. Above
+    // fsched::detail::max_stack_size the constructor throws std::length_error.
+    std::size_t stack_size = 0;
+    // Run on each worker thread with its worker index: on_thread_start before the thread's
+    // first task, on_thread_stop after its last one (when the thread leaves, in stop()).
+    // They run outside the scheduler's loop: Scheduler::current() there is what it is on
+    // that thread outside the scheduler (nullptr on a worker thread).
+    // - With use_caller, worker 0 is the constructing thread: on_thread_start(0) runs at the
+    //   end of the constructor, and on_thread_stop(0) at the end of the stop() that stops
+    //   the scheduler (the first one; in ~Scheduler if no stop() came before), on the thread
+    //   calling it.
+    // - stop() starts a worker's thread again when tasks were scheduled while the threads
+    //   were leaving (and start() or stop() starts one that could not be started before):
+    //   the hooks pair up per thread, so a new thread runs on_thread_start again, and
+    //   on_thread_stop when it leaves.
+    // - A worker that has no thread (none could be started: out of threads) has its tasks
+    //   run by the thread calling stop(), which runs no hook for it.
+    // An exception from a hook goes to the exception handler (set_exception_handler(); the
+    // default terminates) and the thread runs on, except one from on_thread_start(0) in the
+    // constructor, which leaves the constructor (nothing is left of the scheduler).
+    std::function<void(int worker)> on_thread_start;
+    std::function<void(int worker)> on_thread_stop;
+    // Worker i's thread runs only on CPU cpu_affinity[i % size()] (empty: on any CPU). Each
+    // entry must be at least 0 and below the CPUs there are (FIBER_SCHED_ASSERT, at
+    // construction; on Linux, one past the highest CPU this process may run on). Pinned
+    // with pthread_setaffinity_np on Linux and SetThreadAffinityMask on Windows (processor
+    // group 0); on macOS and the BSDs, which have no pinning here, the list is checked and
+    // otherwise ignored (unchecked: not run here). A thread that cannot be pinned (a CPU
+    // outside the process's affinity mask) runs unpinned, and a std::system_error saying so
+    // goes to the exception handler. The use_caller thread (worker 0 with use_caller) is
+    // never pinned: it is the user's thread.
+    std::vector<int> cpu_affinity;
+    // stop() prints fiber_report() to stderr, once, when it has waited this long for the
+    // tasks to finish (0: as FIBER_SCHED_HANG_REPORT_S says, in seconds; unset: never).
+    std::chrono::milliseconds hang_report_after{0};
+};
+
+// What a Scheduler's workers have done, since construction (Scheduler::stats()). Each
+// worker counts its own; the totals add every worker's. The counts are read without
+// stopping anything: a snapshot taken while the scheduler runs may be a few events behind
+// here and there, never ahead.
+struct SchedulerStats {
+    // Runs of a task's fiber: a worker switched to it from its queues, for a new task, a
+    // woken fiber or one that yielded (this_fiber::yield()); a task that parks or yields
+    // counts once per run.
+    std::uint64_t tasks_run = 0;
+    // Steals that took something: a worker looking for work took tasks from another
+    // worker's queue (or its run-next fiber, stuck there); counted by the thief.
+    std::uint64_t steals = 0;
+    // Times a task's fiber parked (waited on a Mutex, ConditionVariable, WaitGroup, Channel,
+    // a sleep, an io wait); counted by the worker it parked from.
+    std::uint64_t parks = 0;
+    // Parked fibers resumed after a wake-up (by a task, a plain thread or a timer); counted
+    // by the worker that resumed the fiber, so a wake from any thread costs that thread no
+    // shared write.
+    std::uint64_t wakes = 0;
+    // Timers that fired and woke a fiber (a sleep's end, a timed wait that timed out);
+    // counted by the worker that fired them, which may be another than the fiber's.
+    std::uint64_t timers_fired = 0;
+    // Per worker (index: worker): time spent asleep in the idle wait, the sleep going on
+    // now included.
+    std::vector<std::chrono::nanoseconds> idle_time;
+    // Per worker: tasks ready in its queues now (every priority, pinned ones and its
+    // run-next fiber; not the fibers a single worker's yields keep aside, nor the one
+    // running).
+    std::vector<std::size_t> queued;
+    // Tasks the steals took (a steal takes up to half its victim's queue, at most 32).
+    std::uint64_t tasks_stolen = 0;
+    // Times a worker went to sleep in its idle wait (after spinning found nothing).
+    std::uint64_t sleeps = 0;
 };
 
 namespace detail {
@@ -1434,6 +1525,10 @@ public:
     // worker may resume it (unless it is pinned). With several such schedulers on one
     // thread, the one made last (and not yet stopped) is helped.
     explicit Scheduler(std::size_t threads = 1, bool use_caller = true, std::string name = "Scheduler");
+    // The same with the options above: stack size, thread hooks, CPU affinity. Throws
+    // std::system_error when the idle wait cannot be made (out of fds), std::length_error
+    // for a stack_size above the limit, and what on_thread_start(0) throws (use_caller).
+    explicit Scheduler(const SchedulerOptions& options);
     // Calls stop() if it has not been called (from the constructing thread with use_caller).
     ~Scheduler();
     Scheduler(const Scheduler&) = delete;
@@ -1507,10 +1602,15 @@ public:
     // Precondition (FIBER_SCHED_ASSERT): called on the use_caller thread, outside tasks.
     std::size_t run_pending(std::chrono::microseconds budget = std::chrono::microseconds::max());
 
-    // Receives every exception that escapes a task, and std::bad_alloc for a task whose
-    // fiber could not be made. Default: print it and std::terminate(). A handler that
-    // throws terminates the program too.
+    // Receives every exception that escapes a task, std::bad_alloc for a task whose fiber
+    // could not be made, what a thread hook throws and a failed CPU pin's std::system_error
+    // (SchedulerOptions). Default: print it and std::terminate(). A handler that throws
+    // terminates the program too.
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
+
+    // The workers' counts so far (SchedulerStats). From any thread, at any time, before
+    // start() and after stop() too; it takes no lock and disturbs no worker.
+    SchedulerStats stats() const;
 
 private:
     friend struct detail::SchedulerCore;
@@ -1529,6 +1629,7 @@ private:
             task.thread = thread != -1 ? thread : given.thread;
             task.priority = given.priority;
             if (!given.name.empty()) name_task(task, given.name);
+            if (given.stack_size != 0) give_own_stack(task, given.stack_size);
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -1545,6 +1646,10 @@ private:
     // when it starts (the name's pointer rides in the closure, so an unnamed task's queue
     // entry stays as small as before; the pooled fiber drops the name when the task ends).
     static void name_task(detail::NewTask& task, const std::string& name);
+    // A callback with a ScheduleTask::stack_size: its fiber, made now with that stack (a
+    // task with a fiber already is a FIBER_SCHED_ASSERT; an empty callback is left to
+    // submit()'s check). May throw std::bad_alloc or std::length_error.
+    static void give_own_stack(detail::NewTask& task, std::size_t stack_size);
     void submit(detail::NewTask task);
     void submit_batch(std::vector<detail::NewTask>& tasks);
 
@@ -2526,10 +2631,14 @@ struct FiberAccess {
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
-    // A Ready fiber for `fn` with the default stack size that lives at the top of its own
-    // stack (fiber.ipp): a parked one costs its touched stack pages and no heap memory.
-    // Throws what acquire_stack() throws.
-    static Fiber::ptr make_in_stack(TaskFunction&& fn);
+    // A Ready fiber for `fn` that lives at the top of its own stack (fiber.ipp): a parked
+    // one costs its touched stack pages and no heap memory. `stack_size` 0: the default
+    // size, the Fiber's room taken from it (the size class Fiber() uses); else at least
+    // `stack_size` usable bytes (Fiber::stack_size()), the room added (in_stack_room at
+    // most). Throws what acquire_stack() throws.
+    static Fiber::ptr make_in_stack(TaskFunction&& fn, std::size_t stack_size = 0);
+    // The most bytes a Fiber made by make_in_stack and its control block take at the top.
+    static constexpr std::size_t in_stack_room = 1024;
     // The bytes at the top of its stack that a Fiber made by make_in_stack lives in, with its
     // control block; its frames run below them. Set before its context is made.
     static void set_top_block(Fiber& f, std::size_t top_block) noexcept { f.top_block_ = top_block; }
@@ -2601,7 +2710,8 @@ struct FiberAccess {
 // Implementation: the OS interface.
 //
 // What the library asks of the operating system, besides the context switch (context_*)
-// and the scheduler's idle wait: stack memory, the fault handler, thread names, fork.
+// and the scheduler's idle wait: stack memory, the fault handler, thread names and CPU
+// pinning, fork.
 // One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
 // impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
 // overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
@@ -2662,6 +2772,16 @@ void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 // length (Linux: 15 characters) base is cut to make room for the index (whole below 1000
 // workers).
 void name_thread(const std::string& base, int index) noexcept;
+
+// One past the highest CPU index a thread may be pinned to here (pin_thread_to_cpu), at
+// least 1: Linux, the highest CPU in the process's affinity mask, plus one; Windows, the
+// processors of group 0 (at most 64); elsewhere, the CPUs online.
+int cpu_limit() noexcept;
+// Pins the calling thread to CPU `cpu` (0 .. cpu_limit() - 1). False, with the reason in
+// `error`, when the OS refuses (a CPU outside the process's affinity mask) or cannot pin at
+// all: macOS (thread affinity there is a hint by tag, not a CPU) and the BSDs (not written
+// yet) always return false with ENOTSUP.
+bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
 // Ends the process as abort() does, after the overflow report (on Windows from within the
 // little stack an overflow leaves; on POSIX abort() itself).
@@ -2855,6 +2975,24 @@ void name_thread(const std::string& base, int index) noexcept {
     set_description(GetCurrentThread(), wide.c_str());
 }
 
+// Processor group 0 only: a thread's affinity mask is within one group of up to 64
+// processors, and a thread starts in its process's group (SetThreadGroupAffinity would
+// reach the others).
+int cpu_limit() noexcept {
+    const DWORD count = GetActiveProcessorCount(0);
+    return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
+}
+
+bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept {
+    if (cpu < 0 || cpu >= 64) {
+        error = std::make_error_code(std::errc::invalid_argument);
+        return false;
+    }
+    if (SetThreadAffinityMask(GetCurrentThread(), DWORD_PTR{1} << cpu) != 0) return true;
+    error = std::error_code(static_cast<int>(GetLastError()), std::system_category());
+    return false;
+}
+
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     HANDLE err = GetStdHandle(STD_ERROR_HANDLE);
     if (err == nullptr || err == INVALID_HANDLE_VALUE) return;
@@ -2926,7 +3064,7 @@ void remove_fault_stack(void*, std::size_t) noexcept {}
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
 // on an alternate signal stack for overflows (macOS reports a guard-page hit as SIGBUS),
-// pthread for names and fork. Where macOS differs, a branch on __APPLE__ says how.
+// pthread for names, CPU pinning (Linux only) and fork. Where macOS differs, a branch on __APPLE__ says how.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
@@ -2936,6 +3074,9 @@ void remove_fault_stack(void*, std::size_t) noexcept {}
 
 #include <csignal>
 #include <pthread.h>
+#if defined(__linux__)
+#include <sched.h>  // cpu_set_t, sched_getaffinity (with _GNU_SOURCE, which g++ and clang++ define)
+#endif
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -3025,6 +3166,45 @@ void name_thread(const std::string& base, int index) noexcept {
     (void)index;
 #endif
 }
+
+#if defined(__linux__)
+int cpu_limit() noexcept {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        for (int cpu = CPU_SETSIZE - 1; cpu >= 0; --cpu) {
+            if (CPU_ISSET(cpu, &set)) return cpu + 1;
+        }
+    }
+    const long configured = sysconf(_SC_NPROCESSORS_CONF);  // more CPUs than a cpu_set_t holds
+    return configured > 0 ? static_cast<int>(std::min<long>(configured, CPU_SETSIZE)) : 1;
+}
+
+bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+        error = std::make_error_code(std::errc::invalid_argument);
+        return false;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    const int result = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (result != 0) error = std::error_code(result, std::generic_category());
+    return result == 0;
+}
+#else
+// macOS offers only affinity tags (threads with the same tag share a cache, a hint), not a
+// CPU; the BSDs' cpuset_setaffinity / pthread_setaffinity_np(cpuset_t) are not written here.
+int cpu_limit() noexcept {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 && online < 0x7fffffff ? static_cast<int>(online) : 1;
+}
+
+bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
+    error = std::make_error_code(std::errc::not_supported);
+    return false;
+}
+#endif
 
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     while (bytes > 0) {
@@ -4867,7 +5047,7 @@ struct InStackAllocator {
         // below, never on the block's own.
         constexpr std::size_t block_at = in_stack_fiber_offset + sizeof(T);
         constexpr std::size_t top_block = (block_at + in_stack_alignment - 1) / in_stack_alignment * in_stack_alignment;
-        static_assert(alignof(T) <= in_stack_alignment && top_block <= 1024,
+        static_assert(alignof(T) <= in_stack_alignment && top_block <= FiberAccess::in_stack_room,
                       "a Fiber and its shared_ptr control block leave most of the stack's top page to its frames");
         FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
         (void)n;
@@ -4882,8 +5062,11 @@ struct InStackAllocator {
     bool operator!=(const InStackAllocator<U>& other) const noexcept { return !(*this == other); }
 };
 
-Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn) {
-    const Stack stack = acquire_stack(0);
+Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn, std::size_t stack_size) {
+    // A size past the limit goes as it is (acquire_stack throws std::length_error), not
+    // wrapped round by the addition.
+    const std::size_t asked = stack_size == 0 || stack_size > max_stack_size ? stack_size : stack_size + in_stack_room;
+    const Stack stack = acquire_stack(asked);
     // Neither throws nor allocates: the Fiber takes the stack and a moved callable,
     // and the allocator hands out the room below the Fiber.
     Fiber* fiber = new (in_stack_fiber(stack)) Fiber(Fiber::InStackTag{}, stack, std::move(fn));
@@ -7063,6 +7246,50 @@ struct alignas(64) Worker {
     bool direct_yield = false;
     const CallerWait* loop_wait = nullptr;
     unsigned tasks_since_io_poll = 0;
+
+    // What this worker has done, for Scheduler::stats(). Written only by the thread running
+    // this worker, one at a time (its own thread; the use_caller thread as worker 0; the
+    // stopping thread standing in for a worker without a thread; each one's writes
+    // happen-before the next one's through a thread start, a join or lifecycle_mutex), as a
+    // relaxed load and a relaxed store (count()): a plain add on the hot paths, no locked
+    // one. stats() loads them relaxed from any thread, so it may miss the latest few. Events
+    // on other threads are counted where this worker sees them (a wake when it resumes the
+    // woken fiber, a timer by the worker that fires it), never with a shared counter.
+    struct Counters {
+        std::atomic<std::uint64_t> tasks_run{0};
+        std::atomic<std::uint64_t> steals{0};
+        std::atomic<std::uint64_t> tasks_stolen{0};
+        std::atomic<std::uint64_t> parks{0};
+        std::atomic<std::uint64_t> wakes{0};
+        std::atomic<std::uint64_t> timers_fired{0};
+        std::atomic<std::uint64_t> sleeps{0};
+        // The idle wait's time, in steady_clock nanoseconds, as one word so that a reader
+        // gets the finished sleeps and the one going on from a single load: awake, 2 * the
+        // total of finished sleeps (even); asleep since S, 2 * (total - S) + 1 (odd), and
+        // the reader adds its own now(). Same single writer; relaxed: one variable.
+        std::atomic<std::int64_t> idle_clock{0};
+    } counters;
+    static void count(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
+        counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
+    static std::int64_t steady_ns(TimePoint t) noexcept {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    }
+    // Around the idle wait (sleep_announced), on this worker's thread.
+    void idle_clock_asleep(TimePoint since) noexcept {
+        const std::int64_t total = counters.idle_clock.load(std::memory_order_relaxed) / 2;
+        counters.idle_clock.store(2 * (total - steady_ns(since)) + 1, std::memory_order_relaxed);
+    }
+    void idle_clock_awake(TimePoint now) noexcept {
+        const std::int64_t word = counters.idle_clock.load(std::memory_order_relaxed);
+        counters.idle_clock.store(2 * ((word - 1) / 2 + steady_ns(now)), std::memory_order_relaxed);
+    }
+    // The idle wait's time so far, as of `now`; any thread.
+    std::chrono::nanoseconds idle_time(TimePoint now) const noexcept {
+        const std::int64_t word = counters.idle_clock.load(std::memory_order_relaxed);
+        const std::int64_t ns = (word & 1) ? (word - 1) / 2 + steady_ns(now) : word / 2;
+        return std::chrono::nanoseconds(ns > 0 ? ns : 0);  // a reader's now() just before the sleep began
+    }
     // A scheduler of one worker (no thief can want them): Normal fibers that yielded wait
     // in this ring, the owner's alone, with no lock and no atomic read-modify-write, while
     // the shared queues are empty by their hint. A fiber enters it only when the shared
@@ -7094,8 +7321,9 @@ struct alignas(64) Worker {
     // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
     // Only on this worker's thread, after reserve_timer(); never throws.
     void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
-    // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
-    bool fire_due_timers();
+    // Fires this worker's due timers; any worker may call it, as `firer` (the worker it
+    // runs, which counts them). True if any woke a fiber.
+    bool fire_due_timers(Worker& firer);
 
     // Publishes the queue sizes as hints; call under ready.lock after changing the queues.
     void update_hints() noexcept {
@@ -7253,6 +7481,8 @@ struct alignas(64) Worker {
             if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
             update_hints();
         }
+        count(thief.counters.steals);  // the thief runs this
+        count(thief.counters.tasks_stolen, taken.size());
         // The back of `taken` is the oldest: run it first, queue the rest oldest first.
         first = std::move(taken.back());
         taken.pop_back();
@@ -7366,7 +7596,8 @@ struct alignas(64) Worker {
 // takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
 // an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
-// Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
+// Callbacks run in pooled fibers, reset for each task, so their stacks are reused (all of
+// the scheduler's stack size: a task with a size of its own gets its fiber in schedule()).
 //
 // Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
 // its idle wait (WorkerIdle::wait, idle_epoll.ipp or idle_condvar.ipp), the one place a
@@ -7395,9 +7626,11 @@ namespace fsched {
 namespace detail {
 
 struct SchedulerCore {
-    SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
-        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
-          caller_fiber(running_fiber()) {
+    SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
+        : owner(owner_), options(options_), use_caller(options_.use_caller),
+          caller_thread(std::this_thread::get_id()), caller_fiber(running_fiber()) {
+        const std::size_t threads = options.threads;
+        check_options();  // before anything is opened: it may throw
         // Before this scheduler can start a thread or link itself as its caller's: the fork
         // handlers exist by then, and so does everything they guard (build_process_state).
         build_process_state();
@@ -7444,6 +7677,8 @@ struct SchedulerCore {
     SchedulerIdle idle;
 
     Scheduler& owner;
+    // As constructed; read-only from then on, by any thread.
+    const SchedulerOptions options;
     const bool use_caller;
     // Where stop() must be called from with use_caller: the constructing thread, or the
     // constructing fiber when the scheduler was made inside one (it may change threads).
@@ -7519,8 +7754,20 @@ struct SchedulerCore {
         return ts->scheduler == &owner ? ts->worker : nullptr;
     }
 
+    // The options' misuse (FIBER_SCHED_ASSERT) and limits (throws std::length_error).
+    void check_options() const;
     // Starts the worker threads (all but worker 0 with use_caller). Under lifecycle_mutex.
     void launch_threads();
+    // A worker's thread: pinned and hooked around its run loop.
+    void run_worker_thread(Worker& worker) noexcept;
+    // Runs an on_thread_start/on_thread_stop hook (if set), sending what it throws to
+    // report(), outside any run loop.
+    void run_thread_hook(const std::function<void(int)>& hook, int worker) noexcept;
+    // Pins the calling thread to worker `worker`'s CPU in options.cpu_affinity (if any);
+    // a failure goes to report() as a std::system_error.
+    void pin_worker_thread(int worker) noexcept;
+    // stop()'s work under lifecycle_mutex: false when the scheduler had stopped already.
+    bool stop_and_close();
     // launch_threads() for stop(), which must not throw (it runs in ~Scheduler): true if
     // every worker that needs a thread has one now.
     bool try_launch_threads() noexcept;
@@ -7627,7 +7874,12 @@ struct SchedulerCore {
     }
     void task_finished() noexcept { tasks_finished(1); }
 
-    void report(std::exception_ptr error) noexcept {
+    static const char* what_failed(bool in_loop) noexcept {
+        return in_loop ? "an exception escaped a task" : "an exception came from a thread hook or CPU pin";
+    }
+    // `in_loop`: called from a worker's loop (a task, a fiber that could not be made), not
+    // from a thread hook or a pin outside it.
+    void report(std::exception_ptr error, bool in_loop = true) noexcept {
         std::shared_ptr<const std::function<void(std::exception_ptr)>> h;
         {
             std::lock_guard<std::mutex> lock(handler_mutex);
@@ -7644,7 +7896,7 @@ struct SchedulerCore {
             }
             // As after a task (Worker::run_task): a child forked inside the handler must not
             // go on with the worker loop that called it.
-            FIBER_SCHED_ASSERT(thread_state()->worker &&
+            FIBER_SCHED_ASSERT((!in_loop || thread_state()->worker) &&
                                "fork(): a child forked inside an exception handler must _exit() or exec before "
                                "the handler returns (the child has no workers)");
             return;
@@ -7652,11 +7904,10 @@ struct SchedulerCore {
         try {
             std::rethrow_exception(error);
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s': %s\n",
-                         owner.name().c_str(), e.what());
+            std::fprintf(stderr, "fiber_sched: %s of scheduler '%s': %s\n", what_failed(in_loop), owner.name().c_str(),
+                         e.what());
         } catch (...) {
-            std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s'\n",
-                         owner.name().c_str());
+            std::fprintf(stderr, "fiber_sched: %s of scheduler '%s'\n", what_failed(in_loop), owner.name().c_str());
         }
         std::fflush(stderr);
         std::terminate();
@@ -7724,7 +7975,7 @@ inline bool Worker::take_high(QueuedTask& out) {
 }
 
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    fire_due_timers();
+    fire_due_timers(*this);
     // A High task anywhere goes before this worker's own Normal and Low ones.
     if (core.stealable_high.load(std::memory_order_relaxed) > 0 && take_high(out)) return true;
     if (pop(out, !thorough)) return true;
@@ -7733,7 +7984,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     // look again; a woken unpinned fiber comes to this worker's queue.
     bool fired = false;
     for (std::size_t i = 1; i < n; ++i) {
-        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers() || fired;
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers(*this) || fired;
     }
     if (fired && pop(out, false)) return true;
     // Every other worker once, starting somewhere new each time a steal succeeds.
@@ -7745,7 +7996,12 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
             return true;
         }
     }
-    return n > 1 && take_stuck_runnext(out);
+    if (n > 1 && take_stuck_runnext(out)) {
+        count(counters.steals);
+        count(counters.tasks_stolen);
+        return true;
+    }
+    return false;
 }
 
 }  // namespace detail
@@ -7923,7 +8179,10 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     // no_deadline is TimePoint::max()'s count: the minimum is max() only with nothing due.
     const TimePoint deadline =
         std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim.stacks_at, trim.queues_at});
+    count(counters.sleeps);
+    idle_clock_asleep(std::chrono::steady_clock::now());
     idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    idle_clock_awake(std::chrono::steady_clock::now());
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
@@ -7981,7 +8240,9 @@ inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
         FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
-    return FiberAccess::make_in_stack(std::move(cb));
+    // Every pooled fiber has the scheduler's stack size (a task's own size is made in
+    // schedule() and never pooled: run_task).
+    return FiberAccess::make_in_stack(std::move(cb), core.options.stack_size);
 }
 
 inline void Worker::run_task(QueuedTask& task) {
@@ -8020,6 +8281,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
         FiberAccess::wait_while_inspected(*fiber);
+        count(counters.wakes);  // here, not at the wake: the waker may be any thread
         return true;
     case TaskKind::Claimed:
         return true;
@@ -8030,7 +8292,11 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
 FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr& fiber, bool& pooled) {
     ThreadState* ts = thread_state();
     SwitchOutcome outcome;
+    // Counted here and stored once the loop leaves (the direct yield path leaves at least
+    // every 32 passes): one register increment per yield, not a load and a store.
+    std::uint64_t runs = 0;
     for (;;) {
+        ++runs;
         ts->task_fiber = fiber.get();
         ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
         try {
@@ -8046,7 +8312,11 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         FIBER_SCHED_ASSERT(ts->worker == this &&
                            "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
                            "ends or yields to its worker (the child has no workers)");
-        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
+        if (outcome != SwitchOutcome::Parked) break;
+        if (!yield_pending) {
+            count(counters.parks);
+            break;
+        }
         // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
         yield_pending = false;
         if (!direct_yield_next(fiber)) {
@@ -8055,6 +8325,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         }
         pooled = false;  // the fiber now in hand may be a user's: never pool it
     }
+    count(counters.tasks_run, runs);
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
     return outcome;
@@ -8106,7 +8377,7 @@ namespace detail {
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
-    fire_due_timers();
+    fire_due_timers(*this);
     const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
     // A single worker's Normal fiber may go to the ring (see local_ring).
     const bool ring = target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty();
@@ -8258,7 +8529,7 @@ inline void Worker::flush_local_locked() noexcept {
 }
 
 inline bool Worker::take_local(QueuedTask& next) {
-    fire_due_timers();
+    fire_due_timers(*this);
     if (ready.queued.load(std::memory_order_relaxed) == 0) {
         take_claimed(next, local_pop());
         return true;
@@ -8283,7 +8554,7 @@ inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
     if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
     if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
     if (loop_wait && loop_wait->satisfied()) return false;
-    if (timers.earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
+    if (timers.earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers(*this);
     if (ready.queued.load(std::memory_order_relaxed) != 0) return false;
     ++tasks_since_io_poll;
     if (local_size != 0) {
@@ -8390,7 +8661,7 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
     }
 }
 
-inline bool Worker::fire_due_timers() {
+inline bool Worker::fire_due_timers(Worker& firer) {
     // No clock read while there are no timers: the yield and spawn paths pass here.
     const std::int64_t earliest = timers.earliest.load(std::memory_order_relaxed);
     if (earliest == no_deadline) return false;
@@ -8415,6 +8686,7 @@ inline bool Worker::fire_due_timers() {
             fiber = std::move(due.wait->fiber);
         }
         wake_fiber(std::move(fiber));  // to its pinned worker, if any
+        count(firer.counters.timers_fired);
         any = true;
     }
 }
@@ -8800,9 +9072,10 @@ std::size_t Scheduler::run_pending(std::chrono::microseconds budget) {
 // ---- end src/impl/sched_caller.ipp ----
 // ---- begin src/impl/sched_lifecycle.ipp ----
 // ---------------------------------------------------------------------------
-// A Scheduler's life: construction (its idle wait's fds), start() (the worker threads),
-// stop() and the exit protocol (SchedulerCore::outstanding), and the stopping thread
-// standing in for workers that got no thread.
+// A Scheduler's life: construction (its options, its idle wait's fds), start() (the worker
+// threads, pinned and hooked: run_worker_thread), stop() and the exit protocol
+// (SchedulerCore::outstanding), the stopping thread standing in for workers that got no
+// thread, and stats().
 // Relies on: sched_core.ipp, sched_run_loop.ipp, sched_caller.ipp (run_ready).
 // ---------------------------------------------------------------------------
 
@@ -8837,6 +9110,19 @@ void SchedulerCore::close_idle() noexcept {
     for (auto& w : workers) w->idle.close();
 }
 
+void SchedulerCore::check_options() const {
+    // The smallest size make_in_stack adds its own room to stays below the limit.
+    if (options.stack_size > max_stack_size - FiberAccess::in_stack_room) {
+        throw std::length_error("fiber_sched: Scheduler(): stack_size is above the limit (fsched::detail::max_stack_size)");
+    }
+    if (options.cpu_affinity.empty()) return;
+    const int cpus = os::cpu_limit();
+    for (const int cpu : options.cpu_affinity) {
+        FIBER_SCHED_ASSERT(cpu >= 0 && cpu < cpus &&
+                           "Scheduler(): a cpu_affinity entry is negative or not below the number of CPUs");
+    }
+}
+
 void SchedulerCore::launch_threads() {
     // Only workers without a thread: after a failed start (out of threads) a later start()
     // or stop() starts the rest.
@@ -8846,10 +9132,48 @@ void SchedulerCore::launch_threads() {
         if (FIBER_SCHED_FAULT(ThreadStart)) {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
-        worker->thread = std::thread([this, worker] {
-            os::name_thread(owner.name(), worker->index);
-            worker->run_loop();
-        });
+        worker->thread = std::thread([this, worker] { run_worker_thread(*worker); });
+    }
+}
+
+// on_thread_start after the name and the pin, so that a hook sees the thread as its tasks
+// will; on_thread_stop once the loop has left for good (exit_bit), before the thread ends.
+void SchedulerCore::run_worker_thread(Worker& worker) noexcept {
+    os::name_thread(owner.name(), worker.index);
+    pin_worker_thread(worker.index);
+    run_thread_hook(options.on_thread_start, worker.index);
+    worker.run_loop();
+    run_thread_hook(options.on_thread_stop, worker.index);
+}
+
+void SchedulerCore::run_thread_hook(const std::function<void(int)>& hook, int worker) noexcept {
+    if (!hook) return;
+    try {
+        hook(worker);
+    } catch (...) {
+        report(std::current_exception(), false);
+    }
+}
+
+void SchedulerCore::pin_worker_thread(int worker) noexcept {
+    const std::vector<int>& cpus = options.cpu_affinity;
+    if (cpus.empty()) return;
+    const int cpu = cpus[static_cast<std::size_t>(worker) % cpus.size()];
+    std::error_code error;
+    if (FIBER_SCHED_FAULT(CpuPin)) {
+        error = std::make_error_code(std::errc::invalid_argument);
+    } else if (os::pin_thread_to_cpu(cpu, error)) {
+        return;
+    } else if (error == std::errc::not_supported) {
+        return;  // no pinning on this system (macOS, the BSDs): documented, not an error
+    }
+    // The worker runs unpinned; the handler hears why. Building the message may throw
+    // std::bad_alloc, which goes to the handler instead.
+    try {
+        throw std::system_error(error, "fiber_sched: cannot pin worker " + std::to_string(worker) + " of scheduler '" +
+                                           owner.name() + "' to CPU " + std::to_string(cpu));
+    } catch (...) {
+        report(std::current_exception(), false);
     }
 }
 
@@ -8896,9 +9220,26 @@ void SchedulerCore::stand_in_until_finished() {
 
 }  // namespace detail
 
+namespace detail {
+inline SchedulerOptions positional_options(std::size_t threads, bool use_caller, std::string&& name) {
+    SchedulerOptions options;
+    options.threads = threads;
+    options.use_caller = use_caller;
+    options.name = std::move(name);
+    return options;
+}
+}  // namespace detail
+
 Scheduler::Scheduler(std::size_t threads, bool use_caller, std::string name)
-    : name_(std::move(name)), thread_count_(threads),
-      core_(std::make_unique<detail::SchedulerCore>(*this, threads, use_caller)) {}
+    : Scheduler(detail::positional_options(threads, use_caller, std::move(name))) {}
+
+// A throw from on_thread_start(0) leaves the constructor: no thread was started yet (start()
+// does that), and core_'s destructor unlinks the caller and closes the idle wait.
+Scheduler::Scheduler(const SchedulerOptions& options)
+    : name_(options.name), thread_count_(options.threads),
+      core_(std::make_unique<detail::SchedulerCore>(*this, options)) {
+    if (core_->use_caller && core_->options.on_thread_start) core_->options.on_thread_start(0);
+}
 
 Scheduler::~Scheduler() { stop(); }
 
@@ -8920,37 +9261,69 @@ void Scheduler::stop() {
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
-    std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
-    if (core.closed()) return;
-    // FIBER_SCHED_HANG_REPORT_S: the report, once, if the tasks take that long to finish.
-    const detail::HangWatch hang_watch(name_, detail::hang_report_from_environment());
-    core.started.store(true, std::memory_order_release);  // start() after stop() does nothing
-    core.stopping.store(true, std::memory_order_seq_cst);
+    // The use_caller thread's on_thread_stop once the scheduler is closed, by the stop()
+    // that closed it, outside the lock (a hook may call stop() again: it returns at once).
+    if (core.stop_and_close() && core.use_caller) core.run_thread_hook(core.options.on_thread_stop, 0);
+}
+
+namespace detail {
+
+bool SchedulerCore::stop_and_close() {
+    std::lock_guard<std::mutex> lock(lifecycle_mutex);
+    if (closed()) return false;
+    // The report, once, if the tasks take as long as the option or FIBER_SCHED_HANG_REPORT_S says.
+    const HangWatch hang_watch(owner.name(), options.hang_report_after.count() > 0 ? options.hang_report_after
+                                                                                 : hang_report_from_environment());
+    started.store(true, std::memory_order_release);  // start() after stop() does nothing
+    stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
         // Never throws, unlike start(): with a worker that has no thread (none could be
         // started), this thread runs its tasks (stand_in_until_finished).
-        if (core.try_launch_threads()) {
-            core.wake_all_workers();
-            if (core.use_caller) core.workers[0]->run_loop();
+        if (try_launch_threads()) {
+            wake_all_workers();
+            if (use_caller) workers[0]->run_loop();
         } else {
-            core.wake_all_workers();
-            core.stand_in_until_finished();
+            wake_all_workers();
+            stand_in_until_finished();
         }
-        for (auto& worker : core.workers) {
+        for (auto& worker : workers) {
             if (worker->thread.joinable()) worker->thread.join();
         }
         // Every worker left on exit_bit; close unless a schedule() came in since. Any
         // submit after this CAS sees closed_bit and is refused.
-        std::int64_t idle = detail::SchedulerCore::exit_bit;
-        if (core.outstanding.compare_exchange_strong(idle, detail::SchedulerCore::closed_bit,
-                                                     std::memory_order_seq_cst)) {
+        std::int64_t idle = exit_bit;
+        if (outstanding.compare_exchange_strong(idle, closed_bit, std::memory_order_seq_cst)) {
             break;
         }
         // Run what was scheduled while the workers left: the loop starts them again.
-        core.outstanding.fetch_sub(detail::SchedulerCore::exit_bit, std::memory_order_seq_cst);
+        outstanding.fetch_sub(exit_bit, std::memory_order_seq_cst);
     }
     // A thread that queued one of the last tasks may still be reading this scheduler.
-    while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    while (outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    return true;
+}
+
+}  // namespace detail
+
+SchedulerStats Scheduler::stats() const {
+    const detail::SchedulerCore& core = *core_;
+    SchedulerStats stats;
+    stats.idle_time.reserve(core.workers.size());
+    stats.queued.reserve(core.workers.size());
+    const detail::TimePoint now = std::chrono::steady_clock::now();
+    for (const auto& w : core.workers) {
+        const detail::Worker::Counters& c = w->counters;
+        stats.tasks_run += c.tasks_run.load(std::memory_order_relaxed);
+        stats.steals += c.steals.load(std::memory_order_relaxed);
+        stats.tasks_stolen += c.tasks_stolen.load(std::memory_order_relaxed);
+        stats.parks += c.parks.load(std::memory_order_relaxed);
+        stats.wakes += c.wakes.load(std::memory_order_relaxed);
+        stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
+        stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
+        stats.idle_time.push_back(w->idle_time(now));
+        stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
+    }
+    return stats;
 }
 
 }  // namespace fsched
@@ -9079,6 +9452,15 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
         core.tasks_finished(total - queued_count);
         throw;
     }
+}
+
+void Scheduler::give_own_stack(detail::NewTask& task, std::size_t stack_size) {
+    FIBER_SCHED_ASSERT(!task.fiber && "schedule(): a ScheduleTask with a fiber cannot have a stack_size (the fiber has its stack)");
+    if (!task.cb) return;  // submit() names that misuse
+    // Made here, so the worker runs it as any fiber task, and never pools it (run_task):
+    // the pool keeps the scheduler's size only.
+    task.fiber = detail::FiberAccess::make_in_stack(std::move(task.cb), stack_size);
+    task.cb = nullptr;
 }
 
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }

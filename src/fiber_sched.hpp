@@ -4,6 +4,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     Fiber              a coroutine with its own stack: resume() / yield()
     Scheduler          runs fibers and callbacks on a pool of threads (per-worker
                        queues, work stealing, pinned tasks, blocking idle)
+    SchedulerOptions   stack sizes, thread start/stop hooks, CPU affinity per worker;
+                       Scheduler::stats() counts what the workers did
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait

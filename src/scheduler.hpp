@@ -21,6 +21,94 @@ struct ScheduleTask {
     // Names the task's fiber (Fiber::set_name) while the task runs; empty: no name. A
     // callback's fiber drops it when the task ends.
     std::string name{};
+    // Bytes of stack for this callback's fiber (0: the scheduler's, SchedulerOptions::
+    // stack_size). Non-zero, the fiber is made by schedule() (which throws std::bad_alloc or
+    // std::length_error, with nothing scheduled, when it cannot be), with at least that many
+    // bytes usable (Fiber::stack_size()), and freed when the task ends, never pooled.
+    // Precondition (FIBER_SCHED_ASSERT): no `fiber` (a fiber has its stack already).
+    std::size_t stack_size = 0;
+};
+
+// How a Scheduler is made (Scheduler(const SchedulerOptions&)).
+struct SchedulerOptions {
+    // Workers, at least 1 (and below 65536); with use_caller the constructing thread is
+    // worker 0, and threads - 1 threads are started.
+    std::size_t threads = 1;
+    bool use_caller = true;
+    // The scheduler's name(), also its threads' names ("<name>-<worker>").
+    std::string name = "Scheduler";
+    // Bytes of stack for each callback's fiber, pooled per worker (0:
+    // FIBER_SCHED_DEFAULT_STACK_SIZE); non-zero, at least that many are usable
+    // (Fiber::stack_size()). ScheduleTask::stack_size overrides it for one task. Above
+    // fsched::detail::max_stack_size the constructor throws std::length_error.
+    std::size_t stack_size = 0;
+    // Run on each worker thread with its worker index: on_thread_start before the thread's
+    // first task, on_thread_stop after its last one (when the thread leaves, in stop()).
+    // They run outside the scheduler's loop: Scheduler::current() there is what it is on
+    // that thread outside the scheduler (nullptr on a worker thread).
+    // - With use_caller, worker 0 is the constructing thread: on_thread_start(0) runs at the
+    //   end of the constructor, and on_thread_stop(0) at the end of the stop() that stops
+    //   the scheduler (the first one; in ~Scheduler if no stop() came before), on the thread
+    //   calling it.
+    // - stop() starts a worker's thread again when tasks were scheduled while the threads
+    //   were leaving (and start() or stop() starts one that could not be started before):
+    //   the hooks pair up per thread, so a new thread runs on_thread_start again, and
+    //   on_thread_stop when it leaves.
+    // - A worker that has no thread (none could be started: out of threads) has its tasks
+    //   run by the thread calling stop(), which runs no hook for it.
+    // An exception from a hook goes to the exception handler (set_exception_handler(); the
+    // default terminates) and the thread runs on, except one from on_thread_start(0) in the
+    // constructor, which leaves the constructor (nothing is left of the scheduler).
+    std::function<void(int worker)> on_thread_start;
+    std::function<void(int worker)> on_thread_stop;
+    // Worker i's thread runs only on CPU cpu_affinity[i % size()] (empty: on any CPU). Each
+    // entry must be at least 0 and below the CPUs there are (FIBER_SCHED_ASSERT, at
+    // construction; on Linux, one past the highest CPU this process may run on). Pinned
+    // with pthread_setaffinity_np on Linux and SetThreadAffinityMask on Windows (processor
+    // group 0); on macOS and the BSDs, which have no pinning here, the list is checked and
+    // otherwise ignored (unchecked: not run here). A thread that cannot be pinned (a CPU
+    // outside the process's affinity mask) runs unpinned, and a std::system_error saying so
+    // goes to the exception handler. The use_caller thread (worker 0 with use_caller) is
+    // never pinned: it is the user's thread.
+    std::vector<int> cpu_affinity;
+    // stop() prints fiber_report() to stderr, once, when it has waited this long for the
+    // tasks to finish (0: as FIBER_SCHED_HANG_REPORT_S says, in seconds; unset: never).
+    std::chrono::milliseconds hang_report_after{0};
+};
+
+// What a Scheduler's workers have done, since construction (Scheduler::stats()). Each
+// worker counts its own; the totals add every worker's. The counts are read without
+// stopping anything: a snapshot taken while the scheduler runs may be a few events behind
+// here and there, never ahead.
+struct SchedulerStats {
+    // Runs of a task's fiber: a worker switched to it from its queues, for a new task, a
+    // woken fiber or one that yielded (this_fiber::yield()); a task that parks or yields
+    // counts once per run.
+    std::uint64_t tasks_run = 0;
+    // Steals that took something: a worker looking for work took tasks from another
+    // worker's queue (or its run-next fiber, stuck there); counted by the thief.
+    std::uint64_t steals = 0;
+    // Times a task's fiber parked (waited on a Mutex, ConditionVariable, WaitGroup, Channel,
+    // a sleep, an io wait); counted by the worker it parked from.
+    std::uint64_t parks = 0;
+    // Parked fibers resumed after a wake-up (by a task, a plain thread or a timer); counted
+    // by the worker that resumed the fiber, so a wake from any thread costs that thread no
+    // shared write.
+    std::uint64_t wakes = 0;
+    // Timers that fired and woke a fiber (a sleep's end, a timed wait that timed out);
+    // counted by the worker that fired them, which may be another than the fiber's.
+    std::uint64_t timers_fired = 0;
+    // Per worker (index: worker): time spent asleep in the idle wait, the sleep going on
+    // now included.
+    std::vector<std::chrono::nanoseconds> idle_time;
+    // Per worker: tasks ready in its queues now (every priority, pinned ones and its
+    // run-next fiber; not the fibers a single worker's yields keep aside, nor the one
+    // running).
+    std::vector<std::size_t> queued;
+    // Tasks the steals took (a steal takes up to half its victim's queue, at most 32).
+    std::uint64_t tasks_stolen = 0;
+    // Times a worker went to sleep in its idle wait (after spinning found nothing).
+    std::uint64_t sleeps = 0;
 };
 
 namespace detail {
@@ -76,6 +164,10 @@ public:
     // worker may resume it (unless it is pinned). With several such schedulers on one
     // thread, the one made last (and not yet stopped) is helped.
     explicit Scheduler(std::size_t threads = 1, bool use_caller = true, std::string name = "Scheduler");
+    // The same with the options above: stack size, thread hooks, CPU affinity. Throws
+    // std::system_error when the idle wait cannot be made (out of fds), std::length_error
+    // for a stack_size above the limit, and what on_thread_start(0) throws (use_caller).
+    explicit Scheduler(const SchedulerOptions& options);
     // Calls stop() if it has not been called (from the constructing thread with use_caller).
     ~Scheduler();
     Scheduler(const Scheduler&) = delete;
@@ -149,10 +241,15 @@ public:
     // Precondition (FIBER_SCHED_ASSERT): called on the use_caller thread, outside tasks.
     std::size_t run_pending(std::chrono::microseconds budget = std::chrono::microseconds::max());
 
-    // Receives every exception that escapes a task, and std::bad_alloc for a task whose
-    // fiber could not be made. Default: print it and std::terminate(). A handler that
-    // throws terminates the program too.
+    // Receives every exception that escapes a task, std::bad_alloc for a task whose fiber
+    // could not be made, what a thread hook throws and a failed CPU pin's std::system_error
+    // (SchedulerOptions). Default: print it and std::terminate(). A handler that throws
+    // terminates the program too.
     void set_exception_handler(std::function<void(std::exception_ptr)> handler);
+
+    // The workers' counts so far (SchedulerStats). From any thread, at any time, before
+    // start() and after stop() too; it takes no lock and disturbs no worker.
+    SchedulerStats stats() const;
 
 private:
     friend struct detail::SchedulerCore;
@@ -171,6 +268,7 @@ private:
             task.thread = thread != -1 ? thread : given.thread;
             task.priority = given.priority;
             if (!given.name.empty()) name_task(task, given.name);
+            if (given.stack_size != 0) give_own_stack(task, given.stack_size);
         } else if constexpr (std::is_convertible_v<T, Fiber::ptr> && !std::is_same_v<T, std::nullptr_t>) {
             task.fiber = std::forward<FiberOrCb>(fc);
             task.thread = thread;
@@ -187,6 +285,10 @@ private:
     // when it starts (the name's pointer rides in the closure, so an unnamed task's queue
     // entry stays as small as before; the pooled fiber drops the name when the task ends).
     static void name_task(detail::NewTask& task, const std::string& name);
+    // A callback with a ScheduleTask::stack_size: its fiber, made now with that stack (a
+    // task with a fiber already is a FIBER_SCHED_ASSERT; an empty callback is left to
+    // submit()'s check). May throw std::bad_alloc or std::length_error.
+    static void give_own_stack(detail::NewTask& task, std::size_t stack_size);
     void submit(detail::NewTask task);
     void submit_batch(std::vector<detail::NewTask>& tasks);
 

@@ -168,10 +168,14 @@ struct FiberAccess {
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
-    // A Ready fiber for `fn` with the default stack size that lives at the top of its own
-    // stack (fiber.ipp): a parked one costs its touched stack pages and no heap memory.
-    // Throws what acquire_stack() throws.
-    static Fiber::ptr make_in_stack(TaskFunction&& fn);
+    // A Ready fiber for `fn` that lives at the top of its own stack (fiber.ipp): a parked
+    // one costs its touched stack pages and no heap memory. `stack_size` 0: the default
+    // size, the Fiber's room taken from it (the size class Fiber() uses); else at least
+    // `stack_size` usable bytes (Fiber::stack_size()), the room added (in_stack_room at
+    // most). Throws what acquire_stack() throws.
+    static Fiber::ptr make_in_stack(TaskFunction&& fn, std::size_t stack_size = 0);
+    // The most bytes a Fiber made by make_in_stack and its control block take at the top.
+    static constexpr std::size_t in_stack_room = 1024;
     // The bytes at the top of its stack that a Fiber made by make_in_stack lives in, with its
     // control block; its frames run below them. Set before its context is made.
     static void set_top_block(Fiber& f, std::size_t top_block) noexcept { f.top_block_ = top_block; }

@@ -100,7 +100,7 @@ struct InStackAllocator {
         // below, never on the block's own.
         constexpr std::size_t block_at = in_stack_fiber_offset + sizeof(T);
         constexpr std::size_t top_block = (block_at + in_stack_alignment - 1) / in_stack_alignment * in_stack_alignment;
-        static_assert(alignof(T) <= in_stack_alignment && top_block <= 1024,
+        static_assert(alignof(T) <= in_stack_alignment && top_block <= FiberAccess::in_stack_room,
                       "a Fiber and its shared_ptr control block leave most of the stack's top page to its frames");
         FIBER_SCHED_ASSERT(n == 1 && "InStackAllocator: one control block per stack");
         (void)n;
@@ -115,8 +115,11 @@ struct InStackAllocator {
     bool operator!=(const InStackAllocator<U>& other) const noexcept { return !(*this == other); }
 };
 
-Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn) {
-    const Stack stack = acquire_stack(0);
+Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn, std::size_t stack_size) {
+    // A size past the limit goes as it is (acquire_stack throws std::length_error), not
+    // wrapped round by the addition.
+    const std::size_t asked = stack_size == 0 || stack_size > max_stack_size ? stack_size : stack_size + in_stack_room;
+    const Stack stack = acquire_stack(asked);
     // Neither throws nor allocates: the Fiber takes the stack and a moved callable,
     // and the allocator hands out the room below the Fiber.
     Fiber* fiber = new (in_stack_fiber(stack)) Fiber(Fiber::InStackTag{}, stack, std::move(fn));

@@ -2,7 +2,8 @@
 // Implementation: the OS interface.
 //
 // What the library asks of the operating system, besides the context switch (context_*)
-// and the scheduler's idle wait: stack memory, the fault handler, thread names, fork.
+// and the scheduler's idle wait: stack memory, the fault handler, thread names and CPU
+// pinning, fork.
 // One file per OS defines these functions (impl/os_posix.ipp; a Windows port adds
 // impl/os_win32.ipp), chosen once in fiber_sched.hpp; the stack pool (stack.ipp) and the
 // overflow report (stack_overflow.ipp) above them are the same on every OS. cpu_relax(),
@@ -64,6 +65,16 @@ void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 // length (Linux: 15 characters) base is cut to make room for the index (whole below 1000
 // workers).
 void name_thread(const std::string& base, int index) noexcept;
+
+// One past the highest CPU index a thread may be pinned to here (pin_thread_to_cpu), at
+// least 1: Linux, the highest CPU in the process's affinity mask, plus one; Windows, the
+// processors of group 0 (at most 64); elsewhere, the CPUs online.
+int cpu_limit() noexcept;
+// Pins the calling thread to CPU `cpu` (0 .. cpu_limit() - 1). False, with the reason in
+// `error`, when the OS refuses (a CPU outside the process's affinity mask) or cannot pin at
+// all: macOS (thread affinity there is a hint by tag, not a CPU) and the BSDs (not written
+// yet) always return false with ENOTSUP.
+bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
 // Ends the process as abort() does, after the overflow report (on Windows from within the
 // little stack an overflow leaves; on POSIX abort() itself).

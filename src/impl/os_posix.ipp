@@ -1,7 +1,7 @@
 // ---------------------------------------------------------------------------
 // Implementation: the OS interface (impl/os.ipp) on POSIX: mmap for stacks, SIGSEGV/SIGBUS
 // on an alternate signal stack for overflows (macOS reports a guard-page hit as SIGBUS),
-// pthread for names and fork. Where macOS differs, a branch on __APPLE__ says how.
+// pthread for names, CPU pinning (Linux only) and fork. Where macOS differs, a branch on __APPLE__ says how.
 // (cpu_relax() is in config.hpp: the public inline SpinLock needs it.)
 // ---------------------------------------------------------------------------
 
@@ -12,6 +12,9 @@
 
 #include <csignal>
 #include <pthread.h>
+#if defined(__linux__)
+#include <sched.h>  // cpu_set_t, sched_getaffinity (with _GNU_SOURCE, which g++ and clang++ define)
+#endif
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -101,6 +104,45 @@ void name_thread(const std::string& base, int index) noexcept {
     (void)index;
 #endif
 }
+
+#if defined(__linux__)
+int cpu_limit() noexcept {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        for (int cpu = CPU_SETSIZE - 1; cpu >= 0; --cpu) {
+            if (CPU_ISSET(cpu, &set)) return cpu + 1;
+        }
+    }
+    const long configured = sysconf(_SC_NPROCESSORS_CONF);  // more CPUs than a cpu_set_t holds
+    return configured > 0 ? static_cast<int>(std::min<long>(configured, CPU_SETSIZE)) : 1;
+}
+
+bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+        error = std::make_error_code(std::errc::invalid_argument);
+        return false;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    const int result = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (result != 0) error = std::error_code(result, std::generic_category());
+    return result == 0;
+}
+#else
+// macOS offers only affinity tags (threads with the same tag share a cache, a hint), not a
+// CPU; the BSDs' cpuset_setaffinity / pthread_setaffinity_np(cpuset_t) are not written here.
+int cpu_limit() noexcept {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 && online < 0x7fffffff ? static_cast<int>(online) : 1;
+}
+
+bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
+    error = std::make_error_code(std::errc::not_supported);
+    return false;
+}
+#endif
 
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     while (bytes > 0) {

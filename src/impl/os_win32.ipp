@@ -163,6 +163,24 @@ void name_thread(const std::string& base, int index) noexcept {
     set_description(GetCurrentThread(), wide.c_str());
 }
 
+// Processor group 0 only: a thread's affinity mask is within one group of up to 64
+// processors, and a thread starts in its process's group (SetThreadGroupAffinity would
+// reach the others).
+int cpu_limit() noexcept {
+    const DWORD count = GetActiveProcessorCount(0);
+    return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
+}
+
+bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept {
+    if (cpu < 0 || cpu >= 64) {
+        error = std::make_error_code(std::errc::invalid_argument);
+        return false;
+    }
+    if (SetThreadAffinityMask(GetCurrentThread(), DWORD_PTR{1} << cpu) != 0) return true;
+    error = std::error_code(static_cast<int>(GetLastError()), std::system_category());
+    return false;
+}
+
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     HANDLE err = GetStdHandle(STD_ERROR_HANDLE);
     if (err == nullptr || err == INVALID_HANDLE_VALUE) return;

@@ -15,7 +15,8 @@
 // takes it before its own Normal and Low ones. All Normal, the common case, pays one look at
 // an empty level and one load of that shared, rarely written counter. Tasks scheduled inside a
 // worker go to its own queue; tasks from other threads go round-robin across the workers.
-// Callbacks run in pooled fibers, reset for each task, so their stacks are reused.
+// Callbacks run in pooled fibers, reset for each task, so their stacks are reused (all of
+// the scheduler's stack size: a task with a size of its own gets its fiber in schedule()).
 //
 // Idle: a worker with nothing to do spins briefly (checking every queue), then sleeps in
 // its idle wait (WorkerIdle::wait, idle_epoll.ipp or idle_condvar.ipp), the one place a
@@ -45,9 +46,11 @@ namespace fsched {
 namespace detail {
 
 struct SchedulerCore {
-    SchedulerCore(Scheduler& owner_, std::size_t threads, bool use_caller_)
-        : owner(owner_), use_caller(use_caller_), caller_thread(std::this_thread::get_id()),
-          caller_fiber(running_fiber()) {
+    SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
+        : owner(owner_), options(options_), use_caller(options_.use_caller),
+          caller_thread(std::this_thread::get_id()), caller_fiber(running_fiber()) {
+        const std::size_t threads = options.threads;
+        check_options();  // before anything is opened: it may throw
         // Before this scheduler can start a thread or link itself as its caller's: the fork
         // handlers exist by then, and so does everything they guard (build_process_state).
         build_process_state();
@@ -94,6 +97,8 @@ struct SchedulerCore {
     SchedulerIdle idle;
 
     Scheduler& owner;
+    // As constructed; read-only from then on, by any thread.
+    const SchedulerOptions options;
     const bool use_caller;
     // Where stop() must be called from with use_caller: the constructing thread, or the
     // constructing fiber when the scheduler was made inside one (it may change threads).
@@ -169,8 +174,20 @@ struct SchedulerCore {
         return ts->scheduler == &owner ? ts->worker : nullptr;
     }
 
+    // The options' misuse (FIBER_SCHED_ASSERT) and limits (throws std::length_error).
+    void check_options() const;
     // Starts the worker threads (all but worker 0 with use_caller). Under lifecycle_mutex.
     void launch_threads();
+    // A worker's thread: pinned and hooked around its run loop.
+    void run_worker_thread(Worker& worker) noexcept;
+    // Runs an on_thread_start/on_thread_stop hook (if set), sending what it throws to
+    // report(), outside any run loop.
+    void run_thread_hook(const std::function<void(int)>& hook, int worker) noexcept;
+    // Pins the calling thread to worker `worker`'s CPU in options.cpu_affinity (if any);
+    // a failure goes to report() as a std::system_error.
+    void pin_worker_thread(int worker) noexcept;
+    // stop()'s work under lifecycle_mutex: false when the scheduler had stopped already.
+    bool stop_and_close();
     // launch_threads() for stop(), which must not throw (it runs in ~Scheduler): true if
     // every worker that needs a thread has one now.
     bool try_launch_threads() noexcept;
@@ -277,7 +294,12 @@ struct SchedulerCore {
     }
     void task_finished() noexcept { tasks_finished(1); }
 
-    void report(std::exception_ptr error) noexcept {
+    static const char* what_failed(bool in_loop) noexcept {
+        return in_loop ? "an exception escaped a task" : "an exception came from a thread hook or CPU pin";
+    }
+    // `in_loop`: called from a worker's loop (a task, a fiber that could not be made), not
+    // from a thread hook or a pin outside it.
+    void report(std::exception_ptr error, bool in_loop = true) noexcept {
         std::shared_ptr<const std::function<void(std::exception_ptr)>> h;
         {
             std::lock_guard<std::mutex> lock(handler_mutex);
@@ -294,7 +316,7 @@ struct SchedulerCore {
             }
             // As after a task (Worker::run_task): a child forked inside the handler must not
             // go on with the worker loop that called it.
-            FIBER_SCHED_ASSERT(thread_state()->worker &&
+            FIBER_SCHED_ASSERT((!in_loop || thread_state()->worker) &&
                                "fork(): a child forked inside an exception handler must _exit() or exec before "
                                "the handler returns (the child has no workers)");
             return;
@@ -302,11 +324,10 @@ struct SchedulerCore {
         try {
             std::rethrow_exception(error);
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s': %s\n",
-                         owner.name().c_str(), e.what());
+            std::fprintf(stderr, "fiber_sched: %s of scheduler '%s': %s\n", what_failed(in_loop), owner.name().c_str(),
+                         e.what());
         } catch (...) {
-            std::fprintf(stderr, "fiber_sched: an exception escaped a task of scheduler '%s'\n",
-                         owner.name().c_str());
+            std::fprintf(stderr, "fiber_sched: %s of scheduler '%s'\n", what_failed(in_loop), owner.name().c_str());
         }
         std::fflush(stderr);
         std::terminate();

@@ -46,7 +46,7 @@ inline bool Worker::take_high(QueuedTask& out) {
 }
 
 inline bool Worker::find_task(QueuedTask& out, bool thorough) {
-    fire_due_timers();
+    fire_due_timers(*this);
     // A High task anywhere goes before this worker's own Normal and Low ones.
     if (core.stealable_high.load(std::memory_order_relaxed) > 0 && take_high(out)) return true;
     if (pop(out, !thorough)) return true;
@@ -55,7 +55,7 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
     // look again; a woken unpinned fiber comes to this worker's queue.
     bool fired = false;
     for (std::size_t i = 1; i < n; ++i) {
-        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers() || fired;
+        fired = core.workers[(static_cast<std::size_t>(index) + i) % n]->fire_due_timers(*this) || fired;
     }
     if (fired && pop(out, false)) return true;
     // Every other worker once, starting somewhere new each time a steal succeeds.
@@ -67,7 +67,12 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
             return true;
         }
     }
-    return n > 1 && take_stuck_runnext(out);
+    if (n > 1 && take_stuck_runnext(out)) {
+        count(counters.steals);
+        count(counters.tasks_stolen);
+        return true;
+    }
+    return false;
 }
 
 }  // namespace detail

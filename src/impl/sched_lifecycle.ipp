@@ -1,7 +1,8 @@
 // ---------------------------------------------------------------------------
-// A Scheduler's life: construction (its idle wait's fds), start() (the worker threads),
-// stop() and the exit protocol (SchedulerCore::outstanding), and the stopping thread
-// standing in for workers that got no thread.
+// A Scheduler's life: construction (its options, its idle wait's fds), start() (the worker
+// threads, pinned and hooked: run_worker_thread), stop() and the exit protocol
+// (SchedulerCore::outstanding), the stopping thread standing in for workers that got no
+// thread, and stats().
 // Relies on: sched_core.ipp, sched_run_loop.ipp, sched_caller.ipp (run_ready).
 // ---------------------------------------------------------------------------
 
@@ -37,6 +38,19 @@ void SchedulerCore::close_idle() noexcept {
     for (auto& w : workers) w->idle.close();
 }
 
+void SchedulerCore::check_options() const {
+    // The smallest size make_in_stack adds its own room to stays below the limit.
+    if (options.stack_size > max_stack_size - FiberAccess::in_stack_room) {
+        throw std::length_error("fiber_sched: Scheduler(): stack_size is above the limit (fsched::detail::max_stack_size)");
+    }
+    if (options.cpu_affinity.empty()) return;
+    const int cpus = os::cpu_limit();
+    for (const int cpu : options.cpu_affinity) {
+        FIBER_SCHED_ASSERT(cpu >= 0 && cpu < cpus &&
+                           "Scheduler(): a cpu_affinity entry is negative or not below the number of CPUs");
+    }
+}
+
 void SchedulerCore::launch_threads() {
     // Only workers without a thread: after a failed start (out of threads) a later start()
     // or stop() starts the rest.
@@ -46,10 +60,48 @@ void SchedulerCore::launch_threads() {
         if (FIBER_SCHED_FAULT(ThreadStart)) {
             throw std::system_error(EAGAIN, std::generic_category(), "fiber_sched: cannot start a worker thread");
         }
-        worker->thread = std::thread([this, worker] {
-            os::name_thread(owner.name(), worker->index);
-            worker->run_loop();
-        });
+        worker->thread = std::thread([this, worker] { run_worker_thread(*worker); });
+    }
+}
+
+// on_thread_start after the name and the pin, so that a hook sees the thread as its tasks
+// will; on_thread_stop once the loop has left for good (exit_bit), before the thread ends.
+void SchedulerCore::run_worker_thread(Worker& worker) noexcept {
+    os::name_thread(owner.name(), worker.index);
+    pin_worker_thread(worker.index);
+    run_thread_hook(options.on_thread_start, worker.index);
+    worker.run_loop();
+    run_thread_hook(options.on_thread_stop, worker.index);
+}
+
+void SchedulerCore::run_thread_hook(const std::function<void(int)>& hook, int worker) noexcept {
+    if (!hook) return;
+    try {
+        hook(worker);
+    } catch (...) {
+        report(std::current_exception(), false);
+    }
+}
+
+void SchedulerCore::pin_worker_thread(int worker) noexcept {
+    const std::vector<int>& cpus = options.cpu_affinity;
+    if (cpus.empty()) return;
+    const int cpu = cpus[static_cast<std::size_t>(worker) % cpus.size()];
+    std::error_code error;
+    if (FIBER_SCHED_FAULT(CpuPin)) {
+        error = std::make_error_code(std::errc::invalid_argument);
+    } else if (os::pin_thread_to_cpu(cpu, error)) {
+        return;
+    } else if (error == std::errc::not_supported) {
+        return;  // no pinning on this system (macOS, the BSDs): documented, not an error
+    }
+    // The worker runs unpinned; the handler hears why. Building the message may throw
+    // std::bad_alloc, which goes to the handler instead.
+    try {
+        throw std::system_error(error, "fiber_sched: cannot pin worker " + std::to_string(worker) + " of scheduler '" +
+                                           owner.name() + "' to CPU " + std::to_string(cpu));
+    } catch (...) {
+        report(std::current_exception(), false);
     }
 }
 
@@ -96,9 +148,26 @@ void SchedulerCore::stand_in_until_finished() {
 
 }  // namespace detail
 
+namespace detail {
+inline SchedulerOptions positional_options(std::size_t threads, bool use_caller, std::string&& name) {
+    SchedulerOptions options;
+    options.threads = threads;
+    options.use_caller = use_caller;
+    options.name = std::move(name);
+    return options;
+}
+}  // namespace detail
+
 Scheduler::Scheduler(std::size_t threads, bool use_caller, std::string name)
-    : name_(std::move(name)), thread_count_(threads),
-      core_(std::make_unique<detail::SchedulerCore>(*this, threads, use_caller)) {}
+    : Scheduler(detail::positional_options(threads, use_caller, std::move(name))) {}
+
+// A throw from on_thread_start(0) leaves the constructor: no thread was started yet (start()
+// does that), and core_'s destructor unlinks the caller and closes the idle wait.
+Scheduler::Scheduler(const SchedulerOptions& options)
+    : name_(options.name), thread_count_(options.threads),
+      core_(std::make_unique<detail::SchedulerCore>(*this, options)) {
+    if (core_->use_caller && core_->options.on_thread_start) core_->options.on_thread_start(0);
+}
 
 Scheduler::~Scheduler() { stop(); }
 
@@ -120,37 +189,69 @@ void Scheduler::stop() {
                                                                : std::this_thread::get_id() == core.caller_thread)) &&
                        "stop(): with use_caller, call stop() from the thread (or fiber) that constructed the scheduler");
     core.unlink_caller();  // from here on the caller thread blocks (outside stop()) as before
-    std::lock_guard<std::mutex> lock(core.lifecycle_mutex);
-    if (core.closed()) return;
-    // FIBER_SCHED_HANG_REPORT_S: the report, once, if the tasks take that long to finish.
-    const detail::HangWatch hang_watch(name_, detail::hang_report_from_environment());
-    core.started.store(true, std::memory_order_release);  // start() after stop() does nothing
-    core.stopping.store(true, std::memory_order_seq_cst);
+    // The use_caller thread's on_thread_stop once the scheduler is closed, by the stop()
+    // that closed it, outside the lock (a hook may call stop() again: it returns at once).
+    if (core.stop_and_close() && core.use_caller) core.run_thread_hook(core.options.on_thread_stop, 0);
+}
+
+namespace detail {
+
+bool SchedulerCore::stop_and_close() {
+    std::lock_guard<std::mutex> lock(lifecycle_mutex);
+    if (closed()) return false;
+    // The report, once, if the tasks take as long as the option or FIBER_SCHED_HANG_REPORT_S says.
+    const HangWatch hang_watch(owner.name(), options.hang_report_after.count() > 0 ? options.hang_report_after
+                                                                                 : hang_report_from_environment());
+    started.store(true, std::memory_order_release);  // start() after stop() does nothing
+    stopping.store(true, std::memory_order_seq_cst);
     for (;;) {
         // Never throws, unlike start(): with a worker that has no thread (none could be
         // started), this thread runs its tasks (stand_in_until_finished).
-        if (core.try_launch_threads()) {
-            core.wake_all_workers();
-            if (core.use_caller) core.workers[0]->run_loop();
+        if (try_launch_threads()) {
+            wake_all_workers();
+            if (use_caller) workers[0]->run_loop();
         } else {
-            core.wake_all_workers();
-            core.stand_in_until_finished();
+            wake_all_workers();
+            stand_in_until_finished();
         }
-        for (auto& worker : core.workers) {
+        for (auto& worker : workers) {
             if (worker->thread.joinable()) worker->thread.join();
         }
         // Every worker left on exit_bit; close unless a schedule() came in since. Any
         // submit after this CAS sees closed_bit and is refused.
-        std::int64_t idle = detail::SchedulerCore::exit_bit;
-        if (core.outstanding.compare_exchange_strong(idle, detail::SchedulerCore::closed_bit,
-                                                     std::memory_order_seq_cst)) {
+        std::int64_t idle = exit_bit;
+        if (outstanding.compare_exchange_strong(idle, closed_bit, std::memory_order_seq_cst)) {
             break;
         }
         // Run what was scheduled while the workers left: the loop starts them again.
-        core.outstanding.fetch_sub(detail::SchedulerCore::exit_bit, std::memory_order_seq_cst);
+        outstanding.fetch_sub(exit_bit, std::memory_order_seq_cst);
     }
     // A thread that queued one of the last tasks may still be reading this scheduler.
-    while (core.outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    while (outside_enqueues.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    return true;
+}
+
+}  // namespace detail
+
+SchedulerStats Scheduler::stats() const {
+    const detail::SchedulerCore& core = *core_;
+    SchedulerStats stats;
+    stats.idle_time.reserve(core.workers.size());
+    stats.queued.reserve(core.workers.size());
+    const detail::TimePoint now = std::chrono::steady_clock::now();
+    for (const auto& w : core.workers) {
+        const detail::Worker::Counters& c = w->counters;
+        stats.tasks_run += c.tasks_run.load(std::memory_order_relaxed);
+        stats.steals += c.steals.load(std::memory_order_relaxed);
+        stats.tasks_stolen += c.tasks_stolen.load(std::memory_order_relaxed);
+        stats.parks += c.parks.load(std::memory_order_relaxed);
+        stats.wakes += c.wakes.load(std::memory_order_relaxed);
+        stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
+        stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
+        stats.idle_time.push_back(w->idle_time(now));
+        stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
+    }
+    return stats;
 }
 
 }  // namespace fsched

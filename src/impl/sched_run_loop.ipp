@@ -170,7 +170,10 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     // no_deadline is TimePoint::max()'s count: the minimum is max() only with nothing due.
     const TimePoint deadline =
         std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim.stacks_at, trim.queues_at});
+    count(counters.sleeps);
+    idle_clock_asleep(std::chrono::steady_clock::now());
     idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    idle_clock_awake(std::chrono::steady_clock::now());
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
@@ -228,7 +231,9 @@ inline Fiber::ptr Worker::fiber_for(TaskFunction&& cb) {
         FiberAccess::reuse(*fiber, std::move(cb));
         return fiber;
     }
-    return FiberAccess::make_in_stack(std::move(cb));
+    // Every pooled fiber has the scheduler's stack size (a task's own size is made in
+    // schedule() and never pooled: run_task).
+    return FiberAccess::make_in_stack(std::move(cb), core.options.stack_size);
 }
 
 inline void Worker::run_task(QueuedTask& task) {
@@ -267,6 +272,7 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
         FiberAccess::wait_while_inspected(*fiber);
+        count(counters.wakes);  // here, not at the wake: the waker may be any thread
         return true;
     case TaskKind::Claimed:
         return true;
@@ -277,7 +283,11 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
 FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr& fiber, bool& pooled) {
     ThreadState* ts = thread_state();
     SwitchOutcome outcome;
+    // Counted here and stored once the loop leaves (the direct yield path leaves at least
+    // every 32 passes): one register increment per yield, not a load and a store.
+    std::uint64_t runs = 0;
     for (;;) {
+        ++runs;
         ts->task_fiber = fiber.get();
         ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
         try {
@@ -293,7 +303,11 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         FIBER_SCHED_ASSERT(ts->worker == this &&
                            "fork(): a child forked inside a scheduler task must _exit() or exec before the task "
                            "ends or yields to its worker (the child has no workers)");
-        if (outcome != SwitchOutcome::Parked || !yield_pending) break;
+        if (outcome != SwitchOutcome::Parked) break;
+        if (!yield_pending) {
+            count(counters.parks);
+            break;
+        }
         // this_fiber::yield(): the fiber is still claimed (Running) and `fiber` still holds it.
         yield_pending = false;
         if (!direct_yield_next(fiber)) {
@@ -302,6 +316,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         }
         pooled = false;  // the fiber now in hand may be a user's: never pool it
     }
+    count(counters.tasks_run, runs);
     ts->task_fiber = nullptr;
     ts->task_ref = nullptr;
     return outcome;

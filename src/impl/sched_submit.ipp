@@ -124,6 +124,15 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     }
 }
 
+void Scheduler::give_own_stack(detail::NewTask& task, std::size_t stack_size) {
+    FIBER_SCHED_ASSERT(!task.fiber && "schedule(): a ScheduleTask with a fiber cannot have a stack_size (the fiber has its stack)");
+    if (!task.cb) return;  // submit() names that misuse
+    // Made here, so the worker runs it as any fiber task, and never pools it (run_task):
+    // the pool keeps the scheduler's size only.
+    task.fiber = detail::FiberAccess::make_in_stack(std::move(task.cb), stack_size);
+    task.cb = nullptr;
+}
+
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
 
 int Scheduler::worker_index() noexcept {

@@ -57,7 +57,7 @@ inline void Worker::add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_
     }
 }
 
-inline bool Worker::fire_due_timers() {
+inline bool Worker::fire_due_timers(Worker& firer) {
     // No clock read while there are no timers: the yield and spawn paths pass here.
     const std::int64_t earliest = timers.earliest.load(std::memory_order_relaxed);
     if (earliest == no_deadline) return false;
@@ -82,6 +82,7 @@ inline bool Worker::fire_due_timers() {
             fiber = std::move(due.wait->fiber);
         }
         wake_fiber(std::move(fiber));  // to its pinned worker, if any
+        count(firer.counters.timers_fired);
         any = true;
     }
 }

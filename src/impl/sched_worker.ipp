@@ -148,6 +148,50 @@ struct alignas(64) Worker {
     bool direct_yield = false;
     const CallerWait* loop_wait = nullptr;
     unsigned tasks_since_io_poll = 0;
+
+    // What this worker has done, for Scheduler::stats(). Written only by the thread running
+    // this worker, one at a time (its own thread; the use_caller thread as worker 0; the
+    // stopping thread standing in for a worker without a thread; each one's writes
+    // happen-before the next one's through a thread start, a join or lifecycle_mutex), as a
+    // relaxed load and a relaxed store (count()): a plain add on the hot paths, no locked
+    // one. stats() loads them relaxed from any thread, so it may miss the latest few. Events
+    // on other threads are counted where this worker sees them (a wake when it resumes the
+    // woken fiber, a timer by the worker that fires it), never with a shared counter.
+    struct Counters {
+        std::atomic<std::uint64_t> tasks_run{0};
+        std::atomic<std::uint64_t> steals{0};
+        std::atomic<std::uint64_t> tasks_stolen{0};
+        std::atomic<std::uint64_t> parks{0};
+        std::atomic<std::uint64_t> wakes{0};
+        std::atomic<std::uint64_t> timers_fired{0};
+        std::atomic<std::uint64_t> sleeps{0};
+        // The idle wait's time, in steady_clock nanoseconds, as one word so that a reader
+        // gets the finished sleeps and the one going on from a single load: awake, 2 * the
+        // total of finished sleeps (even); asleep since S, 2 * (total - S) + 1 (odd), and
+        // the reader adds its own now(). Same single writer; relaxed: one variable.
+        std::atomic<std::int64_t> idle_clock{0};
+    } counters;
+    static void count(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
+        counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
+    static std::int64_t steady_ns(TimePoint t) noexcept {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    }
+    // Around the idle wait (sleep_announced), on this worker's thread.
+    void idle_clock_asleep(TimePoint since) noexcept {
+        const std::int64_t total = counters.idle_clock.load(std::memory_order_relaxed) / 2;
+        counters.idle_clock.store(2 * (total - steady_ns(since)) + 1, std::memory_order_relaxed);
+    }
+    void idle_clock_awake(TimePoint now) noexcept {
+        const std::int64_t word = counters.idle_clock.load(std::memory_order_relaxed);
+        counters.idle_clock.store(2 * ((word - 1) / 2 + steady_ns(now)), std::memory_order_relaxed);
+    }
+    // The idle wait's time so far, as of `now`; any thread.
+    std::chrono::nanoseconds idle_time(TimePoint now) const noexcept {
+        const std::int64_t word = counters.idle_clock.load(std::memory_order_relaxed);
+        const std::int64_t ns = (word & 1) ? (word - 1) / 2 + steady_ns(now) : word / 2;
+        return std::chrono::nanoseconds(ns > 0 ? ns : 0);  // a reader's now() just before the sleep began
+    }
     // A scheduler of one worker (no thief can want them): Normal fibers that yielded wait
     // in this ring, the owner's alone, with no lock and no atomic read-modify-write, while
     // the shared queues are empty by their hint. A fiber enters it only when the shared
@@ -179,8 +223,9 @@ struct alignas(64) Worker {
     // Wakes `fiber` at `deadline`, or, for a timed wait, whoever wins `wait`'s race then.
     // Only on this worker's thread, after reserve_timer(); never throws.
     void add_timer(TimePoint deadline, Fiber::ptr fiber, std::shared_ptr<WaitState> wait) noexcept;
-    // Fires this worker's due timers; any worker may call it. True if any woke a fiber.
-    bool fire_due_timers();
+    // Fires this worker's due timers; any worker may call it, as `firer` (the worker it
+    // runs, which counts them). True if any woke a fiber.
+    bool fire_due_timers(Worker& firer);
 
     // Publishes the queue sizes as hints; call under ready.lock after changing the queues.
     void update_hints() noexcept {
@@ -338,6 +383,8 @@ struct alignas(64) Worker {
             if (level == static_cast<int>(Priority::High)) high_moved(-static_cast<long>(n));
             update_hints();
         }
+        count(thief.counters.steals);  // the thief runs this
+        count(thief.counters.tasks_stolen, taken.size());
         // The back of `taken` is the oldest: run it first, queue the rest oldest first.
         first = std::move(taken.back());
         taken.pop_back();

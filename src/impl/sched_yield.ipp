@@ -16,7 +16,7 @@ namespace detail {
 // Puts the fiber that yielded at the back of its queue and takes the oldest task, under one
 // lock; the queue's length does not change, so no one needs waking. Timers come first.
 inline void Worker::requeue_yielded(QueuedTask& next) {
-    fire_due_timers();
+    fire_due_timers(*this);
     const ResumeTarget target = FiberAccess::lifecycle(*yielded).resume_target();
     // A single worker's Normal fiber may go to the ring (see local_ring).
     const bool ring = target.priority == Priority::Normal && core.workers.size() == 1 && overflow.empty();
@@ -168,7 +168,7 @@ inline void Worker::flush_local_locked() noexcept {
 }
 
 inline bool Worker::take_local(QueuedTask& next) {
-    fire_due_timers();
+    fire_due_timers(*this);
     if (ready.queued.load(std::memory_order_relaxed) == 0) {
         take_claimed(next, local_pop());
         return true;
@@ -193,7 +193,7 @@ inline bool Worker::direct_yield_next(Fiber::ptr& fiber) {
     if (!single || !direct_yield || tasks_since_io_poll + 1 >= 32) return false;
     if (FiberAccess::lifecycle(*fiber).resume_target().priority != Priority::Normal) return false;
     if (loop_wait && loop_wait->satisfied()) return false;
-    if (timers.earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers();
+    if (timers.earliest.load(std::memory_order_relaxed) != no_deadline) fire_due_timers(*this);
     if (ready.queued.load(std::memory_order_relaxed) != 0) return false;
     ++tasks_since_io_poll;
     if (local_size != 0) {
