@@ -9,6 +9,9 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
                        park a fiber (and block a plain thread) while they wait
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
+    trace::start/stop  a trace of every fiber slice, park and wake-up per thread, as
+                       Chrome Trace Event JSON (Perfetto, chrome://tracing, speedscope);
+                       trace::start_ring/dump keep the newest n events per thread
 
 USING IT
     In exactly one .cpp of your program:
@@ -126,6 +129,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "scheduler.hpp"
 #include "sync.hpp"
 #include "io.hpp"
+#include "trace.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -185,7 +189,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
-// Fiber names and the profiler hooks.
+// The trace recorder, then fiber names and the profiler hooks that feed it.
+#include "impl/trace.ipp"
 #include "impl/hooks.ipp"
 // The idle wait: epoll on Linux, else a condition variable.
 #include "impl/idle.ipp"
