@@ -43,11 +43,11 @@ int main(int argc, char** argv) {
     }
     scheduler.start();
 
-    fsched::Channel<int> work(2);  // a small buffer: the producer parks when it is full
+    fsched::Channel<int> work;  // unbuffered: each send parks until a consumer takes it
     fsched::WaitGroup done;
     done.add(4);
     scheduler.schedule(named("producer", [&] {
-        for (int item = 0; item < 24; ++item) {
+        for (int item = 0; item < 16; ++item) {
             compute_for(150);  // preparing the item
             work.send(item);
         }
