@@ -12,6 +12,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     trace::start/stop  a trace of every fiber slice, park and wake-up per thread, as
                        Chrome Trace Event JSON (Perfetto, chrome://tracing, speedscope);
                        trace::start_ring/dump keep the newest n events per thread
+                       (FIBER_SCHED_TRACE_MAX_EVENTS, an environment variable, caps a
+                       recording's events per thread; default 1,000,000)
 
 USING IT
     In exactly one .cpp of your program:
