@@ -320,10 +320,13 @@ CheckedTrace check_trace(const std::string& path) {
     for (auto& entry : trace.slices) {
         auto& slices = entry.second;
         std::stable_sort(slices.begin(), slices.end(), [](const Slice& a, const Slice& b) { return a.begin < b.begin; });
+        // Times have 1 ns resolution (0.001 in the file); ts + dur in double may differ from
+        // the next slice's ts in the last bits, so ends are compared to half a nanosecond.
+        const double tolerance = 0.0005;
         std::vector<double> open_ends;  // the enclosing slices' ends, innermost last
         for (const Slice& slice : slices) {
-            while (!open_ends.empty() && open_ends.back() <= slice.begin) open_ends.pop_back();
-            if (!open_ends.empty() && slice.end > open_ends.back()) {
+            while (!open_ends.empty() && open_ends.back() <= slice.begin + tolerance) open_ends.pop_back();
+            if (!open_ends.empty() && slice.end > open_ends.back() + tolerance) {
                 FAIL_CHECK("tid " << entry.first << ": " << slice.name << " at " << slice.begin << " overlaps a slice ending at " << open_ends.back());
             }
             open_ends.push_back(slice.end);
