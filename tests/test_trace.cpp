@@ -523,13 +523,24 @@ TEST_CASE("trace: start, stop and dump from another thread while fibers switch")
     Scheduler scheduler(3, false, "busy");
     scheduler.start();
     std::atomic<bool> stopping{false};
+    std::atomic<std::uint64_t> yields{0};
     fsched::WaitGroup done(6);
     for (int i = 0; i < 6; ++i) {
         scheduler.schedule(named_task("spinner", [&] {
-            while (!stopping.load(std::memory_order_relaxed)) fsched::this_fiber::yield();
+            while (!stopping.load(std::memory_order_relaxed)) {
+                yields.fetch_add(1, std::memory_order_relaxed);
+                fsched::this_fiber::yield();
+            }
             done.done();
         }));
     }
+    // Until the spinners have switched `n` more times (a loaded machine may hold every worker
+    // off the CPU for a while), or 10 s.
+    auto switches_seen = [&yields](std::uint64_t n) {
+        const std::uint64_t from = yields.load();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (yields.load() - from < n && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    };
     // Short-lived threads too: their buffers outlive them until a stop() or dump() takes them.
     // (A cap keeps the files small: the spinners switch a million times a second.)
     fsched::detail::set_trace_max_events(5000);
@@ -541,12 +552,12 @@ TEST_CASE("trace: start, stop and dump from another thread while fibers switch")
             fiber.resume();
         });
         brief.join();
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        switches_seen(100);
         fsched::trace::stop();
         const CheckedTrace trace = check_trace(file.path);
         CHECK(trace.names.count("spinner") == 1);
         REQUIRE(fsched::trace::start_ring(64));
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        switches_seen(100);
         CHECK(fsched::trace::dump(file.path));
         fsched::trace::stop();
         check_trace(file.path);
