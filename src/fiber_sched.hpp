@@ -11,6 +11,11 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
                        park a fiber (and block a plain thread) while they wait
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
+    trace::start/stop  a trace of every fiber slice, park and wake-up per thread, as
+                       Chrome Trace Event JSON (Perfetto, chrome://tracing, speedscope);
+                       trace::start_ring/dump keep the newest n events per thread
+                       (FIBER_SCHED_TRACE_MAX_EVENTS, an environment variable, caps a
+                       recording's events per thread; default 1,000,000)
 
 USING IT
     In exactly one .cpp of your program:
@@ -132,6 +137,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "sync.hpp"
 #include "io.hpp"
 #include "inspect.hpp"
+#include "trace.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -191,7 +197,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/fiber.ipp"
-// Fiber names and the profiler hooks.
+// The trace recorder, then fiber names and the profiler hooks that feed it.
+#include "impl/trace.ipp"
 #include "impl/hooks.ipp"
 // The registry of live fibers, and the report made from it (and its OS calls).
 #include "impl/inspect_os.ipp"

@@ -1,5 +1,5 @@
 // ---------------------------------------------------------------------------
-// Seeing inside: the profiler hooks (Hooks, set_hooks) and the one flag word the switch paths test before they call any of it.
+// Seeing inside: the profiler hooks (Hooks, set_hooks) and the one flag word the switch paths test before they call any of it (the hooks' bit, the trace's bit).
 //
 // Hooks are off unless set: the switch paths test one relaxed load of
 // observe_flags, a branch the CPU predicts, and call out of line only when a bit is set.
@@ -45,8 +45,10 @@ namespace detail {
 
 // Bits of observe_flags: which observers are on.
 constexpr unsigned observe_hooks = 1;  // set_hooks() installed at least one hook
-// Read (relaxed) on every switch, wake, create and destroy; written by set_hooks(). It
-// orders nothing: each hook is an atomic pointer of its own, read relaxed where it is called.
+constexpr unsigned observe_trace = 2;  // trace::start() or start_ring() is recording
+// Read (relaxed) on every switch, wake, create and destroy; written by set_hooks() and the
+// trace's start and stop. It orders nothing: each hook is an atomic pointer of its own, read
+// relaxed where it is called, and each trace buffer has its own lock (impl/trace.ipp).
 extern std::atomic<unsigned> observe_flags;
 FIBER_SCHED_ALWAYS_INLINE inline bool observing() noexcept {
     return FIBER_SCHED_UNLIKELY(observe_flags.load(std::memory_order_relaxed) != 0);

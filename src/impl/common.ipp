@@ -192,6 +192,13 @@ struct FiberAccess {
         f.name_.store(nullptr, std::memory_order_relaxed);  // a task's name goes with its task
     }
     static bool& announced(Fiber& f) noexcept { return f.announced_; }
+    // How the fiber just switched out, for the trace: read on the resumer's thread before
+    // after_switch_back() (which clears after_switch_).
+    static const char* switch_out_kind(const Fiber& f) noexcept {
+        if (f.returned_) return "returned";
+        if (f.after_switch_) return f.park_stays_running_ ? "yielded" : "parked";
+        return "suspended";  // Fiber::yield(): back to whoever resumed it
+    }
     static void set_task_name(Fiber& f, const char* name) noexcept { f.name_.store(name, std::memory_order_release); }
 
     // Switches the running fiber out; resume() runs on_parked(fiber, arg) on the resumer's

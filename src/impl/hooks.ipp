@@ -1,5 +1,6 @@
 // ---------------------------------------------------------------------------
-// Implementation: fiber names (interned) and the profiler hooks (observe.hpp).
+// Implementation: fiber names (interned) and the profiler hooks (observe.hpp), which also
+// feed the trace recorder (impl/trace.ipp) while its bit of observe_flags is set.
 //
 // Names are interned in one process-wide set: a name's characters never move or go, so a
 // Fiber keeps a bare pointer (set_name is one atomic store), a task carries one from
@@ -20,6 +21,7 @@
 #include "scheduler.hpp"
 #include "impl/common.ipp"
 #include "impl/os.ipp"
+#include "impl/trace.ipp"
 
 namespace fsched {
 namespace detail {
@@ -90,9 +92,11 @@ void observe_switch_in(Fiber& fiber, Fiber* resumer) noexcept {
         if (auto hook = hook_table.on_switch_out.load(std::memory_order_relaxed)) hook(*resumer, worker);
     }
     if (auto hook = hook_table.on_switch_in.load(std::memory_order_relaxed)) hook(fiber, worker);
+    if (observe_flags.load(std::memory_order_relaxed) & observe_trace) trace_switch_in(fiber, resumer);
 }
 
 void observe_switch_out(Fiber& fiber, Fiber* resumer) noexcept {
+    if (observe_flags.load(std::memory_order_relaxed) & observe_trace) trace_switch_out(fiber, resumer);
     const int worker = Scheduler::worker_index();
     if (auto hook = hook_table.on_switch_out.load(std::memory_order_relaxed)) hook(fiber, worker);
     if (resumer) {
@@ -101,7 +105,9 @@ void observe_switch_out(Fiber& fiber, Fiber* resumer) noexcept {
 }
 
 void observe_wake(Fiber& woken) noexcept {
-    if (auto hook = hook_table.on_wake.load(std::memory_order_relaxed)) hook(woken, running_fiber());
+    Fiber* by = running_fiber();
+    if (auto hook = hook_table.on_wake.load(std::memory_order_relaxed)) hook(woken, by);
+    if (observe_flags.load(std::memory_order_relaxed) & observe_trace) trace_wake(woken, by);
 }
 
 }  // namespace detail

@@ -1,0 +1,43 @@
+// ---------------------------------------------------------------------------
+// The trace recorder and the flight recorder (fsched::trace): what each thread ran, as
+// Chrome Trace Event JSON that Perfetto UI, chrome://tracing and speedscope open.
+//
+// Each thread records into a buffer of its own (impl/trace.ipp): one `tid` per worker or
+// plain thread, a complete event ("ph":"X") for each slice a fiber ran there, with the
+// fiber's id, its name and why the slice ended in `args`, and a flow ("ph":"s" / "ph":"f")
+// from the slice that woke a fiber to the slice it next ran in. Memory is bounded per
+// thread: start() keeps the first FIBER_SCHED_TRACE_MAX_EVENTS events of each thread (an
+// environment variable read by start(); default 1,000,000, about 56 MB) and counts the
+// rest; start_ring() keeps the newest n. The file says how many were dropped.
+// ---------------------------------------------------------------------------
+
+#pragma once
+
+namespace fsched {
+namespace trace {
+
+// Begins recording every thread's fiber slices and wake-ups; stop() writes them to `path`
+// as Chrome Trace Event JSON. Any thread, while schedulers run. False (and nothing
+// recorded) when a recording or a ring is already on, or `path` cannot be opened for
+// writing.
+bool start(const std::string& path);
+// Ends the recording start() began and writes its file; ends a ring too (writing nothing).
+// Harmless when nothing is recording.
+void stop();
+// The flight recorder: keeps the newest `events_per_worker` events of each thread in memory
+// and writes nothing until dump(). False when `events_per_worker` is 0 or a recording or a
+// ring is already on. stop() ends it.
+bool start_ring(std::size_t events_per_worker);
+// Writes what the ring holds now (and the slice each thread is running) to `path` as Chrome
+// Trace Event JSON; the ring goes on recording. False when no ring is on or `path` cannot be
+// opened.
+bool dump(const std::string& path);
+
+}  // namespace trace
+
+namespace detail {
+// For tests: the cap start() gives each thread's buffer; 0 (the default) reads
+// FIBER_SCHED_TRACE_MAX_EVENTS, else 1,000,000. Read by the next start().
+void set_trace_max_events(std::size_t events);
+}  // namespace detail
+}  // namespace fsched
