@@ -2444,8 +2444,10 @@ bool start(const std::string& path);
 // Harmless when nothing is recording.
 void stop();
 // The flight recorder: keeps the newest `events_per_worker` events of each thread in memory
-// and writes nothing until dump(). False when `events_per_worker` is 0 or a recording or a
-// ring is already on. stop() ends it.
+// and writes nothing until dump(), or until a hang report (FIBER_SCHED_HANG_REPORT_S,
+// SchedulerOptions::hang_report_after), which writes them to fiber_sched-hang-<pid>-<n>.json
+// in the current directory and names the file. False when `events_per_worker` is 0 or a
+// recording or a ring is already on. stop() ends it.
 bool start_ring(std::size_t events_per_worker);
 // Writes what the ring holds now (and the slice each thread is running) to `path` as Chrome
 // Trace Event JSON; the ring goes on recording. False when no ring is on or `path` cannot be
@@ -6421,6 +6423,7 @@ void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
 
 
 // (src/inspect.hpp already inlined above)
+// (src/trace.hpp already inlined above)
 // (src/fiber_switch.hpp already inlined above)
 // (src/scheduler.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
@@ -6861,6 +6864,16 @@ void look_for_hangs() {
         append(text, "fiber_sched: Scheduler \"%s\": stop() has waited %.1f s for its tasks; every fiber:\n",
                names[i].c_str(), waited[i]);
         text += format_report(take_snapshot(true));
+        // With the flight recorder on, its events go beside the report.
+        static std::atomic<unsigned> hang_traces{0};
+#if defined(_WIN32)
+        const unsigned long pid = GetCurrentProcessId();
+#else
+        const unsigned long pid = static_cast<unsigned long>(getpid());
+#endif
+        std::string path;
+        append(path, "fiber_sched-hang-%lu-%u.json", pid, ++hang_traces);
+        if (trace::dump(path)) text += "fiber_sched: the flight recorder's events are in " + path + '\n';
         emit_report(text);
     }
 }

@@ -25,8 +25,10 @@ bool start(const std::string& path);
 // Harmless when nothing is recording.
 void stop();
 // The flight recorder: keeps the newest `events_per_worker` events of each thread in memory
-// and writes nothing until dump(). False when `events_per_worker` is 0 or a recording or a
-// ring is already on. stop() ends it.
+// and writes nothing until dump(), or until a hang report (FIBER_SCHED_HANG_REPORT_S,
+// SchedulerOptions::hang_report_after), which writes them to fiber_sched-hang-<pid>-<n>.json
+// in the current directory and names the file. False when `events_per_worker` is 0 or a
+// recording or a ring is already on. stop() ends it.
 bool start_ring(std::size_t events_per_worker);
 // Writes what the ring holds now (and the slice each thread is running) to `path` as Chrome
 // Trace Event JSON; the ring goes on recording. False when no ring is on or `path` cannot be

@@ -410,10 +410,12 @@ TEST_CASE("hang report: FIBER_SCHED_HANG_REPORT_S prints the report once while s
         setenv("FIBER_SCHED_HANG_REPORT_S", "0.2", 1);
 #endif
         fsched::detail::set_watch_timing(20ms, 1000ms);
+        if (!fsched::trace::start_ring(64)) std::abort();  // its events go beside the report
         Scheduler s(1, false, "slow-stop");
         s.schedule(fsched::ScheduleTask{nullptr, [] { fsched::this_fiber::sleep_for(1500ms); }, -1,
                                         fsched::Priority::Normal, "slow-task"});
         s.stop();
+        fsched::trace::stop();
         std::fprintf(stderr, "STOPPED\n");
     }, 60);
     INFO(r.err);
@@ -425,6 +427,20 @@ TEST_CASE("hang report: FIBER_SCHED_HANG_REPORT_S prints the report once while s
     CHECK(contains(r.err, "(slow-task): parked "));
     CHECK(contains(r.err, " on sleep"));
     CHECK(r.err.find("STOPPED") > at);
+    // The flight recorder's file, named in the report.
+    const std::string head = "the flight recorder's events are in ";
+    const std::size_t named = r.err.find(head);
+    REQUIRE(named != std::string::npos);
+    const std::string path = r.err.substr(named + head.size(), r.err.find('\n', named) - named - head.size());
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    REQUIRE(f != nullptr);
+    std::string json;
+    char chunk[4096];
+    for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) json.append(chunk, n);
+    std::fclose(f);
+    CHECK(contains(json, "\"traceEvents\""));
+    CHECK(contains(json, "slow-task"));
+    std::remove(path.c_str());
 }
 
 TEST_CASE("hang report: off without FIBER_SCHED_HANG_REPORT_S, and for a bad value") {
@@ -476,4 +492,36 @@ TEST_CASE("report: misuse") {
     CHECK(test::aborted_with(r, "dump_fibers(): the FILE is null"));
     test::ChildResult t = test::run_in_child([] { fsched::detail::set_watch_timing(0ms, 0ms); });
     CHECK(test::aborted_with(t, "set_watch_timing()"));
+}
+
+TEST_CASE("hang report: SchedulerOptions::hang_report_after, without the environment variable") {
+    test::ChildResult r = test::run_in_child([] {
+#if defined(_WIN32)
+        _putenv_s("FIBER_SCHED_HANG_REPORT_S", " ");
+#else
+        unsetenv("FIBER_SCHED_HANG_REPORT_S");
+#endif
+        fsched::detail::set_watch_timing(20ms, 1000ms);
+        fsched::SchedulerOptions options;
+        options.threads = 2;
+        options.use_caller = false;
+        options.name = "optioned";
+        options.hang_report_after = 150ms;
+        Scheduler s(options);
+        fsched::Mutex m;
+        fsched::ConditionVariable cv;
+        bool go = false;
+        s.schedule(fsched::ScheduleTask{nullptr, [&] {
+                                            std::unique_lock<fsched::Mutex> lock(m);
+                                            cv.wait_for(lock, 800ms, [&] { return go; });
+                                        },
+                                        -1, fsched::Priority::Normal, "cv-waiter"});
+        s.stop();
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    CHECK(contains(r.err, "fiber_sched: Scheduler \"optioned\": stop() has waited "));
+    CHECK(contains(r.err, "(cv-waiter): parked "));
+    CHECK(contains(r.err, " on ConditionVariable 0x"));
+    CHECK(contains(r.err, " left;"));
 }

@@ -24,6 +24,7 @@
 #pragma once
 
 #include "inspect.hpp"
+#include "trace.hpp"
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
 #include "impl/common.ipp"
@@ -464,6 +465,16 @@ void look_for_hangs() {
         append(text, "fiber_sched: Scheduler \"%s\": stop() has waited %.1f s for its tasks; every fiber:\n",
                names[i].c_str(), waited[i]);
         text += format_report(take_snapshot(true));
+        // With the flight recorder on, its events go beside the report.
+        static std::atomic<unsigned> hang_traces{0};
+#if defined(_WIN32)
+        const unsigned long pid = GetCurrentProcessId();
+#else
+        const unsigned long pid = static_cast<unsigned long>(getpid());
+#endif
+        std::string path;
+        append(path, "fiber_sched-hang-%lu-%u.json", pid, ++hang_traces);
+        if (trace::dump(path)) text += "fiber_sched: the flight recorder's events are in " + path + '\n';
         emit_report(text);
     }
 }
