@@ -2414,6 +2414,8 @@ void set_report_sink(std::function<void(const std::string&)> sink);
 // How often the watch thread looks, and how long each fiber of a lock cycle must have
 // waited before the cycle is reported (defaults: 1 s and 1 s). For tests.
 void set_watch_timing(std::chrono::milliseconds period, std::chrono::milliseconds deadlock_after);
+// Reports the dump handler's thread has printed (tests).
+std::uint64_t dump_handler_reports() noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/inspect.hpp ----
@@ -6211,6 +6213,16 @@ Registry& registry() {
 // True until the heavy barrier is known to work: then destroyers need no fence.
 std::atomic<bool> registry_fences{true};
 
+// The fences of the protocol at the top. ThreadSanitizer has no fences (gcc refuses them):
+// there the four accesses are seq_cst instead, which orders them the same way.
+#if defined(FIBER_SCHED_TSAN)
+constexpr std::memory_order registry_order = std::memory_order_seq_cst;
+inline void registry_fence() noexcept {}
+#else
+constexpr std::memory_order registry_order = std::memory_order_relaxed;
+inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
+#endif
+
 RegistrySegment* claim_segment(ThreadState* ts) noexcept {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -6277,14 +6289,17 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg)
 void registry_remove(Fiber& f) noexcept {
     std::atomic<Fiber*>* slot = FiberAccess::registry_slot(f);
     if (!slot) return;
-    slot->store(nullptr, std::memory_order_relaxed);
+    slot->store(nullptr, registry_order);
     if (FIBER_SCHED_UNLIKELY(registry_fences.load(std::memory_order_relaxed))) {
-        std::atomic_thread_fence(std::memory_order_seq_cst);
+        registry_fence();
     } else {
         std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
     }
     RegistrySegment& seg = *FiberAccess::registry_segment(f);
-    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(std::memory_order_acquire))) wait_for_report(seg);
+    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
+                                                                                            : registry_order))) {
+        wait_for_report(seg);
+    }
     FiberAccess::registry_slot(f) = nullptr;
 }
 
@@ -6303,13 +6318,13 @@ void for_each_live_fiber(Visit&& visit) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.report_mutex);
     RegistrySegment* const first = r.segments.load(std::memory_order_acquire);
-    for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(true, std::memory_order_relaxed);
+    for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(true, registry_order);
     if (registry_fences.load(std::memory_order_relaxed) || !os::heavy_barrier()) {
-        std::atomic_thread_fence(std::memory_order_seq_cst);
+        registry_fence();
         // A heavy barrier that failed (a forked child, a sandbox) cannot vouch for the
         // destroyers that skipped their fence; from now on they fence.
         registry_fences.store(true, std::memory_order_relaxed);
-        std::atomic_thread_fence(std::memory_order_seq_cst);
+        registry_fence();
     }
     struct Release {
         RegistrySegment* first;
@@ -6320,7 +6335,10 @@ void for_each_live_fiber(Visit&& visit) {
     for (RegistrySegment* s = first; s; s = s->next) {
         for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
             for (std::size_t i = 0; i < c->size; ++i) {
-                if (Fiber* f = c->slots[i].load(std::memory_order_acquire)) visit(*f);
+                if (Fiber* f = c->slots[i].load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
+                                                                                           : registry_order)) {
+                    visit(*f);
+                }
             }
         }
     }
@@ -7011,6 +7029,8 @@ void fsched_dump_signal(int) {
 }
 #endif
 
+std::atomic<std::uint64_t> dumps_printed{0};
+
 void dump_loop() noexcept {
     for (;;) {
 #if defined(_WIN32)
@@ -7026,10 +7046,13 @@ void dump_loop() noexcept {
             dump_fibers(stderr);
         } catch (...) {
         }
+        dumps_printed.fetch_add(1, std::memory_order_relaxed);
     }
 }
 
 }  // namespace
+
+std::uint64_t dump_handler_reports() noexcept { return dumps_printed.load(std::memory_order_relaxed); }
 
 void build_report_state() {
     (void)watch_state();

@@ -178,16 +178,27 @@ TEST_CASE("report: every wait kind, with what it waits for, on which worker, for
     });
     s.schedule([&] {
         sleep_id = fsched::this_fiber::id();
-        fsched::this_fiber::sleep_for(30s);  // cut short below: a channel would be simpler, a sleep is what we test
+        while (!stop_yielding) fsched::this_fiber::sleep_for(200ms);
     });
     s.schedule([&] {
         parked_fn_id = fsched::this_fiber::id();
         fsched_test_parked_here(empty);
     });
-    s.schedule([&] {
-        yield_id = fsched::this_fiber::id();
-        while (!stop_yielding) fsched::this_fiber::yield();
-    });
+    // Two fibers yield to each other on worker 1, each busy a while between yields: either
+    // is queued (runnable after a yield) about half the time.
+    for (int i = 0; i < 2; ++i) {
+        s.schedule(
+            [&, i] {
+                if (i == 0) yield_id = fsched::this_fiber::id();
+                while (!stop_yielding) {
+                    const auto until = std::chrono::steady_clock::now() + 200us;
+                    while (std::chrono::steady_clock::now() < until) {
+                    }
+                    fsched::this_fiber::yield();
+                }
+            },
+            1);
+    }
 
     auto all_parked = [&](const std::string& r) {
         for (auto* id : {&mutex_id, &cv_id, &wg_id, &recv_id, &send_id, &sleep_id, &parked_fn_id}) {
@@ -214,7 +225,7 @@ TEST_CASE("report: every wait kind, with what it waits for, on which worker, for
     CHECK(contains(line_of(report, send_id), "(length 1, capacity 1)"));
     const std::string sleep_line = line_of(report, sleep_id);
     CHECK(contains(sleep_line, " on sleep"));
-    CHECK(contains(sleep_line, " s left"));
+    CHECK(contains(sleep_line, " ms left"));
     CHECK(contains(line_of(report, holder_id), ": parked "));  // the holder waits on release_all
     // The yielding fiber: runnable (queued) or running at the instant it was read.
     const std::string yield_report =
@@ -472,7 +483,8 @@ TEST_CASE("dump handler: the report on a signal, and the program goes on") {
         s.schedule(fsched::ScheduleTask{nullptr, [&] { ch.receive(); }, -1, fsched::Priority::Normal, "waiting-one"});
         std::this_thread::sleep_for(100ms);
         std::raise(FIBER_SCHED_DUMP_SIGNAL);
-        std::this_thread::sleep_for(1000ms);  // the dump thread prints meanwhile
+        // The dump thread prints meanwhile (ThreadSanitizer delivers the signal late).
+        for (int i = 0; i < 2000 && fsched::detail::dump_handler_reports() == 0; ++i) std::this_thread::sleep_for(10ms);
         std::fprintf(stderr, "WENT ON\n");
         ch.send(1);
         s.stop();

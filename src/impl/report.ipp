@@ -612,6 +612,8 @@ void fsched_dump_signal(int) {
 }
 #endif
 
+std::atomic<std::uint64_t> dumps_printed{0};
+
 void dump_loop() noexcept {
     for (;;) {
 #if defined(_WIN32)
@@ -627,10 +629,13 @@ void dump_loop() noexcept {
             dump_fibers(stderr);
         } catch (...) {
         }
+        dumps_printed.fetch_add(1, std::memory_order_relaxed);
     }
 }
 
 }  // namespace
+
+std::uint64_t dump_handler_reports() noexcept { return dumps_printed.load(std::memory_order_relaxed); }
 
 void build_report_state() {
     (void)watch_state();
