@@ -266,6 +266,7 @@ enum class FaultSite : int {
     IoAlloc,       // the record of an fd that a fiber waits for
     ThreadStart,   // starting a worker thread
     CpuPin,        // pinning a worker thread to its CPU (SchedulerOptions::cpu_affinity)
+    RegistryAlloc, // a chunk of the fiber registry's slots (the fiber goes unlisted)
     EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
                    // worker, to widen that race in tests
     Count
@@ -6141,13 +6142,14 @@ inline bool locate_code(std::uintptr_t pc, CodeLocation& out, char* module_buffe
 // threads may wake, run or destroy meanwhile.
 //
 // The registry. Each thread that makes fibers owns a segment: chunks of slots, each holding
-// a live Fiber* or null. A new fiber takes a slot from its thread's free list with a plain
-// store (no lock, no atomic read-modify-write: creating and destroying a fiber costs a few
-// plain loads and stores more); a destroyed fiber, on any thread, nulls its slot. The free
-// list is its owner's alone: when it runs dry the owner sweeps its chunks for null slots,
-// and adds a chunk as large as all the others when under a quarter are free, so a sweep's
-// cost is spread over at least as many creations as it has slots. Segments and chunks are
-// never freed; a segment whose thread exited goes to the next thread that asks.
+// a live Fiber*, null, or (low bit set) a link of the owner's free list. A new fiber takes
+// the free list's first slot with plain stores (no lock, no atomic read-modify-write:
+// creating and destroying a fiber costs a few plain loads and stores more); a destroyed
+// fiber, on any thread, nulls its slot. When the free list runs dry the owner sweeps its
+// chunks and links the null slots, and adds a chunk as large as all the others when under a
+// quarter were null, so a sweep's cost is spread over at least as many creations as it has
+// slots, and a live fiber costs 8 to 16 bytes of slots. Segments and chunks are never freed;
+// a segment whose thread exited goes to the next thread that asks.
 //
 // A destroyed fiber must not be freed while a report reads it. The destroyer nulls its
 // slot, then reads its segment's `reporting` flag and waits while it is set; the report
@@ -6175,13 +6177,17 @@ inline bool locate_code(std::uintptr_t pc, CodeLocation& out, char* module_buffe
 namespace fsched {
 namespace detail {
 
+// Plain pointers and sizes, for tools/fiber_sched_gdb.py too (chunks are never freed).
 struct RegistryChunk {
-    explicit RegistryChunk(std::size_t n) : size(n), slots(new std::atomic<Fiber*>[n]) {
-        for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
+    // `slots` is null when there is no memory for them (new (std::nothrow)).
+    explicit RegistryChunk(std::size_t n) noexcept : size(n), slots(new (std::nothrow) std::atomic<Fiber*>[n]) {
+        if (slots) {
+            for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
+        }
     }
     RegistryChunk* next = nullptr;  // the older chunk; set before this one is published
     const std::size_t size;
-    const std::unique_ptr<std::atomic<Fiber*>[]> slots;
+    std::atomic<Fiber*>* const slots;
 };
 
 struct RegistrySegment {
@@ -6190,9 +6196,18 @@ struct RegistrySegment {
     RegistrySegment* next = nullptr;              // in the list of all; set before published
     bool owned = false;                           // a thread makes its fibers here (registry mutex)
     // The owner's only (handed over under the registry mutex):
-    std::vector<std::atomic<Fiber*>*> free_slots;
+    std::atomic<Fiber*>* free_head = nullptr;  // the free list (its links: free_link)
     std::size_t capacity = 0;
 };
+
+// Every segment, newest first (a debugger starts here: tools/fiber_sched_gdb.py).
+std::atomic<RegistrySegment*> registry_segments{nullptr};
+
+// A free slot's value: the next free slot, tagged so that no one takes it for a fiber.
+inline Fiber* free_link(std::atomic<Fiber*>* next) noexcept {
+    return reinterpret_cast<Fiber*>(reinterpret_cast<std::uintptr_t>(next) | 1);
+}
+inline bool is_fiber(const Fiber* value) noexcept { return value && !(reinterpret_cast<std::uintptr_t>(value) & 1); }
 
 namespace {
 
@@ -6200,7 +6215,6 @@ constexpr std::size_t registry_chunk_min = 256;
 
 struct Registry {
     std::mutex mutex;  // claiming and adding segments
-    std::atomic<RegistrySegment*> segments{nullptr};  // newest first
     std::mutex report_mutex;  // one report at a time
 };
 
@@ -6226,41 +6240,48 @@ inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_ord
 RegistrySegment* claim_segment(ThreadState* ts) noexcept {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    RegistrySegment* seg = r.segments.load(std::memory_order_relaxed);
+    RegistrySegment* seg = registry_segments.load(std::memory_order_relaxed);
     while (seg && seg->owned) seg = seg->next;
     if (!seg) {
         seg = new (std::nothrow) RegistrySegment;
         if (!seg) return nullptr;
-        seg->next = r.segments.load(std::memory_order_relaxed);
-        r.segments.store(seg, std::memory_order_release);
+        seg->next = registry_segments.load(std::memory_order_relaxed);
+        registry_segments.store(seg, std::memory_order_release);
     }
     seg->owned = true;
     ts->registry = seg;
     return seg;
 }
 
-// The owner, with no free slot left: sweeps for null slots, adds a chunk if few are free.
+// The owner, with no free slot left: links the null slots, adds a chunk if few were null.
 bool refill(RegistrySegment& seg) noexcept {
-    try {
-        seg.free_slots.reserve(seg.capacity);
-        for (RegistryChunk* c = seg.chunks.load(std::memory_order_relaxed); c; c = c->next) {
-            for (std::size_t i = 0; i < c->size; ++i) {
-                if (!c->slots[i].load(std::memory_order_relaxed)) seg.free_slots.push_back(&c->slots[i]);
+    std::size_t found = 0;
+    for (RegistryChunk* c = seg.chunks.load(std::memory_order_relaxed); c; c = c->next) {
+        for (std::size_t i = 0; i < c->size; ++i) {
+            if (!c->slots[i].load(std::memory_order_relaxed)) {
+                c->slots[i].store(free_link(seg.free_head), std::memory_order_relaxed);
+                seg.free_head = &c->slots[i];
+                ++found;
             }
         }
-        if (seg.free_slots.size() * 4 <= seg.capacity || seg.capacity == 0) {
-            const std::size_t n = std::max(registry_chunk_min, seg.capacity);
-            auto* chunk = new RegistryChunk(n);
-            seg.free_slots.reserve(seg.capacity + n);
+    }
+    if (found * 4 <= seg.capacity || seg.capacity == 0) {
+        const std::size_t n = std::max(registry_chunk_min, seg.capacity);
+        auto* chunk = FIBER_SCHED_FAULT(RegistryAlloc) ? nullptr : new (std::nothrow) RegistryChunk(n);
+        // (Out of memory: the fiber goes unlisted, unless the sweep found a slot.)
+        if (chunk && chunk->slots) {
+            for (std::size_t i = n; i-- > 0;) {
+                chunk->slots[i].store(free_link(seg.free_head), std::memory_order_relaxed);
+                seg.free_head = &chunk->slots[i];
+            }
             chunk->next = seg.chunks.load(std::memory_order_relaxed);
             seg.chunks.store(chunk, std::memory_order_release);
             seg.capacity += n;
-            for (std::size_t i = n; i-- > 0;) seg.free_slots.push_back(&chunk->slots[i]);
+        } else {
+            delete chunk;
         }
-    } catch (...) {
-        // Out of memory: the fiber goes unlisted; the ones before stay listed.
     }
-    return !seg.free_slots.empty();
+    return seg.free_head != nullptr;
 }
 
 }  // namespace
@@ -6271,9 +6292,10 @@ void registry_add(Fiber& f) noexcept {
     if (FIBER_SCHED_UNLIKELY(ts->exited)) return;  // a thread_local destructor's fiber
     RegistrySegment* seg = ts->registry;
     if (FIBER_SCHED_UNLIKELY(!seg) && !(seg = claim_segment(ts))) return;
-    if (FIBER_SCHED_UNLIKELY(seg->free_slots.empty()) && !refill(*seg)) return;
-    std::atomic<Fiber*>* slot = seg->free_slots.back();
-    seg->free_slots.pop_back();
+    if (FIBER_SCHED_UNLIKELY(!seg->free_head) && !refill(*seg)) return;
+    std::atomic<Fiber*>* slot = seg->free_head;
+    seg->free_head = reinterpret_cast<std::atomic<Fiber*>*>(
+        reinterpret_cast<std::uintptr_t>(slot->load(std::memory_order_relaxed)) & ~std::uintptr_t{1});
     FiberAccess::registry_slot(f) = slot;
     FiberAccess::registry_segment(f) = seg;
     slot->store(&f, std::memory_order_release);  // the report's acquire sees it whole
@@ -6317,7 +6339,7 @@ template <class Visit>
 void for_each_live_fiber(Visit&& visit) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.report_mutex);
-    RegistrySegment* const first = r.segments.load(std::memory_order_acquire);
+    RegistrySegment* const first = registry_segments.load(std::memory_order_acquire);
     for (RegistrySegment* s = first; s; s = s->next) s->reporting.store(true, registry_order);
     if (registry_fences.load(std::memory_order_relaxed) || !os::heavy_barrier()) {
         registry_fence();
@@ -6335,10 +6357,9 @@ void for_each_live_fiber(Visit&& visit) {
     for (RegistrySegment* s = first; s; s = s->next) {
         for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
             for (std::size_t i = 0; i < c->size; ++i) {
-                if (Fiber* f = c->slots[i].load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                           : registry_order)) {
-                    visit(*f);
-                }
+                Fiber* f = c->slots[i].load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
+                                                                                        : registry_order);
+                if (is_fiber(f)) visit(*f);
             }
         }
     }
@@ -6362,7 +6383,7 @@ void build_registry() {
             // Only this thread goes on: no report runs; the others' segments stay theirs
             // (their fibers are still listed, as their memory is still there).
             registry_fences.store(true, std::memory_order_relaxed);
-            for (RegistrySegment* s = registry().segments.load(std::memory_order_relaxed); s; s = s->next) {
+            for (RegistrySegment* s = registry_segments.load(std::memory_order_relaxed); s; s = s->next) {
                 s->reporting.store(false, std::memory_order_relaxed);
             }
             registry().report_mutex.unlock();
@@ -6689,6 +6710,7 @@ void append_frames(std::string& out, const FiberSnapshot& f) {
             out += '\n';
             continue;
         }
+#if !defined(_WIN32)  // (no symbol names there: locate_code gives the module only)
         if (where.symbol[0]) {
             int status = -1;
             char* demangled = abi::__cxa_demangle(where.symbol, nullptr, nullptr, &status);
@@ -6698,6 +6720,7 @@ void append_frames(std::string& out, const FiberSnapshot& f) {
             append(out, " %s+0x%llx", shown.c_str(), static_cast<unsigned long long>(where.symbol_offset + 1));
             std::free(demangled);
         }
+#endif
         append(out, " [%s @0x%llx]\n", where.module, static_cast<unsigned long long>(where.module_address + 1));
     }
 }

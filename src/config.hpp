@@ -148,6 +148,7 @@ enum class FaultSite : int {
     IoAlloc,       // the record of an fd that a fiber waits for
     ThreadStart,   // starting a worker thread
     CpuPin,        // pinning a worker thread to its CPU (SchedulerOptions::cpu_affinity)
+    RegistryAlloc, // a chunk of the fiber registry's slots (the fiber goes unlisted)
     EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
                    // worker, to widen that race in tests
     Count

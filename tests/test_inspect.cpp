@@ -537,3 +537,29 @@ TEST_CASE("hang report: SchedulerOptions::hang_report_after, without the environ
     CHECK(contains(r.err, " on ConditionVariable 0x"));
     CHECK(contains(r.err, " left;"));
 }
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+TEST_CASE("registry: without memory for its slots a fiber goes unlisted and works; the next is listed") {
+    const long before = live_count(fsched::fiber_report());
+    std::thread([&] {
+        // Every chunk of slots fails from now on: once the thread's segment is full (a
+        // segment handed on by an exited thread may have room), its fibers go unlisted.
+        constexpr int count = 3000;
+        std::vector<std::unique_ptr<Fiber>> fibers;
+        int ran = 0;
+        fsched::detail::inject_fault(fsched::detail::FaultSite::RegistryAlloc, 1);
+        for (int i = 0; i < count; ++i) fibers.push_back(std::make_unique<Fiber>([&] { ++ran; }));
+        fsched::detail::inject_fault(fsched::detail::FaultSite::RegistryAlloc, 0);
+        const long listed = live_count(fsched::fiber_report()) - before;
+        CHECK(listed < count);
+        CHECK(listed >= 0);
+        for (auto& f : fibers) f->resume();
+        CHECK(ran == count);
+        Fiber next([&] { ++ran; });  // memory again: listed
+        CHECK(!line_of(fsched::fiber_report(), next.id()).empty());
+        fibers.clear();
+        CHECK(live_count(fsched::fiber_report()) == before + 1);
+    }).join();
+    CHECK(live_count(fsched::fiber_report()) == before);
+}
+#endif

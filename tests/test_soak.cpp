@@ -231,7 +231,7 @@ struct Actor {
 enum class Op {
     yield, sleep, spin, spawn, spawn_batch, fan_out, suspend, put_back,
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
-    send, extra_consumer, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child,
+    send, extra_consumer, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
     io_cancel_close, io_low_water, io_full_backlog,
 };
@@ -246,7 +246,7 @@ constexpr OpWeight op_weights[] = {
     {Op::fan_out, 3}, {Op::suspend, 3}, {Op::put_back, 3}, {Op::lock, 10}, {Op::try_lock, 3},
     {Op::transfer, 4}, {Op::cv_produce, 5}, {Op::cv_consume, 4}, {Op::cv_wait, 1}, {Op::ping_pong, 2},
     {Op::send, 10}, {Op::extra_consumer, 1}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
-    {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u},
+    {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u}, {Op::report, 1},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
     {Op::io_pinned_fresh, 1}, {Op::io_cancel_close, 1}, {Op::io_low_water, 1}, {Op::io_full_backlog, 1},
@@ -807,6 +807,15 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     case Op::fork_child:
         fork_child_op(a.in_fiber ? "a task" : "a plain thread");
         return 1;
+    case Op::report: {
+        // fiber_report() from a task or a plain thread while every other operation runs:
+        // it reads parked fibers that others wake and fibers that others destroy.
+        const std::string report = fsched::fiber_report();
+        if (report.compare(0, 13, "fiber_sched: ") != 0 || report.find(" live fibers: ") == std::string::npos) {
+            violations_.add("fiber_report() is not a report", report.substr(0, 80));
+        }
+        return 1;
+    }
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     case Op::io_echo: {
         const auto count = static_cast<unsigned>(1 + a.rng.below(std::min<std::uint64_t>(budget, 6)));

@@ -272,6 +272,7 @@ void append_frames(std::string& out, const FiberSnapshot& f) {
             out += '\n';
             continue;
         }
+#if !defined(_WIN32)  // (no symbol names there: locate_code gives the module only)
         if (where.symbol[0]) {
             int status = -1;
             char* demangled = abi::__cxa_demangle(where.symbol, nullptr, nullptr, &status);
@@ -281,6 +282,7 @@ void append_frames(std::string& out, const FiberSnapshot& f) {
             append(out, " %s+0x%llx", shown.c_str(), static_cast<unsigned long long>(where.symbol_offset + 1));
             std::free(demangled);
         }
+#endif
         append(out, " [%s @0x%llx]\n", where.module, static_cast<unsigned long long>(where.module_address + 1));
     }
 }

@@ -26,5 +26,6 @@ int mprotect(void*, size_t, int);
 int madvise(void*, size_t, int);
 int mlock(const void*, size_t);
 int munlock(const void*, size_t);
+int mincore(const void*, size_t, char*);
 FSCHED_STUB_END
 #endif
