@@ -13,6 +13,12 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
                        park a fiber (and block a plain thread) while they wait
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
+    fiber_report       every live fiber: state, what a parked one waits for and since when,
+                       its stack use and backtrace (build -fno-omit-frame-pointer, link
+                       -rdynamic); dump_fibers(FILE*), install_fiber_dump_handler(SIGQUIT);
+                       lock-order deadlocks and hung stop()s (FIBER_SCHED_HANG_REPORT_S,
+                       seconds) are reported on stderr by themselves; tools/fiber_sched_gdb.py
+                       adds `info fibers` and `fiber bt ID` to gdb
     trace::start/stop  a trace of every fiber slice, park and wake-up per thread, as
                        Chrome Trace Event JSON (Perfetto, chrome://tracing, speedscope);
                        trace::start_ring/dump keep the newest n events per thread
@@ -576,6 +582,11 @@ struct Stack {
 Stack acquire_stack(std::size_t size);
 // Gives a stack back to the pool. The stack's contents are dead.
 void release_stack(Stack& stack) noexcept;
+// The same with the calling thread's state at hand (a Fiber's constructor and destructor,
+// which also list it in the registry: one thread_state() call for both).
+struct ThreadState;
+Stack acquire_stack(std::size_t size, ThreadState* ts);
+void release_stack(Stack& stack, ThreadState* ts) noexcept;
 // Bytes of every stack that the context backend keeps for itself, in whole pages (0 for the
 // assembly backends; the ucontext one keeps its saved contexts there). acquire_stack() adds
 // them to the size asked for.
@@ -1127,12 +1138,14 @@ private:
     // Constructs a fiber that lives at the top of `stack` (make_in_stack, impl/fiber.ipp),
     // without its context: make_in_stack sets top_block_, the bytes its frames run below,
     // then calls finish_construction(). ~Fiber leaves the stack to whoever frees that memory.
+    // The public constructor's body, with the thread's state at hand.
+    Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts);
     struct InStackTag {};
     Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept;
     void reset_function(detail::TaskFunction&& fn);
     // Both constructors' common part, once the stack and function are in place: checks the
     // function, makes the context (may throw; the caller frees the stack).
-    void finish_construction();
+    void finish_construction(detail::ThreadState* ts);
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;
@@ -2668,11 +2681,6 @@ EhState* eh_globals(ThreadState* ts) noexcept {
 #endif
     return ts->eh;
 }
-
-// The registry of live fibers (registry.ipp): `f` is listed once made (by its creating
-// thread), unlisted before it is destroyed (on any thread).
-void registry_add(Fiber& f) noexcept;
-void registry_remove(Fiber& f) noexcept;
 
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
@@ -4784,10 +4792,11 @@ inline StackPool& stack_pool() {
     return *pool;
 }
 
-Stack acquire_stack(std::size_t requested) {
+Stack acquire_stack(std::size_t requested) { return acquire_stack(requested, thread_state()); }
+
+Stack acquire_stack(std::size_t requested, ThreadState* ts) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
-    ThreadState* ts = thread_state();
     register_thread(ts);
     if (ts->exited) {  // a thread_local destroyed after our clean-up: no cache any more
         Stack stack = pool.acquire(size);
@@ -4817,13 +4826,16 @@ Stack acquire_stack(std::size_t requested) {
 }
 
 void release_stack(Stack& stack) noexcept {
+    if (stack.base) release_stack(stack, thread_state());
+}
+
+void release_stack(Stack& stack, ThreadState* ts) noexcept {
     if (!stack.base) return;
 #if defined(FIBER_SCHED_ASAN)
     // Frames abandoned on this stack (a finished or destroyed fiber never unwinds its
     // last frames) leave poisoned redzones that the next owner must not trip over.
     __asan_unpoison_memory_region(stack.base, stack.size);
 #endif
-    ThreadState* ts = thread_state();
     register_thread(ts);
     if (ts->exited) {
         stack_pool().count_exited(-1);
@@ -5016,6 +5028,118 @@ void install_stack_overflow_handler() {
 
 // (src/fiber_switch.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
+// ---- begin src/impl/registry_slots.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the fiber registry's slots and the two calls every Fiber makes, inline:
+// registry_add() (its creating thread's free list; plain loads and stores) and
+// registry_remove() (a plain store, then a look at whether a report is reading). The
+// protocol, the segments' life and the report's walk are in registry.ipp.
+// ---------------------------------------------------------------------------
+
+
+// (src/fiber_switch.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+// Plain pointers and sizes, for tools/fiber_sched_gdb.py too (chunks are never freed).
+struct RegistryChunk {
+    // `slots` is null when there is no memory for them (new (std::nothrow)).
+    explicit RegistryChunk(std::size_t n) noexcept : size(n), slots(new (std::nothrow) std::atomic<Fiber*>[n]) {
+        if (slots) {
+            for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
+        }
+    }
+    RegistryChunk* next = nullptr;  // the older chunk; set before this one is published
+    const std::size_t size;
+    std::atomic<Fiber*>* const slots;
+};
+
+struct RegistrySegment {
+    std::atomic<RegistryChunk*> chunks{nullptr};  // newest first; release-published
+    std::atomic<bool> reporting{false};           // a report reads this segment's fibers
+    RegistrySegment* next = nullptr;              // in the list of all; set before published
+    bool owned = false;                           // a thread makes its fibers here (registry mutex)
+    // The owner's only (handed over under the registry mutex):
+    std::atomic<Fiber*>* free_head = nullptr;  // the free list (its links: free_link)
+    std::size_t capacity = 0;
+};
+
+// A free slot's value: the next free slot, tagged so that no one takes it for a fiber.
+inline Fiber* free_link(std::atomic<Fiber*>* next) noexcept {
+    return reinterpret_cast<Fiber*>(reinterpret_cast<std::uintptr_t>(next) | 1);
+}
+inline bool is_fiber(const Fiber* value) noexcept { return value && !(reinterpret_cast<std::uintptr_t>(value) & 1); }
+
+
+// True until the heavy barrier is known to work: then destroyers need no fence.
+std::atomic<bool> registry_fences{true};
+
+// The fences of the protocol in registry.ipp's top comment. ThreadSanitizer has no fences (gcc refuses them):
+// there the four accesses are seq_cst instead, which orders them the same way.
+#if defined(FIBER_SCHED_TSAN)
+constexpr std::memory_order registry_order = std::memory_order_seq_cst;
+inline void registry_fence() noexcept {}
+#else
+constexpr std::memory_order registry_order = std::memory_order_relaxed;
+inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
+#endif
+
+
+// The ways out of the inline paths below (registry.ipp).
+void registry_add_slow(Fiber& f, ThreadState* ts) noexcept;
+void wait_for_report(RegistrySegment& seg) noexcept;
+
+// Gives `f` the first free slot of `seg` (its owner's thread).
+FIBER_SCHED_ALWAYS_INLINE inline void take_slot(Fiber& f, RegistrySegment& seg) noexcept {
+    std::atomic<Fiber*>* slot = seg.free_head;
+    seg.free_head = reinterpret_cast<std::atomic<Fiber*>*>(
+        reinterpret_cast<std::uintptr_t>(slot->load(std::memory_order_relaxed)) & ~std::uintptr_t{1});
+    FiberAccess::registry_slot(f) = slot;
+    FiberAccess::registry_segment(f) = &seg;
+    slot->store(&f, std::memory_order_release);  // the report's acquire sees it whole
+}
+
+// Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
+// `ts`: this thread's state (the caller has it: one thread_state() call saved).
+FIBER_SCHED_ALWAYS_INLINE inline void registry_add(Fiber& f, ThreadState* ts) noexcept {
+    RegistrySegment* seg = ts->registry;  // null after the thread's exit clean-up
+    if (FIBER_SCHED_LIKELY(seg && seg->free_head)) {
+        take_slot(f, *seg);
+    } else {
+        registry_add_slow(f, ts);
+    }
+}
+
+// Unlists `f` (any thread) before it is destroyed; returns once no report reads it. On the
+// thread that owns its segment the slot goes straight back on the free list (the common
+// case: no sweep needed to find it again); elsewhere it is nulled for the owner's sweep.
+// `ts`: this thread's state.
+FIBER_SCHED_ALWAYS_INLINE inline void registry_remove(Fiber& f, ThreadState* ts) noexcept {
+    std::atomic<Fiber*>* slot = FiberAccess::registry_slot(f);
+    if (!slot) return;
+    RegistrySegment& seg = *FiberAccess::registry_segment(f);
+    if (ts->registry == &seg) {
+        slot->store(free_link(seg.free_head), registry_order);
+        seg.free_head = slot;
+    } else {
+        slot->store(nullptr, registry_order);
+    }
+    if (FIBER_SCHED_UNLIKELY(registry_fences.load(std::memory_order_relaxed))) {
+        registry_fence();
+    } else {
+        std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
+    }
+    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
+                                                                                            : registry_order))) {
+        wait_for_report(seg);
+    }
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/registry_slots.ipp ----
 // (src/impl/stack.ipp already inlined above)
 // (src/impl/context_backend.ipp already inlined above)
 
@@ -5023,14 +5147,20 @@ namespace fsched {
 
 const char* backend() noexcept { return detail::backend_name; }
 
+// One thread_state() call for the stack and the registry. (The stack is made in the member
+// initialiser, straight into stack_: copied in afterwards, its 16-byte loads of what
+// acquire_stack() had just stored in 8-byte halves stalled store forwarding, +30 %.)
 Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
-    : stack_(detail::acquire_stack(stack_size)),
+    : Fiber(std::move(fn), stack_size, detail::thread_state()) {}
+
+Fiber::Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts)
+    : stack_(detail::acquire_stack(stack_size, ts)),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
     try {
-        finish_construction();
+        finish_construction(ts);
     } catch (...) {
-        detail::release_stack(stack_);
+        detail::release_stack(stack_, ts);
         throw;
     }
 }
@@ -5040,25 +5170,26 @@ Fiber::Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) 
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {}
 
-void Fiber::finish_construction() {
+void Fiber::finish_construction(detail::ThreadState* ts) {
     FIBER_SCHED_ASSERT(fn_ && "Fiber(): the function is empty");
     prepare_context();
 #if defined(FIBER_SCHED_TSAN)
     shadow_.tsan_fiber = __tsan_create_fiber(0);
 #endif
     if (detail::observing()) detail::observe_create(*this);
-    detail::registry_add(*this);  // last: a report may read it from now on
+    detail::registry_add(*this, ts);  // last: a report may read it from now on
 }
 
 Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
-    detail::registry_remove(*this);  // first: returns once no report reads it
+    detail::ThreadState* ts = detail::thread_state();
+    detail::registry_remove(*this, ts);  // first: returns once no report reads it
     if (announced_) detail::observe_destroy(*this);
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
 #endif
     detail::release_context(context_);
-    if (top_block_ == 0) detail::release_stack(stack_);  // else InStackAllocator frees it, last
+    if (top_block_ == 0) detail::release_stack(stack_, ts);  // else InStackAllocator frees it, last
 }
 
 void Fiber::prepare_context() {
@@ -5129,14 +5260,15 @@ Fiber::ptr FiberAccess::make_in_stack(TaskFunction&& fn, std::size_t stack_size)
     // A size past the limit goes as it is (acquire_stack throws std::length_error), not
     // wrapped round by the addition.
     const std::size_t asked = stack_size == 0 || stack_size > max_stack_size ? stack_size : stack_size + in_stack_room;
-    const Stack stack = acquire_stack(asked);
+    ThreadState* ts = thread_state();
+    const Stack stack = acquire_stack(asked, ts);
     // Neither throws nor allocates: the Fiber takes the stack and a moved callable,
     // and the allocator hands out the room below the Fiber.
     Fiber* fiber = new (in_stack_fiber(stack)) Fiber(Fiber::InStackTag{}, stack, std::move(fn));
     Fiber::ptr owner(fiber, InStackDeleter{}, InStackAllocator<Fiber>(stack));
     // Now that top_block_ is known. If this throws (an OS fiber that could not be made),
     // `owner` destroys the Fiber and its allocator frees the stack.
-    fiber->finish_construction();
+    fiber->finish_construction(ts);
     return owner;
 }
 
@@ -6144,11 +6276,12 @@ inline bool locate_code(std::uintptr_t pc, CodeLocation& out, char* module_buffe
 // The registry. Each thread that makes fibers owns a segment: chunks of slots, each holding
 // a live Fiber*, null, or (low bit set) a link of the owner's free list. A new fiber takes
 // the free list's first slot with plain stores (no lock, no atomic read-modify-write:
-// creating and destroying a fiber costs a few plain loads and stores more); a destroyed
-// fiber, on any thread, nulls its slot. When the free list runs dry the owner sweeps its
-// chunks and links the null slots, and adds a chunk as large as all the others when under a
-// quarter were null, so a sweep's cost is spread over at least as many creations as it has
-// slots, and a live fiber costs 8 to 16 bytes of slots. Segments and chunks are never freed;
+// creating and destroying a fiber costs a few plain loads and stores more); a fiber
+// destroyed on the owner's thread puts its slot back on the list, one destroyed elsewhere
+// nulls it. When the free list runs dry the owner sweeps its chunks and links the null
+// slots, and adds a chunk as large as all the others when under a quarter were null, so a
+// sweep's cost is spread over at least as many creations as it has slots, and a live fiber
+// costs 8 to 16 bytes of slots. Segments and chunks are never freed;
 // a segment whose thread exited goes to the next thread that asks.
 //
 // A destroyed fiber must not be freed while a report reads it. The destroyer nulls its
@@ -6173,41 +6306,13 @@ inline bool locate_code(std::uintptr_t pc, CodeLocation& out, char* module_buffe
 // (src/impl/common.ipp already inlined above)
 // (src/impl/os.ipp already inlined above)
 // (src/impl/inspect_os.ipp already inlined above)
+// (src/impl/registry_slots.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
 
-// Plain pointers and sizes, for tools/fiber_sched_gdb.py too (chunks are never freed).
-struct RegistryChunk {
-    // `slots` is null when there is no memory for them (new (std::nothrow)).
-    explicit RegistryChunk(std::size_t n) noexcept : size(n), slots(new (std::nothrow) std::atomic<Fiber*>[n]) {
-        if (slots) {
-            for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
-        }
-    }
-    RegistryChunk* next = nullptr;  // the older chunk; set before this one is published
-    const std::size_t size;
-    std::atomic<Fiber*>* const slots;
-};
-
-struct RegistrySegment {
-    std::atomic<RegistryChunk*> chunks{nullptr};  // newest first; release-published
-    std::atomic<bool> reporting{false};           // a report reads this segment's fibers
-    RegistrySegment* next = nullptr;              // in the list of all; set before published
-    bool owned = false;                           // a thread makes its fibers here (registry mutex)
-    // The owner's only (handed over under the registry mutex):
-    std::atomic<Fiber*>* free_head = nullptr;  // the free list (its links: free_link)
-    std::size_t capacity = 0;
-};
-
 // Every segment, newest first (a debugger starts here: tools/fiber_sched_gdb.py).
 std::atomic<RegistrySegment*> registry_segments{nullptr};
-
-// A free slot's value: the next free slot, tagged so that no one takes it for a fiber.
-inline Fiber* free_link(std::atomic<Fiber*>* next) noexcept {
-    return reinterpret_cast<Fiber*>(reinterpret_cast<std::uintptr_t>(next) | 1);
-}
-inline bool is_fiber(const Fiber* value) noexcept { return value && !(reinterpret_cast<std::uintptr_t>(value) & 1); }
 
 namespace {
 
@@ -6223,19 +6328,6 @@ Registry& registry() {
     static Registry* r = new Registry;
     return *r;
 }
-
-// True until the heavy barrier is known to work: then destroyers need no fence.
-std::atomic<bool> registry_fences{true};
-
-// The fences of the protocol at the top. ThreadSanitizer has no fences (gcc refuses them):
-// there the four accesses are seq_cst instead, which orders them the same way.
-#if defined(FIBER_SCHED_TSAN)
-constexpr std::memory_order registry_order = std::memory_order_seq_cst;
-inline void registry_fence() noexcept {}
-#else
-constexpr std::memory_order registry_order = std::memory_order_relaxed;
-inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
-#endif
 
 RegistrySegment* claim_segment(ThreadState* ts) noexcept {
     Registry& r = registry();
@@ -6286,43 +6378,17 @@ bool refill(RegistrySegment& seg) noexcept {
 
 }  // namespace
 
-// Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
-void registry_add(Fiber& f) noexcept {
-    ThreadState* ts = thread_state();
-    if (FIBER_SCHED_UNLIKELY(ts->exited)) return;  // a thread_local destructor's fiber
+// registry_add()'s way when the thread has no segment or no free slot (registry_slots.ipp).
+void registry_add_slow(Fiber& f, ThreadState* ts) noexcept {
+    if (ts->exited) return;  // a thread_local destructor's fiber
     RegistrySegment* seg = ts->registry;
-    if (FIBER_SCHED_UNLIKELY(!seg) && !(seg = claim_segment(ts))) return;
-    if (FIBER_SCHED_UNLIKELY(!seg->free_head) && !refill(*seg)) return;
-    std::atomic<Fiber*>* slot = seg->free_head;
-    seg->free_head = reinterpret_cast<std::atomic<Fiber*>*>(
-        reinterpret_cast<std::uintptr_t>(slot->load(std::memory_order_relaxed)) & ~std::uintptr_t{1});
-    FiberAccess::registry_slot(f) = slot;
-    FiberAccess::registry_segment(f) = seg;
-    slot->store(&f, std::memory_order_release);  // the report's acquire sees it whole
+    if (!seg && !(seg = claim_segment(ts))) return;
+    if (!seg->free_head && !refill(*seg)) return;
+    take_slot(f, *seg);
 }
 
-namespace {
 FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg) noexcept {
     while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
-}
-}  // namespace
-
-// Unlists `f` (any thread) before it is destroyed; returns once no report reads it.
-void registry_remove(Fiber& f) noexcept {
-    std::atomic<Fiber*>* slot = FiberAccess::registry_slot(f);
-    if (!slot) return;
-    slot->store(nullptr, registry_order);
-    if (FIBER_SCHED_UNLIKELY(registry_fences.load(std::memory_order_relaxed))) {
-        registry_fence();
-    } else {
-        std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
-    }
-    RegistrySegment& seg = *FiberAccess::registry_segment(f);
-    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                            : registry_order))) {
-        wait_for_report(seg);
-    }
-    FiberAccess::registry_slot(f) = nullptr;
 }
 
 void release_registry_segment(ThreadState* ts) noexcept {

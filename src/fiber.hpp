@@ -159,12 +159,14 @@ private:
     // Constructs a fiber that lives at the top of `stack` (make_in_stack, impl/fiber.ipp),
     // without its context: make_in_stack sets top_block_, the bytes its frames run below,
     // then calls finish_construction(). ~Fiber leaves the stack to whoever frees that memory.
+    // The public constructor's body, with the thread's state at hand.
+    Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts);
     struct InStackTag {};
     Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept;
     void reset_function(detail::TaskFunction&& fn);
     // Both constructors' common part, once the stack and function are in place: checks the
     // function, makes the context (may throw; the caller frees the stack).
-    void finish_construction();
+    void finish_construction(detail::ThreadState* ts);
 
     static void entry(void* self) noexcept;
     void switch_to_resumer(bool terminating) noexcept;

@@ -11,6 +11,12 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
                        park a fiber (and block a plain thread) while they wait
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
+    fiber_report       every live fiber: state, what a parked one waits for and since when,
+                       its stack use and backtrace (build -fno-omit-frame-pointer, link
+                       -rdynamic); dump_fibers(FILE*), install_fiber_dump_handler(SIGQUIT);
+                       lock-order deadlocks and hung stop()s (FIBER_SCHED_HANG_REPORT_S,
+                       seconds) are reported on stderr by themselves; tools/fiber_sched_gdb.py
+                       adds `info fibers` and `fiber bt ID` to gdb
     trace::start/stop  a trace of every fiber slice, park and wake-up per thread, as
                        Chrome Trace Event JSON (Perfetto, chrome://tracing, speedscope);
                        trace::start_ring/dump keep the newest n events per thread

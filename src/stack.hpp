@@ -48,6 +48,11 @@ struct Stack {
 Stack acquire_stack(std::size_t size);
 // Gives a stack back to the pool. The stack's contents are dead.
 void release_stack(Stack& stack) noexcept;
+// The same with the calling thread's state at hand (a Fiber's constructor and destructor,
+// which also list it in the registry: one thread_state() call for both).
+struct ThreadState;
+Stack acquire_stack(std::size_t size, ThreadState* ts);
+void release_stack(Stack& stack, ThreadState* ts) noexcept;
 // Bytes of every stack that the context backend keeps for itself, in whole pages (0 for the
 // assembly backends; the ucontext one keeps its saved contexts there). acquire_stack() adds
 // them to the size asked for.

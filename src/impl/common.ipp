@@ -150,11 +150,6 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     return ts->eh;
 }
 
-// The registry of live fibers (registry.ipp): `f` is listed once made (by its creating
-// thread), unlisted before it is destroyed (on any thread).
-void registry_add(Fiber& f) noexcept;
-void registry_remove(Fiber& f) noexcept;
-
 // The implementation's window into Fiber's private state.
 struct FiberAccess {
     static const Stack& stack(const Fiber& f) noexcept { return f.stack_; }

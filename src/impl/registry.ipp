@@ -5,11 +5,12 @@
 // The registry. Each thread that makes fibers owns a segment: chunks of slots, each holding
 // a live Fiber*, null, or (low bit set) a link of the owner's free list. A new fiber takes
 // the free list's first slot with plain stores (no lock, no atomic read-modify-write:
-// creating and destroying a fiber costs a few plain loads and stores more); a destroyed
-// fiber, on any thread, nulls its slot. When the free list runs dry the owner sweeps its
-// chunks and links the null slots, and adds a chunk as large as all the others when under a
-// quarter were null, so a sweep's cost is spread over at least as many creations as it has
-// slots, and a live fiber costs 8 to 16 bytes of slots. Segments and chunks are never freed;
+// creating and destroying a fiber costs a few plain loads and stores more); a fiber
+// destroyed on the owner's thread puts its slot back on the list, one destroyed elsewhere
+// nulls it. When the free list runs dry the owner sweeps its chunks and links the null
+// slots, and adds a chunk as large as all the others when under a quarter were null, so a
+// sweep's cost is spread over at least as many creations as it has slots, and a live fiber
+// costs 8 to 16 bytes of slots. Segments and chunks are never freed;
 // a segment whose thread exited goes to the next thread that asks.
 //
 // A destroyed fiber must not be freed while a report reads it. The destroyer nulls its
@@ -35,41 +36,13 @@
 #include "impl/common.ipp"
 #include "impl/os.ipp"
 #include "impl/inspect_os.ipp"
+#include "impl/registry_slots.ipp"
 
 namespace fsched {
 namespace detail {
 
-// Plain pointers and sizes, for tools/fiber_sched_gdb.py too (chunks are never freed).
-struct RegistryChunk {
-    // `slots` is null when there is no memory for them (new (std::nothrow)).
-    explicit RegistryChunk(std::size_t n) noexcept : size(n), slots(new (std::nothrow) std::atomic<Fiber*>[n]) {
-        if (slots) {
-            for (std::size_t i = 0; i < n; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
-        }
-    }
-    RegistryChunk* next = nullptr;  // the older chunk; set before this one is published
-    const std::size_t size;
-    std::atomic<Fiber*>* const slots;
-};
-
-struct RegistrySegment {
-    std::atomic<RegistryChunk*> chunks{nullptr};  // newest first; release-published
-    std::atomic<bool> reporting{false};           // a report reads this segment's fibers
-    RegistrySegment* next = nullptr;              // in the list of all; set before published
-    bool owned = false;                           // a thread makes its fibers here (registry mutex)
-    // The owner's only (handed over under the registry mutex):
-    std::atomic<Fiber*>* free_head = nullptr;  // the free list (its links: free_link)
-    std::size_t capacity = 0;
-};
-
 // Every segment, newest first (a debugger starts here: tools/fiber_sched_gdb.py).
 std::atomic<RegistrySegment*> registry_segments{nullptr};
-
-// A free slot's value: the next free slot, tagged so that no one takes it for a fiber.
-inline Fiber* free_link(std::atomic<Fiber*>* next) noexcept {
-    return reinterpret_cast<Fiber*>(reinterpret_cast<std::uintptr_t>(next) | 1);
-}
-inline bool is_fiber(const Fiber* value) noexcept { return value && !(reinterpret_cast<std::uintptr_t>(value) & 1); }
 
 namespace {
 
@@ -85,19 +58,6 @@ Registry& registry() {
     static Registry* r = new Registry;
     return *r;
 }
-
-// True until the heavy barrier is known to work: then destroyers need no fence.
-std::atomic<bool> registry_fences{true};
-
-// The fences of the protocol at the top. ThreadSanitizer has no fences (gcc refuses them):
-// there the four accesses are seq_cst instead, which orders them the same way.
-#if defined(FIBER_SCHED_TSAN)
-constexpr std::memory_order registry_order = std::memory_order_seq_cst;
-inline void registry_fence() noexcept {}
-#else
-constexpr std::memory_order registry_order = std::memory_order_relaxed;
-inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
-#endif
 
 RegistrySegment* claim_segment(ThreadState* ts) noexcept {
     Registry& r = registry();
@@ -148,43 +108,17 @@ bool refill(RegistrySegment& seg) noexcept {
 
 }  // namespace
 
-// Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
-void registry_add(Fiber& f) noexcept {
-    ThreadState* ts = thread_state();
-    if (FIBER_SCHED_UNLIKELY(ts->exited)) return;  // a thread_local destructor's fiber
+// registry_add()'s way when the thread has no segment or no free slot (registry_slots.ipp).
+void registry_add_slow(Fiber& f, ThreadState* ts) noexcept {
+    if (ts->exited) return;  // a thread_local destructor's fiber
     RegistrySegment* seg = ts->registry;
-    if (FIBER_SCHED_UNLIKELY(!seg) && !(seg = claim_segment(ts))) return;
-    if (FIBER_SCHED_UNLIKELY(!seg->free_head) && !refill(*seg)) return;
-    std::atomic<Fiber*>* slot = seg->free_head;
-    seg->free_head = reinterpret_cast<std::atomic<Fiber*>*>(
-        reinterpret_cast<std::uintptr_t>(slot->load(std::memory_order_relaxed)) & ~std::uintptr_t{1});
-    FiberAccess::registry_slot(f) = slot;
-    FiberAccess::registry_segment(f) = seg;
-    slot->store(&f, std::memory_order_release);  // the report's acquire sees it whole
+    if (!seg && !(seg = claim_segment(ts))) return;
+    if (!seg->free_head && !refill(*seg)) return;
+    take_slot(f, *seg);
 }
 
-namespace {
 FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg) noexcept {
     while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
-}
-}  // namespace
-
-// Unlists `f` (any thread) before it is destroyed; returns once no report reads it.
-void registry_remove(Fiber& f) noexcept {
-    std::atomic<Fiber*>* slot = FiberAccess::registry_slot(f);
-    if (!slot) return;
-    slot->store(nullptr, registry_order);
-    if (FIBER_SCHED_UNLIKELY(registry_fences.load(std::memory_order_relaxed))) {
-        registry_fence();
-    } else {
-        std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
-    }
-    RegistrySegment& seg = *FiberAccess::registry_segment(f);
-    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                            : registry_order))) {
-        wait_for_report(seg);
-    }
-    FiberAccess::registry_slot(f) = nullptr;
 }
 
 void release_registry_segment(ThreadState* ts) noexcept {

@@ -380,10 +380,11 @@ inline StackPool& stack_pool() {
     return *pool;
 }
 
-Stack acquire_stack(std::size_t requested) {
+Stack acquire_stack(std::size_t requested) { return acquire_stack(requested, thread_state()); }
+
+Stack acquire_stack(std::size_t requested, ThreadState* ts) {
     StackPool& pool = stack_pool();
     std::size_t size = pool.usable_size(requested);
-    ThreadState* ts = thread_state();
     register_thread(ts);
     if (ts->exited) {  // a thread_local destroyed after our clean-up: no cache any more
         Stack stack = pool.acquire(size);
@@ -413,13 +414,16 @@ Stack acquire_stack(std::size_t requested) {
 }
 
 void release_stack(Stack& stack) noexcept {
+    if (stack.base) release_stack(stack, thread_state());
+}
+
+void release_stack(Stack& stack, ThreadState* ts) noexcept {
     if (!stack.base) return;
 #if defined(FIBER_SCHED_ASAN)
     // Frames abandoned on this stack (a finished or destroyed fiber never unwinds its
     // last frames) leave poisoned redzones that the next owner must not trip over.
     __asan_unpoison_memory_region(stack.base, stack.size);
 #endif
-    ThreadState* ts = thread_state();
     register_thread(ts);
     if (ts->exited) {
         stack_pool().count_exited(-1);
