@@ -917,6 +917,8 @@ class Fiber;
 
 namespace detail {
 
+struct Worker;
+
 // The wait a parked fiber is in; its word in the report (wait_reason_word) is the primitive's
 // class name or the call's ("sleep", "io", "yield").
 enum class WaitReason : std::uint8_t {
@@ -950,7 +952,7 @@ struct WaitRecord {
     const void* object = nullptr;                // the primitive waited on, or nullptr
     const WaitOps* ops = nullptr;                // what the report may ask it, or nullptr
     Scheduler* scheduler = nullptr;              // where it parked, and on which worker
-    int worker = -1;
+    const Worker* worker = nullptr;              // (the index is looked up by the report)
     std::int64_t since_ns = 0;                   // coarse_now_ns() at the park
     std::int64_t deadline_ns = -1;               // steady_clock ns of a timed wait's end; -1: none
     std::uint64_t a = 0;                         // io: the fd
@@ -6460,6 +6462,9 @@ void build_registry() {
 
 // --- wait records ----------------------------------------------------------------------
 
+// A worker's index (sched_submit.ipp; -1 for null).
+int worker_number(const Worker* worker) noexcept;
+
 std::atomic<long> mutex_waiters{0};
 
 const char* wait_reason_word(WaitReason kind) noexcept {
@@ -6488,7 +6493,7 @@ void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
     w.object = object;
     w.ops = ops;
     w.scheduler = ts->scheduler;
-    w.worker = Scheduler::worker_index();
+    w.worker = ts->worker;
     w.since_ns = os::coarse_now_ns();
     w.deadline_ns = deadline ? static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                               deadline->time_since_epoch())
@@ -6637,7 +6642,7 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
         s.object = w.object;
         if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
         if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
-        s.worker = w.worker;
+        s.worker = worker_number(w.worker);  // alive: its scheduler waits for this fiber
         s.since_ns = w.since_ns;
         s.deadline_ns = w.deadline_ns;
         s.a = w.a;
@@ -10272,6 +10277,10 @@ void Scheduler::give_own_stack(detail::NewTask& task, std::size_t stack_size) {
 }
 
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
+
+namespace detail {
+int worker_number(const Worker* worker) noexcept { return worker ? worker->index : -1; }
+}  // namespace detail
 
 int Scheduler::worker_index() noexcept {
     detail::Worker* worker = detail::thread_state()->worker;

@@ -17,6 +17,8 @@ class Fiber;
 
 namespace detail {
 
+struct Worker;
+
 // The wait a parked fiber is in; its word in the report (wait_reason_word) is the primitive's
 // class name or the call's ("sleep", "io", "yield").
 enum class WaitReason : std::uint8_t {
@@ -50,7 +52,7 @@ struct WaitRecord {
     const void* object = nullptr;                // the primitive waited on, or nullptr
     const WaitOps* ops = nullptr;                // what the report may ask it, or nullptr
     Scheduler* scheduler = nullptr;              // where it parked, and on which worker
-    int worker = -1;
+    const Worker* worker = nullptr;              // (the index is looked up by the report)
     std::int64_t since_ns = 0;                   // coarse_now_ns() at the park
     std::int64_t deadline_ns = -1;               // steady_clock ns of a timed wait's end; -1: none
     std::uint64_t a = 0;                         // io: the fd

@@ -190,6 +190,9 @@ void build_registry() {
 
 // --- wait records ----------------------------------------------------------------------
 
+// A worker's index (sched_submit.ipp; -1 for null).
+int worker_number(const Worker* worker) noexcept;
+
 std::atomic<long> mutex_waiters{0};
 
 const char* wait_reason_word(WaitReason kind) noexcept {
@@ -218,7 +221,7 @@ void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
     w.object = object;
     w.ops = ops;
     w.scheduler = ts->scheduler;
-    w.worker = Scheduler::worker_index();
+    w.worker = ts->worker;
     w.since_ns = os::coarse_now_ns();
     w.deadline_ns = deadline ? static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                               deadline->time_since_epoch())

@@ -133,7 +133,7 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
         s.object = w.object;
         if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
         if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
-        s.worker = w.worker;
+        s.worker = worker_number(w.worker);  // alive: its scheduler waits for this fiber
         s.since_ns = w.since_ns;
         s.deadline_ns = w.deadline_ns;
         s.a = w.a;

@@ -135,6 +135,10 @@ void Scheduler::give_own_stack(detail::NewTask& task, std::size_t stack_size) {
 
 Scheduler* Scheduler::current() noexcept { return detail::thread_state()->scheduler; }
 
+namespace detail {
+int worker_number(const Worker* worker) noexcept { return worker ? worker->index : -1; }
+}  // namespace detail
+
 int Scheduler::worker_index() noexcept {
     detail::Worker* worker = detail::thread_state()->worker;
     return worker ? worker->index : -1;
