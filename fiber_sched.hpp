@@ -1193,6 +1193,9 @@ private:
     // null: not listed (made by a thread after its thread-exit clean-up).
     std::atomic<Fiber*>* registry_slot_ = nullptr;
     detail::RegistrySegment* registry_segment_ = nullptr;
+    // A Fiber object was made on this fiber's stack (registry_add): if this one is destroyed
+    // Suspended, that object is never destroyed, and the registry forgets it (~Fiber).
+    bool hosts_fibers_ = false;
 };
 
 }  // namespace fsched
@@ -2751,6 +2754,7 @@ struct FiberAccess {
     static std::atomic<bool>& inspected(Fiber& f) noexcept { return f.inspected_; }
     static std::atomic<Fiber*>*& registry_slot(Fiber& f) noexcept { return f.registry_slot_; }
     static RegistrySegment*& registry_segment(Fiber& f) noexcept { return f.registry_segment_; }
+    static bool& hosts_fibers(Fiber& f) noexcept { return f.hosts_fibers_; }
     static const Context& context(const Fiber& f) noexcept { return f.context_; }
     static std::size_t frames_size(const Fiber& f) noexcept { return f.stack_.size - f.top_block_; }
     // A wake-up claimed `f` (claim_woken, seq_cst) while a report reads it: wait until the
@@ -5092,6 +5096,9 @@ inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_ord
 // The ways out of the inline paths below (registry.ipp).
 void registry_add_slow(Fiber& f, ThreadState* ts) noexcept;
 void wait_for_report(RegistrySegment& seg) noexcept;
+// Unlists the fibers whose objects lie in [lo, hi): a Suspended fiber's stack is going
+// away with whatever its frames held (registry.ipp).
+void registry_forget_range(const char* lo, const char* hi) noexcept;
 
 // Gives `f` the first free slot of `seg` (its owner's thread).
 FIBER_SCHED_ALWAYS_INLINE inline void take_slot(Fiber& f, RegistrySegment& seg) noexcept {
@@ -5106,6 +5113,12 @@ FIBER_SCHED_ALWAYS_INLINE inline void take_slot(Fiber& f, RegistrySegment& seg) 
 // Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
 // `ts`: this thread's state (the caller has it: one thread_state() call saved).
 FIBER_SCHED_ALWAYS_INLINE inline void registry_add(Fiber& f, ThreadState* ts) noexcept {
+    if (Fiber* host = ts->current) {
+        // Made on the running fiber's stack? (See registry_forget_range.)
+        const Stack& stack = FiberAccess::stack(*host);
+        const char* at = reinterpret_cast<const char*>(&f);
+        if (at >= stack.base && at < stack.base + stack.size) FiberAccess::hosts_fibers(*host) = true;
+    }
     RegistrySegment* seg = ts->registry;  // null after the thread's exit clean-up
     if (FIBER_SCHED_LIKELY(seg && seg->free_head)) {
         take_slot(f, *seg);
@@ -5186,6 +5199,10 @@ Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
     detail::ThreadState* ts = detail::thread_state();
     detail::registry_remove(*this, ts);  // first: returns once no report reads it
+    // Its frames are never unwound: fibers made in them are never destroyed (rare: a walk).
+    if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state_.load() == detail::FiberState::Suspended) {
+        detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
+    }
     if (announced_) detail::observe_destroy(*this);
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
@@ -6391,6 +6408,28 @@ void registry_add_slow(Fiber& f, ThreadState* ts) noexcept {
 
 FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg) noexcept {
     while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+
+// A Suspended fiber destroyed: its frames are never unwound, so a Fiber object that lives in
+// one of them (a fiber made on another fiber's stack) is never destroyed either. Its slot
+// would point into freed memory: unlist every fiber whose object lies in [lo, hi). No
+// Fiber is read (only the slots' values compared), so no pinning; a slot that holds a
+// fiber is written by no one else but its destroyer, and that one is never to come.
+void registry_forget_range(const char* lo, const char* hi) noexcept {
+    const auto first = reinterpret_cast<std::uintptr_t>(lo);
+    const auto last = reinterpret_cast<std::uintptr_t>(hi);
+    std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
+    for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
+        for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
+            for (std::size_t i = 0; i < c->size; ++i) {
+                Fiber* f = c->slots[i].load(std::memory_order_relaxed);
+                const auto at = reinterpret_cast<std::uintptr_t>(f);
+                if (is_fiber(f) && at >= first && at < last) {
+                    c->slots[i].compare_exchange_strong(f, nullptr, std::memory_order_relaxed);
+                }
+            }
+        }
+    }
 }
 
 void release_registry_segment(ThreadState* ts) noexcept {

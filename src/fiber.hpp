@@ -212,6 +212,9 @@ private:
     // null: not listed (made by a thread after its thread-exit clean-up).
     std::atomic<Fiber*>* registry_slot_ = nullptr;
     detail::RegistrySegment* registry_segment_ = nullptr;
+    // A Fiber object was made on this fiber's stack (registry_add): if this one is destroyed
+    // Suspended, that object is never destroyed, and the registry forgets it (~Fiber).
+    bool hosts_fibers_ = false;
 };
 
 }  // namespace fsched

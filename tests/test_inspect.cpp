@@ -324,7 +324,7 @@ TEST_CASE("report: safe while fibers are woken, run, made and destroyed on other
     });
     int reports = 0;
     bool every_parked_named = true;
-    while (finished.load() < 2 * pairs) {
+    do {
         const std::string r = fsched::fiber_report();
         ++reports;
         for (std::size_t at = 0; (at = r.find(": parked ", at)) != std::string::npos; ++at) {
@@ -332,7 +332,7 @@ TEST_CASE("report: safe while fibers are woken, run, made and destroyed on other
             const std::string rest = r.substr(at, end - at);
             if (!contains(rest, " on Channel ") && !contains(rest, " on sleep")) every_parked_named = false;
         }
-    }
+    } while (finished.load() < 2 * pairs);
     done = true;
     maker.join();
     s.stop();
@@ -564,3 +564,26 @@ TEST_CASE("registry: without memory for its slots a fiber goes unlisted and work
     CHECK(live_count(fsched::fiber_report()) == before);
 }
 #endif
+
+TEST_CASE("registry: a fiber made in the frames of a fiber destroyed while suspended goes unlisted with them") {
+    const long before = live_count(fsched::fiber_report());
+    std::uint64_t inner_id = 0;
+    {
+        // The inner Fiber object lives on the outer fiber's stack; the outer one is destroyed
+        // suspended, its frames (and so the inner object) never unwound.
+        auto outer = std::make_unique<Fiber>([&] {
+            Fiber inner([] {});
+            inner_id = inner.id();
+            Fiber::yield();
+        });
+        outer->resume();
+        CHECK(!line_of(fsched::fiber_report(), inner_id).empty());
+        CHECK(live_count(fsched::fiber_report()) == before + 2);
+    }
+    CHECK(line_of(fsched::fiber_report(), inner_id).empty());
+    CHECK(live_count(fsched::fiber_report()) == before);
+    // The stack goes back to the pool and to new fibers: no report reads what was there.
+    std::vector<std::unique_ptr<Fiber>> reuse;
+    for (int i = 0; i < 64; ++i) reuse.push_back(std::make_unique<Fiber>([] {}));
+    CHECK(live_count(fsched::fiber_report()) == before + 64);
+}

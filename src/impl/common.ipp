@@ -217,6 +217,7 @@ struct FiberAccess {
     static std::atomic<bool>& inspected(Fiber& f) noexcept { return f.inspected_; }
     static std::atomic<Fiber*>*& registry_slot(Fiber& f) noexcept { return f.registry_slot_; }
     static RegistrySegment*& registry_segment(Fiber& f) noexcept { return f.registry_segment_; }
+    static bool& hosts_fibers(Fiber& f) noexcept { return f.hosts_fibers_; }
     static const Context& context(const Fiber& f) noexcept { return f.context_; }
     static std::size_t frames_size(const Fiber& f) noexcept { return f.stack_.size - f.top_block_; }
     // A wake-up claimed `f` (claim_woken, seq_cst) while a report reads it: wait until the

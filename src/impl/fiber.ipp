@@ -51,6 +51,10 @@ Fiber::~Fiber() {
     FIBER_SCHED_ASSERT(state() != State::Running && "~Fiber(): a running fiber must not be destroyed");
     detail::ThreadState* ts = detail::thread_state();
     detail::registry_remove(*this, ts);  // first: returns once no report reads it
+    // Its frames are never unwound: fibers made in them are never destroyed (rare: a walk).
+    if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state_.load() == detail::FiberState::Suspended) {
+        detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
+    }
     if (announced_) detail::observe_destroy(*this);
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed

@@ -121,6 +121,28 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg)
     while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
 }
 
+// A Suspended fiber destroyed: its frames are never unwound, so a Fiber object that lives in
+// one of them (a fiber made on another fiber's stack) is never destroyed either. Its slot
+// would point into freed memory: unlist every fiber whose object lies in [lo, hi). No
+// Fiber is read (only the slots' values compared), so no pinning; a slot that holds a
+// fiber is written by no one else but its destroyer, and that one is never to come.
+void registry_forget_range(const char* lo, const char* hi) noexcept {
+    const auto first = reinterpret_cast<std::uintptr_t>(lo);
+    const auto last = reinterpret_cast<std::uintptr_t>(hi);
+    std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
+    for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
+        for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
+            for (std::size_t i = 0; i < c->size; ++i) {
+                Fiber* f = c->slots[i].load(std::memory_order_relaxed);
+                const auto at = reinterpret_cast<std::uintptr_t>(f);
+                if (is_fiber(f) && at >= first && at < last) {
+                    c->slots[i].compare_exchange_strong(f, nullptr, std::memory_order_relaxed);
+                }
+            }
+        }
+    }
+}
+
 void release_registry_segment(ThreadState* ts) noexcept {
     if (!ts->registry) return;
     std::lock_guard<std::mutex> lock(registry().mutex);

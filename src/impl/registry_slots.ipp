@@ -60,6 +60,9 @@ inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_ord
 // The ways out of the inline paths below (registry.ipp).
 void registry_add_slow(Fiber& f, ThreadState* ts) noexcept;
 void wait_for_report(RegistrySegment& seg) noexcept;
+// Unlists the fibers whose objects lie in [lo, hi): a Suspended fiber's stack is going
+// away with whatever its frames held (registry.ipp).
+void registry_forget_range(const char* lo, const char* hi) noexcept;
 
 // Gives `f` the first free slot of `seg` (its owner's thread).
 FIBER_SCHED_ALWAYS_INLINE inline void take_slot(Fiber& f, RegistrySegment& seg) noexcept {
@@ -74,6 +77,12 @@ FIBER_SCHED_ALWAYS_INLINE inline void take_slot(Fiber& f, RegistrySegment& seg) 
 // Lists `f`, made by this thread. Never fails the creation: without memory it goes unlisted.
 // `ts`: this thread's state (the caller has it: one thread_state() call saved).
 FIBER_SCHED_ALWAYS_INLINE inline void registry_add(Fiber& f, ThreadState* ts) noexcept {
+    if (Fiber* host = ts->current) {
+        // Made on the running fiber's stack? (See registry_forget_range.)
+        const Stack& stack = FiberAccess::stack(*host);
+        const char* at = reinterpret_cast<const char*>(&f);
+        if (at >= stack.base && at < stack.base + stack.size) FiberAccess::hosts_fibers(*host) = true;
+    }
     RegistrySegment* seg = ts->registry;  // null after the thread's exit clean-up
     if (FIBER_SCHED_LIKELY(seg && seg->free_head)) {
         take_slot(f, *seg);
