@@ -1080,6 +1080,9 @@ public:
     // the stack cannot be mapped. The fiber has its own C++ exception state.
     explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
     // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
+    // A Fiber made in those frames by the fiber itself is forgotten by fiber_report() with
+    // them; one constructed there from elsewhere (emplaced into the frame by another
+    // thread or fiber) must be destroyed first.
     ~Fiber();
     Fiber(const Fiber&) = delete;
     Fiber& operator=(const Fiber&) = delete;
@@ -5200,7 +5203,7 @@ Fiber::~Fiber() {
     detail::ThreadState* ts = detail::thread_state();
     detail::registry_remove(*this, ts);  // first: returns once no report reads it
     // Its frames are never unwound: fibers made in them are never destroyed (rare: a walk).
-    if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state_.load() == detail::FiberState::Suspended) {
+    if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state() == State::Suspended) {
         detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
     }
     if (announced_) detail::observe_destroy(*this);

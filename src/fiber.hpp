@@ -99,6 +99,9 @@ public:
     // the stack cannot be mapped. The fiber has its own C++ exception state.
     explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
     // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
+    // A Fiber made in those frames by the fiber itself is forgotten by fiber_report() with
+    // them; one constructed there from elsewhere (emplaced into the frame by another
+    // thread or fiber) must be destroyed first.
     ~Fiber();
     Fiber(const Fiber&) = delete;
     Fiber& operator=(const Fiber&) = delete;

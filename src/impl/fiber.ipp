@@ -52,7 +52,7 @@ Fiber::~Fiber() {
     detail::ThreadState* ts = detail::thread_state();
     detail::registry_remove(*this, ts);  // first: returns once no report reads it
     // Its frames are never unwound: fibers made in them are never destroyed (rare: a walk).
-    if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state_.load() == detail::FiberState::Suspended) {
+    if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state() == State::Suspended) {
         detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
     }
     if (announced_) detail::observe_destroy(*this);
