@@ -946,17 +946,20 @@ struct WaitOps {
     std::uint64_t (*holder)(const void* object) noexcept = nullptr;
 };
 
+// Only `kind` is initialised: note_wait() writes every other field before it sets a kind
+// other than None, and the report reads them only then (a Fiber's constructor is spared
+// nine stores).
 struct WaitRecord {
     std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
-    const char* word = nullptr;                  // WaitReason::Other's word (a string literal)
-    const void* object = nullptr;                // the primitive waited on, or nullptr
-    const WaitOps* ops = nullptr;                // what the report may ask it, or nullptr
-    Scheduler* scheduler = nullptr;              // where it parked, and on which worker
-    const Worker* worker = nullptr;              // (the index is looked up by the report)
-    std::int64_t since_ns = 0;                   // coarse_now_ns() at the park
-    std::int64_t deadline_ns = -1;               // steady_clock ns of a timed wait's end; -1: none
-    std::uint64_t a = 0;                         // io: the fd
-    std::uint64_t b = 0;                         // io: the events waited for
+    const char* word;                            // WaitReason::Other's word (a string literal)
+    const void* object;                          // the primitive waited on, or nullptr
+    const WaitOps* ops;                          // what the report may ask it, or nullptr
+    Scheduler* scheduler;                        // where it parked, and on which worker
+    const Worker* worker;                        // (the index is looked up by the report)
+    std::int64_t since_ns;                       // coarse_now_ns() at the park
+    std::int64_t deadline_ns;                    // steady_clock ns of a timed wait's end; -1: none
+    std::uint64_t a;                             // io: the fd
+    std::uint64_t b;                             // io: the events waited for
 };
 
 // Records the running fiber's coming wait (a no-op outside fibers). `deadline`: the
@@ -6681,6 +6684,9 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
         s.held = true;
         const WaitRecord& w = FiberAccess::wait(f);
         s.kind = w.kind.load(std::memory_order_relaxed);
+    }
+    if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's
+        const WaitRecord& w = FiberAccess::wait(f);
         s.object = w.object;
         if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
         if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
@@ -6698,14 +6704,13 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
             if (!s.detail.empty() && text[0]) s.detail += ", ";
             s.detail += text;
         }
-        SavedFrame start;
-        if (with_frames && saved_frame(FiberAccess::context(f), start)) {
-            const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
-            s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
-        }
-    } else {
-        s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
     }
+    SavedFrame start;
+    if (s.held && with_frames && saved_frame(FiberAccess::context(f), start)) {
+        const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
+        s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
+    }
+    if (!s.held) s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
     hold.store(false, std::memory_order_release);
 }
 
@@ -6843,7 +6848,9 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
     append(line, "fiber %llu", static_cast<unsigned long long>(f.id));
     if (f.name) append(line, " (%s)", f.name);
     line += ": " + state_words(f);
-    if (f.held) {
+    if (f.held && f.kind == WaitReason::None) {
+        line += " on an unnamed wait";  // a park no primitive recorded (detail::park by hand)
+    } else if (f.held) {
         line += " " + seconds(snap.taken_ns - f.since_ns) + " on " + wait_words(snap, f);
         if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
     }

@@ -46,17 +46,20 @@ struct WaitOps {
     std::uint64_t (*holder)(const void* object) noexcept = nullptr;
 };
 
+// Only `kind` is initialised: note_wait() writes every other field before it sets a kind
+// other than None, and the report reads them only then (a Fiber's constructor is spared
+// nine stores).
 struct WaitRecord {
     std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
-    const char* word = nullptr;                  // WaitReason::Other's word (a string literal)
-    const void* object = nullptr;                // the primitive waited on, or nullptr
-    const WaitOps* ops = nullptr;                // what the report may ask it, or nullptr
-    Scheduler* scheduler = nullptr;              // where it parked, and on which worker
-    const Worker* worker = nullptr;              // (the index is looked up by the report)
-    std::int64_t since_ns = 0;                   // coarse_now_ns() at the park
-    std::int64_t deadline_ns = -1;               // steady_clock ns of a timed wait's end; -1: none
-    std::uint64_t a = 0;                         // io: the fd
-    std::uint64_t b = 0;                         // io: the events waited for
+    const char* word;                            // WaitReason::Other's word (a string literal)
+    const void* object;                          // the primitive waited on, or nullptr
+    const WaitOps* ops;                          // what the report may ask it, or nullptr
+    Scheduler* scheduler;                        // where it parked, and on which worker
+    const Worker* worker;                        // (the index is looked up by the report)
+    std::int64_t since_ns;                       // coarse_now_ns() at the park
+    std::int64_t deadline_ns;                    // steady_clock ns of a timed wait's end; -1: none
+    std::uint64_t a;                             // io: the fd
+    std::uint64_t b;                             // io: the events waited for
 };
 
 // Records the running fiber's coming wait (a no-op outside fibers). `deadline`: the

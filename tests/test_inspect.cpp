@@ -587,3 +587,32 @@ TEST_CASE("registry: a fiber made in the frames of a fiber destroyed while suspe
     for (int i = 0; i < 64; ++i) reuse.push_back(std::make_unique<Fiber>([] {}));
     CHECK(live_count(fsched::fiber_report()) == before + 64);
 }
+
+TEST_CASE("report: a park no primitive recorded shows as an unnamed wait, with its backtrace") {
+    Scheduler s(1, false, "bare-park");
+    s.start();
+    static std::atomic<fsched::Fiber::ptr*> parked{nullptr};
+    static fsched::Fiber::ptr held;
+    std::atomic<std::uint64_t> id{0};
+    s.schedule([&] {
+        // A channel wait first: its record must not be shown for the bare park after it.
+        fsched::Channel<int> ch(1);
+        ch.send(1);
+        ch.receive();
+        id = fsched::this_fiber::id();
+        fsched::detail::park(
+            [](Fiber*, void*) {
+                held = fsched::detail::take_task_ref();
+                parked.store(&held);
+            },
+            nullptr);
+    });
+    while (!parked.load()) std::this_thread::sleep_for(1ms);
+    const std::string report = fsched::fiber_report();
+    INFO(report);
+    CHECK(contains(line_of(report, id), ": parked on an unnamed wait"));
+    if (backtraces_expected()) CHECK(contains(frames_of(report, id), "    #0  0x"));
+    parked.store(nullptr);
+    fsched::detail::wake_fiber(std::move(held));
+    s.stop();
+}

@@ -130,6 +130,9 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
         s.held = true;
         const WaitRecord& w = FiberAccess::wait(f);
         s.kind = w.kind.load(std::memory_order_relaxed);
+    }
+    if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's
+        const WaitRecord& w = FiberAccess::wait(f);
         s.object = w.object;
         if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
         if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
@@ -147,14 +150,13 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
             if (!s.detail.empty() && text[0]) s.detail += ", ";
             s.detail += text;
         }
-        SavedFrame start;
-        if (with_frames && saved_frame(FiberAccess::context(f), start)) {
-            const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
-            s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
-        }
-    } else {
-        s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
     }
+    SavedFrame start;
+    if (s.held && with_frames && saved_frame(FiberAccess::context(f), start)) {
+        const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
+        s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
+    }
+    if (!s.held) s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
     hold.store(false, std::memory_order_release);
 }
 
@@ -292,7 +294,9 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
     append(line, "fiber %llu", static_cast<unsigned long long>(f.id));
     if (f.name) append(line, " (%s)", f.name);
     line += ": " + state_words(f);
-    if (f.held) {
+    if (f.held && f.kind == WaitReason::None) {
+        line += " on an unnamed wait";  // a park no primitive recorded (detail::park by hand)
+    } else if (f.held) {
         line += " " + seconds(snap.taken_ns - f.since_ns) + " on " + wait_words(snap, f);
         if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
     }
