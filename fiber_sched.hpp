@@ -6746,6 +6746,11 @@ void append(std::string& out, const char* format, Args... args) {
     if (n > 0) out.append(buffer, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buffer - 1));
 }
 
+// An address as "0x..." on every system (%p has no 0x on Windows).
+unsigned long long address(const void* p) noexcept {
+    return static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p));
+}
+
 std::string seconds(std::int64_t ns) {
     std::string s;
     if (ns < 0) ns = 0;
@@ -6800,7 +6805,7 @@ std::string wait_words(const Snapshot& snap, const FiberSnapshot& f) {
     } else {
         s = word;
     }
-    if (f.object) append(s, " %p", f.object);
+    if (f.object) append(s, " 0x%llx", address(f.object));
     if (f.kind == WaitReason::Mutex) {
         s += f.holder ? " held by " + who(snap, f.holder) : std::string(" (free now)");
     }
@@ -6901,7 +6906,7 @@ std::string cycle_sentence(const Snapshot& snap, const std::vector<const FiberSn
     for (std::size_t i = 0; i < cycle.size(); ++i) {
         const FiberSnapshot* f = cycle[i];
         if (i > 0) s += ", which";
-        append(s, " waits for Mutex %p held by ", f->object);
+        append(s, " waits for Mutex 0x%llx held by ", address(f->object));
         s += i + 1 < cycle.size() ? who(snap, f->holder) : std::to_string(f->holder);
     }
     return s;
@@ -6912,8 +6917,8 @@ std::string cycle_sentence(const Snapshot& snap, const std::vector<const FiberSn
 std::string cycle_key(const std::vector<const FiberSnapshot*>& cycle) {
     std::string key;
     for (const FiberSnapshot* f : cycle) {
-        append(key, "%llu:%lld:%p;", static_cast<unsigned long long>(f->id), static_cast<long long>(f->since_ns),
-               f->object);
+        append(key, "%llu:%lld:%llx;", static_cast<unsigned long long>(f->id), static_cast<long long>(f->since_ns),
+               address(f->object));
     }
     return key;
 }
