@@ -235,6 +235,17 @@ struct Failures {
     }
 };
 
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// Arms `site` to fail from its nth next hit on, and disarms it when it goes out of scope.
+struct Fault {
+    fsched::detail::FaultSite site;
+    Fault(fsched::detail::FaultSite s, long nth) : site(s) { fsched::detail::inject_fault(site, nth); }
+    ~Fault() { fsched::detail::inject_fault(site, 0); }
+    Fault(const Fault&) = delete;
+    Fault& operator=(const Fault&) = delete;
+};
+#endif
+
 }  // namespace test
 
 // Runs `body(config)` once per configuration, each in its own doctest subcase.

@@ -547,10 +547,11 @@ TEST_CASE("registry: without memory for its slots a fiber goes unlisted and work
         constexpr int count = 3000;
         std::vector<std::unique_ptr<Fiber>> fibers;
         int ran = 0;
-        fsched::detail::inject_fault(fsched::detail::FaultSite::RegistryAlloc, 1);
-        // Small stacks: the pool keeps them apart from the default size others count on.
-        for (int i = 0; i < count; ++i) fibers.push_back(std::make_unique<Fiber>([&] { ++ran; }, 16 * 1024));
-        fsched::detail::inject_fault(fsched::detail::FaultSite::RegistryAlloc, 0);
+        {
+            test::Fault fault(fsched::detail::FaultSite::RegistryAlloc, 1);
+            // Small stacks: the pool keeps them apart from the default size others count on.
+            for (int i = 0; i < count; ++i) fibers.push_back(std::make_unique<Fiber>([&] { ++ran; }, 16 * 1024));
+        }
         const long listed = live_count(fsched::fiber_report()) - before;
         CHECK(listed < count);
         CHECK(listed >= 0);

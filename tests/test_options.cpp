@@ -35,14 +35,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Arms `site` to fail from its nth next hit on, and disarms it when it goes out of scope.
-struct Fault {
-    FaultSite site;
-    Fault(FaultSite s, long nth) : site(s) { fsched::detail::inject_fault(site, nth); }
-    ~Fault() { fsched::detail::inject_fault(site, 0); }
-    Fault(const Fault&) = delete;
-    Fault& operator=(const Fault&) = delete;
-};
+using test::Fault;
 
 SchedulerOptions options_for(const test::Config& c, const char* name = "options") {
     SchedulerOptions options;
