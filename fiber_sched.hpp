@@ -974,9 +974,9 @@ const char* wait_reason(const Fiber& f) noexcept;
 
 // Fibers parked in Mutex::lock() now (the deadlock watch runs only while there are some).
 extern std::atomic<long> mutex_waiters;
-// Starts the watch thread (deadlocks, hang reports) if it is not running; it costs one
-// wake-up a second while it has something to watch. Never throws: without a thread there
-// is no watch.
+// Starts the watch thread (deadlocks, hang reports) if it is not running; it wakes once a
+// second while it has something to watch and ends when it has nothing. Never throws:
+// without a thread there is no watch.
 void ensure_watchdog() noexcept;
 
 }  // namespace detail
@@ -2439,6 +2439,9 @@ void set_report_sink(std::function<void(const std::string&)> sink);
 // How often the watch thread looks, and how long each fiber of a lock cycle must have
 // waited before the cycle is reported (defaults: 1 s and 1 s). For tests.
 void set_watch_timing(std::chrono::milliseconds period, std::chrono::milliseconds deadlock_after);
+// Ends the watch thread, if one runs, and returns once it has ended; the next Mutex wait or
+// hang-reporting stop() starts another. For tests that fork under emulators or count threads.
+void quiesce_watch() noexcept;
 // Reports the dump handler's thread has printed (tests).
 std::uint64_t dump_handler_reports() noexcept;
 }  // namespace detail
@@ -6961,7 +6964,8 @@ struct WatchState {
     std::vector<HangWatchEntry*> hangs;
     std::unordered_set<std::string> candidates;  // cycles seen at the last look
     std::unordered_set<std::string> reported;    // cycles reported (never again)
-    bool running = false;
+    bool running = false;  // a watch thread runs (or is about to)
+    bool quiesce = false;  // quiesce_watch(): the thread is to end now
 };
 
 WatchState& watch_state() {
@@ -7044,12 +7048,27 @@ void look_for_hangs() {
     }
 }
 
+// Runs while there is something to watch (fibers parked on a Mutex, a stop() with a hang
+// report), then ends: a program whose Mutexes are quiet has no watch thread. It decides to
+// end under the mutex, after clearing watch_started and looking again (seq_cst, against a
+// new waiter's increment and look in ensure_watchdog()): either the waiter sees it gone and
+// starts another, or it sees the waiter and goes on.
 void watch_loop() noexcept {
     WatchState& w = watch_state();
     for (;;) {
         {
             std::unique_lock<std::mutex> lock(w.mutex);
-            w.wake.wait_for(lock, w.period);
+            w.wake.wait_for(lock, w.period, [&] { return w.quiesce; });
+            if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
+                watch_started.store(false, std::memory_order_seq_cst);
+                if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
+                    w.running = false;
+                    w.candidates.clear();
+                    w.wake.notify_all();  // quiesce_watch() waits for this
+                    return;
+                }
+                watch_started.store(true, std::memory_order_seq_cst);
+            }
         }
         try {
             look_for_hangs();
@@ -7063,19 +7082,29 @@ void watch_loop() noexcept {
 }  // namespace
 
 void ensure_watchdog() noexcept {
-    if (FIBER_SCHED_LIKELY(watch_started.load(std::memory_order_acquire))) return;
+    if (FIBER_SCHED_LIKELY(watch_started.load(std::memory_order_seq_cst))) return;
     WatchState& w = watch_state();
     std::lock_guard<std::mutex> lock(w.mutex);
-    if (watch_started.load(std::memory_order_relaxed)) return;
+    if (w.running || w.quiesce) return;  // it goes on (watch_loop), or tests keep it off
     try {
         std::thread([] {
             os::name_thread("fsched-watch", 0);
             watch_loop();
         }).detach();
-        watch_started.store(true, std::memory_order_release);
+        w.running = true;
+        watch_started.store(true, std::memory_order_seq_cst);
     } catch (...) {
         // No thread: no watch; the next park on a Mutex tries again.
     }
+}
+
+void quiesce_watch() noexcept {
+    WatchState& w = watch_state();
+    std::unique_lock<std::mutex> lock(w.mutex);
+    w.quiesce = true;
+    w.wake.notify_all();
+    w.wake.wait(lock, [&] { return !w.running; });
+    w.quiesce = false;
 }
 
 // Registers a stop() that prints the report once it has waited `after` (0: never).
@@ -7084,13 +7113,18 @@ public:
     HangWatch(const std::string& scheduler, std::chrono::milliseconds after) noexcept
         : entry_{&scheduler, std::chrono::steady_clock::now(), after, false} {
         if (after.count() <= 0) return;
-        ensure_watchdog();
-        std::lock_guard<std::mutex> lock(watch_state().mutex);
-        try {
-            watch_state().hangs.push_back(&entry_);
-            registered_ = true;
-        } catch (...) {
+        {
+            // First listed, then the thread started: one ending now sees the entry, or has
+            // ended and a new one starts (watch_loop).
+            std::lock_guard<std::mutex> lock(watch_state().mutex);
+            try {
+                watch_state().hangs.push_back(&entry_);
+                registered_ = true;
+            } catch (...) {
+                return;
+            }
         }
+        ensure_watchdog();
     }
     ~HangWatch() {
         if (!registered_) return;
@@ -7210,6 +7244,7 @@ void build_report_state() {
                 [] {
                     // The watch and dump threads are the parent's: none here until asked again.
                     watch_started.store(false, std::memory_order_relaxed);
+                    watch_state().running = false;
                     watch_state().hangs.clear();
                     DumpState& d = dump_state();
 #if !defined(_WIN32)
@@ -10612,7 +10647,7 @@ void Mutex::lock_slow(std::uint64_t me) {
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
         detail::note_wait(detail::WaitReason::Mutex, this, &ops);
-        detail::mutex_waiters.fetch_add(1, std::memory_order_relaxed);
+        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // (see watch_loop)
         detail::ensure_watchdog();
         detail::block(lock_, waiters_, self, nullptr);
         detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);

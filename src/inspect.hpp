@@ -48,6 +48,9 @@ void set_report_sink(std::function<void(const std::string&)> sink);
 // How often the watch thread looks, and how long each fiber of a lock cycle must have
 // waited before the cycle is reported (defaults: 1 s and 1 s). For tests.
 void set_watch_timing(std::chrono::milliseconds period, std::chrono::milliseconds deadlock_after);
+// Ends the watch thread, if one runs, and returns once it has ended; the next Mutex wait or
+// hang-reporting stop() starts another. For tests that fork under emulators or count threads.
+void quiesce_watch() noexcept;
 // Reports the dump handler's thread has printed (tests).
 std::uint64_t dump_handler_reports() noexcept;
 }  // namespace detail

@@ -74,9 +74,9 @@ const char* wait_reason(const Fiber& f) noexcept;
 
 // Fibers parked in Mutex::lock() now (the deadlock watch runs only while there are some).
 extern std::atomic<long> mutex_waiters;
-// Starts the watch thread (deadlocks, hang reports) if it is not running; it costs one
-// wake-up a second while it has something to watch. Never throws: without a thread there
-// is no watch.
+// Starts the watch thread (deadlocks, hang reports) if it is not running; it wakes once a
+// second while it has something to watch and ends when it has nothing. Never throws:
+// without a thread there is no watch.
 void ensure_watchdog() noexcept;
 
 }  // namespace detail

@@ -117,6 +117,8 @@ ChildResult run_in_child(Body&& body, unsigned seconds = 30) {
     if (pipe(pipe_fds) != 0) return {};
     std::fflush(stdout);
     std::fflush(stderr);
+    // No watch thread at the fork (qemu-user aborts a child forked beside one that waits).
+    fsched::detail::quiesce_watch();
     pid_t pid = fork();
     if (pid == 0) {
         close(pipe_fds[0]);

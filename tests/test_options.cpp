@@ -358,6 +358,7 @@ TEST_CASE("thread hooks: on_thread_start(0) throwing leaves the constructor with
     for (const std::size_t threads : {1u, 4u}) {
         CAPTURE(threads);
 #if defined(__linux__)
+        fsched::detail::quiesce_watch();  // no watch thread coming or going meanwhile
         const int threads_before = thread_count_now();
 #endif
         std::atomic<int> stops{0};

@@ -174,7 +174,7 @@ void Mutex::lock_slow(std::uint64_t me) {
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
         detail::note_wait(detail::WaitReason::Mutex, this, &ops);
-        detail::mutex_waiters.fetch_add(1, std::memory_order_relaxed);
+        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // (see watch_loop)
         detail::ensure_watchdog();
         detail::block(lock_, waiters_, self, nullptr);
         detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
