@@ -5100,6 +5100,10 @@ inline void registry_fence() noexcept {}
 constexpr std::memory_order registry_order = std::memory_order_relaxed;
 inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
 #endif
+// The loads of the protocol: acquire (of a slot: the fiber it lists; of a flag: what the
+// report read) where the fences order the rest, seq_cst with them otherwise.
+constexpr std::memory_order registry_load_order =
+    registry_order == std::memory_order_relaxed ? std::memory_order_acquire : registry_order;
 
 
 // The ways out of the inline paths below (registry.ipp).
@@ -5155,10 +5159,7 @@ FIBER_SCHED_ALWAYS_INLINE inline void registry_remove(Fiber& f, ThreadState* ts)
     } else {
         std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
     }
-    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                            : registry_order))) {
-        wait_for_report(seg);
-    }
+    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_load_order))) wait_for_report(seg);
 }
 
 }  // namespace detail
@@ -6473,8 +6474,7 @@ void for_each_live_fiber(Visit&& visit) {
     for (RegistrySegment* s = first; s; s = s->next) {
         for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
             for (std::size_t i = 0; i < c->size; ++i) {
-                Fiber* f = c->slots[i].load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                        : registry_order);
+                Fiber* f = c->slots[i].load(registry_load_order);
                 if (is_fiber(f)) visit(*f);
             }
         }
@@ -6675,7 +6675,8 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     s.id = f.id();
     s.name = f.name_c_str();
     s.state = state;
-    s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
+    const WaitRecord& w = FiberAccess::wait(f);
+    s.kind = w.kind.load(std::memory_order_relaxed);
     const Stack& stack = FiberAccess::stack(f);
     s.stack_size = f.stack_size();
     if (with_frames) s.touched = os::resident_bytes(stack.base, FiberAccess::frames_size(f));
@@ -6683,15 +6684,11 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     std::atomic<bool>& hold = FiberAccess::inspected(f);
     hold.store(true, std::memory_order_seq_cst);
     s.state = life.load_seq_cst();
-    if (is_parked(s.state)) {
-        s.held = true;
-        const WaitRecord& w = FiberAccess::wait(f);
-        s.kind = w.kind.load(std::memory_order_relaxed);
-    }
-    if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's
-        const WaitRecord& w = FiberAccess::wait(f);
+    s.held = is_parked(s.state);
+    if (s.held) s.kind = w.kind.load(std::memory_order_relaxed);  // this park's
+    if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's too
         s.object = w.object;
-        if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
+        if (s.kind == WaitReason::Other && w.word) s.detail = w.word;
         if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
         s.worker = worker_number(w.worker);  // alive: its scheduler waits for this fiber
         s.since_ns = w.since_ns;
@@ -6713,7 +6710,6 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
         const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
         s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
     }
-    if (!s.held) s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
     hold.store(false, std::memory_order_release);
 }
 

@@ -175,8 +175,7 @@ void for_each_live_fiber(Visit&& visit) {
     for (RegistrySegment* s = first; s; s = s->next) {
         for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
             for (std::size_t i = 0; i < c->size; ++i) {
-                Fiber* f = c->slots[i].load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                        : registry_order);
+                Fiber* f = c->slots[i].load(registry_load_order);
                 if (is_fiber(f)) visit(*f);
             }
         }

@@ -55,6 +55,10 @@ inline void registry_fence() noexcept {}
 constexpr std::memory_order registry_order = std::memory_order_relaxed;
 inline void registry_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
 #endif
+// The loads of the protocol: acquire (of a slot: the fiber it lists; of a flag: what the
+// report read) where the fences order the rest, seq_cst with them otherwise.
+constexpr std::memory_order registry_load_order =
+    registry_order == std::memory_order_relaxed ? std::memory_order_acquire : registry_order;
 
 
 // The ways out of the inline paths below (registry.ipp).
@@ -110,10 +114,7 @@ FIBER_SCHED_ALWAYS_INLINE inline void registry_remove(Fiber& f, ThreadState* ts)
     } else {
         std::atomic_signal_fence(std::memory_order_seq_cst);  // the report's barrier does the rest
     }
-    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_order == std::memory_order_relaxed ? std::memory_order_acquire
-                                                                                            : registry_order))) {
-        wait_for_report(seg);
-    }
+    if (FIBER_SCHED_UNLIKELY(seg.reporting.load(registry_load_order))) wait_for_report(seg);
 }
 
 }  // namespace detail

@@ -118,7 +118,8 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     s.id = f.id();
     s.name = f.name_c_str();
     s.state = state;
-    s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
+    const WaitRecord& w = FiberAccess::wait(f);
+    s.kind = w.kind.load(std::memory_order_relaxed);
     const Stack& stack = FiberAccess::stack(f);
     s.stack_size = f.stack_size();
     if (with_frames) s.touched = os::resident_bytes(stack.base, FiberAccess::frames_size(f));
@@ -126,15 +127,11 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     std::atomic<bool>& hold = FiberAccess::inspected(f);
     hold.store(true, std::memory_order_seq_cst);
     s.state = life.load_seq_cst();
-    if (is_parked(s.state)) {
-        s.held = true;
-        const WaitRecord& w = FiberAccess::wait(f);
-        s.kind = w.kind.load(std::memory_order_relaxed);
-    }
-    if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's
-        const WaitRecord& w = FiberAccess::wait(f);
+    s.held = is_parked(s.state);
+    if (s.held) s.kind = w.kind.load(std::memory_order_relaxed);  // this park's
+    if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's too
         s.object = w.object;
-        if (w.kind.load(std::memory_order_relaxed) == WaitReason::Other && w.word) s.detail = w.word;
+        if (s.kind == WaitReason::Other && w.word) s.detail = w.word;
         if (w.scheduler) s.scheduler = w.scheduler->name();  // alive: it waits for this fiber
         s.worker = worker_number(w.worker);  // alive: its scheduler waits for this fiber
         s.since_ns = w.since_ns;
@@ -156,7 +153,6 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
         const auto hi = reinterpret_cast<std::uintptr_t>(stack.base) + FiberAccess::frames_size(f);
         s.frames = walk_frames(start, hi, s.pc, FiberSnapshot::max_frames);
     }
-    if (!s.held) s.kind = FiberAccess::wait(f).kind.load(std::memory_order_relaxed);
     hold.store(false, std::memory_order_release);
 }
 
