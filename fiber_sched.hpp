@@ -921,6 +921,7 @@ struct Worker;
 
 // The wait a parked fiber is in; its word in the report (wait_reason_word) is the primitive's
 // class name or the call's ("sleep", "io", "yield").
+// tools/fiber_sched_gdb.py's _WAITS mirrors these numbers: renumber both together.
 enum class WaitReason : std::uint8_t {
     None,               // not waiting, or parked by a primitive that says nothing
     Mutex,
@@ -931,6 +932,16 @@ enum class WaitReason : std::uint8_t {
     Sleep,
     Io,
     Yield,              // queued again by this_fiber::yield(): runnable, not parked
+    Semaphore,
+    Latch,
+    Barrier,
+    SharedMutex,        // "SharedMutex" (exclusive lock)
+    SharedMutexShared,  // "SharedMutex shared"
+    Event,
+    ConditionVariableAny,
+    Select,             // "select" over channel cases
+    Future,             // Future<T>::get()/wait()
+    ParallelFor,        // "parallel_for": the caller waits for its chunks
     Other               // a primitive that names itself (WaitRecord::word)
 };
 const char* wait_reason_word(WaitReason kind) noexcept;
@@ -2231,6 +2242,52 @@ private:
 
 }  // namespace fsched
 // ---- end src/sync.hpp ----
+// ---- begin src/sync_extra.hpp ----
+// ---------------------------------------------------------------------------
+// More synchronisation (the toolbox): Semaphore, Latch, Barrier, SharedMutex, Event,
+// ConditionVariableAny, each on sync.hpp's wait machinery.
+// ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+
+namespace fsched {
+}  // namespace fsched
+// ---- end src/sync_extra.hpp ----
+// ---- begin src/select.hpp ----
+// ---------------------------------------------------------------------------
+// select() over channel cases (Go's select): Channel<T>::on_receive / on_send,
+// select_default, select_timeout.
+// ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+
+namespace fsched {
+}  // namespace fsched
+// ---- end src/select.hpp ----
+// ---- begin src/future.hpp ----
+// ---------------------------------------------------------------------------
+// Future<T>, Promise<T>, async(), when_all(): Boost.Fiber's and std's shape, on fibers.
+// ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+
+namespace fsched {
+}  // namespace fsched
+// ---- end src/future.hpp ----
+// ---- begin src/parallel.hpp ----
+// ---------------------------------------------------------------------------
+// Data parallelism: parallel_for and parallel_for_chunks over an index range.
+// ---------------------------------------------------------------------------
+
+
+// (src/sync.hpp already inlined above)
+
+namespace fsched {
+}  // namespace fsched
+// ---- end src/parallel.hpp ----
 // ---- begin src/io.hpp ----
 // ---------------------------------------------------------------------------
 // fsched::io: fibers waiting for file descriptors, Linux.
@@ -6526,6 +6583,16 @@ const char* wait_reason_word(WaitReason kind) noexcept {
     case WaitReason::Sleep: return "sleep";
     case WaitReason::Io: return "io";
     case WaitReason::Yield: return "yield";
+    case WaitReason::Semaphore: return "Semaphore";
+    case WaitReason::Latch: return "Latch";
+    case WaitReason::Barrier: return "Barrier";
+    case WaitReason::SharedMutex: return "SharedMutex";
+    case WaitReason::SharedMutexShared: return "SharedMutex shared";
+    case WaitReason::Event: return "Event";
+    case WaitReason::ConditionVariableAny: return "ConditionVariableAny";
+    case WaitReason::Select: return "select";
+    case WaitReason::Future: return "Future";
+    case WaitReason::ParallelFor: return "parallel_for";
     case WaitReason::Other: return "";
     }
     return "";
@@ -10790,6 +10857,30 @@ void WaitGroup::describe_wait(const void* group, char* out, std::size_t size) no
 
 }  // namespace fsched
 // ---- end src/impl/sync.ipp ----
+// ---- begin src/impl/sync_extra.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: the slow paths of sync_extra.hpp's primitives.
+// ---------------------------------------------------------------------------
+
+
+// (src/sync_extra.hpp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
+
+namespace fsched {
+}  // namespace fsched
+// ---- end src/impl/sync_extra.ipp ----
+// ---- begin src/impl/select.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: select()'s non-template part.
+// ---------------------------------------------------------------------------
+
+
+// (src/select.hpp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
+
+namespace fsched {
+}  // namespace fsched
+// ---- end src/impl/select.ipp ----
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 // ---- begin src/impl/io_registry.ipp ----

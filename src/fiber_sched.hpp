@@ -141,6 +141,10 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
 #include "sync.hpp"
+#include "sync_extra.hpp"
+#include "select.hpp"
+#include "future.hpp"
+#include "parallel.hpp"
 #include "io.hpp"
 #include "inspect.hpp"
 #include "trace.hpp"
@@ -228,6 +232,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/sched_submit.ipp"
 #include "impl/sched_fork.ipp"
 #include "impl/sync.ipp"
+#include "impl/sync_extra.ipp"
+#include "impl/select.ipp"
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 #include "impl/io_registry.ipp"

@@ -21,6 +21,7 @@ struct Worker;
 
 // The wait a parked fiber is in; its word in the report (wait_reason_word) is the primitive's
 // class name or the call's ("sleep", "io", "yield").
+// tools/fiber_sched_gdb.py's _WAITS mirrors these numbers: renumber both together.
 enum class WaitReason : std::uint8_t {
     None,               // not waiting, or parked by a primitive that says nothing
     Mutex,
@@ -31,6 +32,16 @@ enum class WaitReason : std::uint8_t {
     Sleep,
     Io,
     Yield,              // queued again by this_fiber::yield(): runnable, not parked
+    Semaphore,
+    Latch,
+    Barrier,
+    SharedMutex,        // "SharedMutex" (exclusive lock)
+    SharedMutexShared,  // "SharedMutex shared"
+    Event,
+    ConditionVariableAny,
+    Select,             // "select" over channel cases
+    Future,             // Future<T>::get()/wait()
+    ParallelFor,        // "parallel_for": the caller waits for its chunks
     Other               // a primitive that names itself (WaitRecord::word)
 };
 const char* wait_reason_word(WaitReason kind) noexcept;

@@ -18,7 +18,9 @@ import gdb
 _STATES = {0: "ready", 1: "suspended", 2: "running", 3: "finished", 4: "running",
            5: "parked", 6: "parked"}
 _WAITS = {0: "", 1: "Mutex", 2: "ConditionVariable", 3: "WaitGroup", 4: "Channel send",
-          5: "Channel receive", 6: "sleep", 7: "io", 8: "yield", 9: "wait"}
+          5: "Channel receive", 6: "sleep", 7: "io", 8: "yield", 9: "Semaphore", 10: "Latch",
+          11: "Barrier", 12: "SharedMutex", 13: "SharedMutex shared", 14: "Event",
+          15: "ConditionVariableAny", 16: "select", 17: "Future", 18: "parallel_for", 19: "wait"}
 
 
 def _raw(value, type_name):

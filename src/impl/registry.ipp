@@ -227,6 +227,16 @@ const char* wait_reason_word(WaitReason kind) noexcept {
     case WaitReason::Sleep: return "sleep";
     case WaitReason::Io: return "io";
     case WaitReason::Yield: return "yield";
+    case WaitReason::Semaphore: return "Semaphore";
+    case WaitReason::Latch: return "Latch";
+    case WaitReason::Barrier: return "Barrier";
+    case WaitReason::SharedMutex: return "SharedMutex";
+    case WaitReason::SharedMutexShared: return "SharedMutex shared";
+    case WaitReason::Event: return "Event";
+    case WaitReason::ConditionVariableAny: return "ConditionVariableAny";
+    case WaitReason::Select: return "select";
+    case WaitReason::Future: return "Future";
+    case WaitReason::ParallelFor: return "parallel_for";
     case WaitReason::Other: return "";
     }
     return "";
