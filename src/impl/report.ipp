@@ -405,7 +405,20 @@ struct WatchState {
     std::unordered_set<std::string> reported;    // cycles reported (never again)
     bool running = false;  // a watch thread runs (or is about to)
     bool quiesce = false;  // quiesce_watch(): the thread is to end now
+    // The last watch thread started, until joined: by the next ensure_watchdog() once it has
+    // ended, or by quiesce_watch(), so that no thread of ours is still on its way out at a
+    // fork() (qemu-user aborts a child forked beside an exiting thread). A pointer, so that a
+    // fork() child can drop the parent's (its destructor would terminate a joinable one).
+    std::thread* thread = nullptr;
 };
+
+// Joins and deletes the ended watch thread, if any. Under the mutex, with `running` false.
+void join_ended_watch(WatchState& w) noexcept {
+    if (!w.thread) return;
+    if (w.thread->joinable()) w.thread->join();  // it has left watch_loop(): microseconds
+    delete w.thread;
+    w.thread = nullptr;
+}
 
 WatchState& watch_state() {
     static WatchState* w = new WatchState;  // never destroyed: the thread outlives main()
@@ -525,11 +538,12 @@ void ensure_watchdog() noexcept {
     WatchState& w = watch_state();
     std::lock_guard<std::mutex> lock(w.mutex);
     if (w.running || w.quiesce) return;  // it goes on (watch_loop), or tests keep it off
+    join_ended_watch(w);
     try {
-        std::thread([] {
+        w.thread = new std::thread([] {
             os::name_thread("fsched-watch", 0);
             watch_loop();
-        }).detach();
+        });
         w.running = true;
         watch_started.store(true, std::memory_order_seq_cst);
     } catch (...) {
@@ -543,6 +557,7 @@ void quiesce_watch() noexcept {
     w.quiesce = true;
     w.wake.notify_all();
     w.wake.wait(lock, [&] { return !w.running; });
+    join_ended_watch(w);  // gone, not only ending
     w.quiesce = false;
 }
 
@@ -684,6 +699,7 @@ void build_report_state() {
                     // The watch and dump threads are the parent's: none here until asked again.
                     watch_started.store(false, std::memory_order_relaxed);
                     watch_state().running = false;
+                    watch_state().thread = nullptr;  // the parent's (left allocated)
                     watch_state().hangs.clear();
                     DumpState& d = dump_state();
 #if !defined(_WIN32)
