@@ -59,8 +59,7 @@ struct SelectWait {
 
 void describe_select(const void* object, char* out, std::size_t size) noexcept {
     const auto* wait = static_cast<const SelectWait*>(object);
-    std::snprintf(out, size, "%zu receive, %zu send case%s", wait->receives, wait->sends,
-                  wait->receives + wait->sends == 1 ? "" : "s");
+    std::snprintf(out, size, "%zu receive, %zu send cases", wait->receives, wait->sends);
 }
 
 constexpr WaitOps select_wait_ops{&describe_select, nullptr};
@@ -110,8 +109,6 @@ std::size_t run_select(const SelectFrame& frame) {
             break;
         }
     }
-    FIBER_SCHED_ASSERT((channels > 0 || default_case != no_case || timeout_case != no_case) &&
-                       "select(): no case can ever run (no channel case, default or timeout)");
     for (std::size_t k = channels; k > 1; --k) std::swap(frame.order[k - 1], frame.order[select_pick(k)]);
     std::sort(frame.locks, frame.locks + channels, std::less<SpinLock*>());
     SelectLocks held(frame.locks, static_cast<std::size_t>(std::unique(frame.locks, frame.locks + channels) - frame.locks));
