@@ -25,13 +25,20 @@ void unlock_all(SpinLock* const* locks, std::size_t count) noexcept {
 }
 
 void release_after_park(Fiber*, void* arg) {
-    auto* args = static_cast<ParkArgs*>(arg);
+    // Once the timer is in (it may fire at once) or the first lock is released, the fiber
+    // may run on another worker and leave block_all(), whose frame holds `args`: read it
+    // first. The lock array outlives the hook: it is released last to first, and its owner
+    // cannot return before locks[0] is free (block()'s notifier needs it; a timed-out block()
+    // and a woken select() take every lock again, locks[0] first).
+    const auto* args = static_cast<const ParkArgs*>(arg);
+    SpinLock* const* const locks = args->locks;
+    const std::size_t count = args->lock_count;
     args->state->fiber = take_task_ref();
     if (args->deadline) {
         // On the worker the fiber parked from; only that worker touches its timer heap.
         thread_state()->worker->add_timer(*args->deadline, nullptr, *args->shared);
     }
-    unlock_all(args->locks, args->lock_count);  // only now may a notifier find and wake the fiber
+    unlock_all(locks, count);  // only now may a notifier find and wake the fiber
 }
 
 }  // namespace
