@@ -2460,11 +2460,12 @@ namespace fsched {
 // every lock is released, in the caller.
 //
 // Cost: no allocation of its own. The Waiters, the lock order and the poll order live on
-// the caller's stack (select() is a template over its cases); a std::function allocates
-// only if its callable does not fit the library's small buffer (libstdc++: a trivially
-// copyable callable of up to 16 bytes, e.g. a lambda capturing two references; libc++ and
-// MSVC keep larger ones inline); a timed select in a scheduler task that has to wait
-// allocates its shared WaitState once (detail::prepare_timed_wait, as every timed wait).
+// the caller's stack (select() is a template over its cases). Each case's std::function
+// allocates only if its callable does not fit the standard library's small buffer
+// (libstdc++: a trivially copyable callable of at most 16 bytes, such as a lambda that
+// captures two references). A timed select in a scheduler task that has to wait allocates
+// its shared WaitState once (detail::prepare_timed_wait, as every timed wait); one that
+// completes at once does not. A value sent into a buffer costs what std::deque costs.
 // ---------------------------------------------------------------------------
 
 
