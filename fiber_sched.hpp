@@ -11,6 +11,7 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
+    select             one ready Channel case of several (Go's), or a default, or a timeout
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -1858,6 +1859,8 @@ private:
 
 enum class WaitStatus : std::uint8_t { Waiting, Notified, TimedOut };
 
+struct Waiter;
+
 // How one blocked fiber or thread is woken.
 struct WaitState {
     // Waiting -> Notified (a notifier's CAS) or Waiting -> TimedOut (the timer's or the
@@ -1865,6 +1868,10 @@ struct WaitState {
     std::atomic<WaitStatus> status{WaitStatus::Waiting};
     Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
     struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
+    // The Waiter whose claim() won: a select() publishes one Waiter per case, all sharing
+    // this state, and learns here which case ran. Written by the winner under the lock of
+    // the list that Waiter was in; read by the woken waiter after it has taken that lock.
+    Waiter* claimed_by = nullptr;
 };
 
 // A blocked thread sleeps on this, on its own stack.
@@ -1939,6 +1946,11 @@ private:
 // `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
 // lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
 using Unlink = void (*)(void* context, Waiter& w);
+// The same with the waiter published under `count` locks (all held; select() publishes a
+// Waiter sharing w.state in each of its channels): releases them all once a notifier may
+// wake the caller, and returns with none held, without unlinking anything. In a scheduler
+// task a timed wait must have been prepared (prepare_timed_wait) before the locks were taken.
+bool block_all(SpinLock* const* locks, std::size_t count, Waiter& w, const TimePoint* deadline);
 bool block(SpinLock& lock, Waiter& w, const TimePoint* deadline, Unlink unlink,
            void* context);
 // The same for a Waiter in a WaitList.
@@ -1950,7 +1962,11 @@ inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* de
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
     WaitStatus expected = WaitStatus::Waiting;
-    return w.state->status.compare_exchange_strong(expected, WaitStatus::Notified, std::memory_order_acq_rel);
+    if (!w.state->status.compare_exchange_strong(expected, WaitStatus::Notified, std::memory_order_acq_rel)) {
+        return false;
+    }
+    w.state->claimed_by = &w;
+    return true;
 }
 // Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
 // nullptr if none. Call under the lock.
@@ -2111,8 +2127,15 @@ private:
     detail::WaitList waiters_;
 };
 
+template <class T>
+class ReceiveCase;
+template <class T>
+class SendCase;
+
 // A typed FIFO channel, Go style. Capacity 0: every send meets a receive (rendezvous).
-// Senders and receivers are served in arrival order.
+// Senders and receivers are served in arrival order. A value a send hands to a waiter that
+// gave up meanwhile (a timed wait that timed out, a select() that another case won) is taken
+// back before anyone else sees it: each value is received once or stays its sender's.
 template <class T>
 class Channel {
 public:
@@ -2130,22 +2153,10 @@ public:
     bool send(T value) {
         std::unique_lock<detail::SpinLock> guard(lock_);
         if (closed_) return false;
-        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
-            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
-            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
-            receivers_.remove(receiver);
-            if (detail::claim(*receiver)) {
-                receiver->ok = true;
-                guard.unlock();
-                detail::wake_waiter(*receiver);
-                return true;
-            }
-            // It gave up meanwhile (a timed receive): take the value back for the next one.
-            value = std::move(**slot);
-            slot->reset();
-        }
-        if (buffer_.size() < capacity_) {
-            buffer_.push_back(std::move(value));  // strong guarantee
+        detail::Waiter* wake = nullptr;
+        if (send_ready(value, wake)) {
+            guard.unlock();
+            if (wake) detail::wake_waiter(*wake);
             return true;
         }
         detail::Waiter self;
@@ -2158,39 +2169,44 @@ public:
         return self.ok;
     }
 
+    // Sends `value` if that needs no wait: a receiver is waiting or the buffer has room.
+    // Moves from `value` only when it returns true; false: full, or closed (see closed()).
+    bool try_send(T& value) {
+        std::unique_lock<detail::SpinLock> guard(lock_);
+        if (closed_) return false;
+        detail::Waiter* wake = nullptr;
+        const bool sent = send_ready(value, wake);
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return sent;
+    }
+
+    // As send(), but gives up once `d` has passed (never earlier). Moves from `value` only
+    // when it returns true; false: timed out, or the channel is closed. closed() tells the
+    // two apart: after false, closed() is true if the send can never succeed any more (the
+    // channel may have been closed just after the timeout; the value is the caller's either
+    // way). A receiver racing the timeout either took the value (true) or did not (false).
+    template <class Rep, class Period>
+    bool send_for(T& value, const std::chrono::duration<Rep, Period>& d) {
+        return send_until_steady(value, detail::deadline_after(d));
+    }
+    // As send_for(), until the time point `t`.
+    template <class Clock, class Duration>
+    bool send_until(T& value, const std::chrono::time_point<Clock, Duration>& t) {
+        return send_until_steady(value, detail::to_steady(t));
+    }
+
     // Receives the oldest value, blocking while there is none. Returns std::nullopt once
     // the channel is closed and drained. If moving the value throws, receive() throws it and
     // the value stays in the channel.
     std::optional<T> receive() {
         std::optional<T> result;  // the one object every path returns (named return value)
         std::unique_lock<detail::SpinLock> guard(lock_);
-        if (!buffer_.empty()) {
-            result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
-            buffer_.pop_front();
-            // A sender blocked on a full buffer moves its value in behind; if that move
-            // throws, the sender's send() throws it instead.
-            if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
-                try {
-                    buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
-                    sender->ok = true;
-                } catch (...) {
-                    sender->error = std::current_exception();
-                }
-                guard.unlock();
-                detail::wake_waiter(*sender);
-            }
+        detail::Waiter* wake = nullptr;
+        if (receive_ready(result, wake)) {
+            guard.unlock();
+            if (wake) detail::wake_waiter(*wake);
             return result;
-        }
-        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
-            result.emplace(std::move(*static_cast<T*>(sender->slot)));  // may throw: sender untouched
-            senders_.remove(sender);
-            if (detail::claim(*sender)) {
-                sender->ok = true;
-                guard.unlock();
-                detail::wake_waiter(*sender);
-                return result;
-            }
-            result.reset();  // it gave up meanwhile (a timed send): its value stays its own
         }
         if (closed_) return result;
         detail::Waiter self;
@@ -2200,6 +2216,31 @@ public:
         detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
         detail::block(lock_, receivers_, self, nullptr);
         return result;
+    }
+
+    // Receives the oldest value if there is one now (buffered, or from a blocked sender);
+    // std::nullopt otherwise (empty, or closed and drained: see closed()).
+    std::optional<T> try_receive() {
+        std::optional<T> result;
+        std::unique_lock<detail::SpinLock> guard(lock_);
+        detail::Waiter* wake = nullptr;
+        receive_ready(result, wake);
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return result;
+    }
+
+    // As receive(), but gives up once `d` has passed (never earlier): std::nullopt on a
+    // timeout or once the channel is closed and drained (closed() tells which). A sender
+    // racing the timeout either handed its value over (it is returned) or kept it.
+    template <class Rep, class Period>
+    std::optional<T> receive_for(const std::chrono::duration<Rep, Period>& d) {
+        return receive_until_steady(detail::deadline_after(d));
+    }
+    // As receive_for(), until the time point `t`.
+    template <class Clock, class Duration>
+    std::optional<T> receive_until(const std::chrono::time_point<Clock, Duration>& t) {
+        return receive_until_steady(detail::to_steady(t));
     }
 
     // Closes the channel: later sends fail; receives drain the buffer, then get nullopt.
@@ -2216,11 +2257,155 @@ public:
 
     // The capacity given at construction.
     std::size_t capacity() const noexcept { return capacity_; }
+    // The values buffered now (at most capacity(); blocked senders' values not counted).
+    std::size_t size() const {
+        std::lock_guard<detail::SpinLock> guard(lock_);
+        return buffer_.size();
+    }
+    // Whether close() has been called.
+    bool closed() const {
+        std::lock_guard<detail::SpinLock> guard(lock_);
+        return closed_;
+    }
+
+    // A case for select(): receives a value; `fn` gets it, or std::nullopt if the channel
+    // is closed and drained. `fn` may be empty. (select.hpp)
+    ReceiveCase<T> on_receive(std::function<void(std::optional<T>)> fn) {
+        return ReceiveCase<T>(*this, std::move(fn));
+    }
+    // A case for select(): sends `value`; `fn` gets true once sent, false if the channel is
+    // closed. The value stays in the case (SendCase::value()) unless it was sent. (select.hpp)
+    SendCase<T> on_send(T value, std::function<void(bool sent)> fn) {
+        return SendCase<T>(*this, std::move(value), std::move(fn));
+    }
 
 private:
+    template <class>
+    friend class ReceiveCase;
+    template <class>
+    friend class SendCase;
+
+    // Under lock_, the channel open: hands `value` to the longest waiting receiver, else
+    // into the buffer if it has room; false if neither can take it now. `wake`: the receiver
+    // to wake once the lock is released. If moving the value throws, nothing changed.
+    bool send_ready(T& value, detail::Waiter*& wake) {
+        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
+            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
+            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
+            receivers_.remove(receiver);
+            if (detail::claim(*receiver)) {
+                receiver->ok = true;
+                wake = receiver;
+                return true;
+            }
+            // It gave up meanwhile (a timed receive, a select that another case won): take
+            // the value back for the next one.
+            value = std::move(**slot);
+            slot->reset();
+        }
+        if (buffer_.size() < capacity_) {
+            buffer_.push_back(std::move(value));  // strong guarantee
+            return true;
+        }
+        return false;
+    }
+
+    // Under lock_: takes the oldest value into `result` (empty on entry): the buffer's front
+    // (and the longest blocked sender's value moves in behind it), else straight from the
+    // longest blocked sender; false if there is none now. `wake`: the sender to wake once the
+    // lock is released. If moving the value throws, nothing changed.
+    bool receive_ready(std::optional<T>& result, detail::Waiter*& wake) {
+        if (!buffer_.empty()) {
+            result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
+            buffer_.pop_front();
+            // If moving the sender's value into the buffer throws, its send() throws it.
+            if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+                try {
+                    buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
+                    sender->ok = true;
+                } catch (...) {
+                    sender->error = std::current_exception();
+                }
+                wake = sender;
+            }
+            return true;
+        }
+        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
+            auto* value = static_cast<T*>(sender->slot);
+            result.emplace(std::move(*value));  // may throw: sender untouched
+            senders_.remove(sender);
+            if (detail::claim(*sender)) {
+                sender->ok = true;
+                wake = sender;
+                return true;
+            }
+            // It gave up meanwhile (a timed send, a select that another case won): the value
+            // goes back to it.
+            *value = std::move(*result);
+            result.reset();
+        }
+        return false;
+    }
+
+    bool send_until_steady(T& value, detail::TimePoint deadline) {
+        detail::Waiter self;
+        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+        for (bool prepared = false;; prepared = true) {
+            guard.lock();
+            if (closed_) return false;
+            detail::Waiter* wake = nullptr;
+            if (send_ready(value, wake)) {
+                guard.unlock();
+                if (wake) detail::wake_waiter(*wake);
+                return true;
+            }
+            if (prepared) break;
+            // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no lock
+            // held, then look again. A ready send never allocates.
+            guard.unlock();
+            if (!(std::chrono::steady_clock::now() < deadline)) return false;
+            detail::prepare_timed_wait(self);
+        }
+        self.slot = &value;
+        senders_.push_back(&self);
+        guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_, &deadline);
+        if (!detail::block(lock_, senders_, self, &deadline)) return false;  // the value is ours
+        if (self.error) std::rethrow_exception(self.error);
+        return self.ok;
+    }
+
+    std::optional<T> receive_until_steady(detail::TimePoint deadline) {
+        std::optional<T> result;
+        detail::Waiter self;
+        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+        for (bool prepared = false;; prepared = true) {
+            guard.lock();
+            detail::Waiter* wake = nullptr;
+            if (receive_ready(result, wake)) {
+                guard.unlock();
+                if (wake) detail::wake_waiter(*wake);
+                return result;
+            }
+            if (closed_ || prepared) break;
+            guard.unlock();
+            if (!(std::chrono::steady_clock::now() < deadline)) return result;
+            detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
+        }
+        if (closed_) return result;
+        self.slot = &result;
+        receivers_.push_back(&self);
+        guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_, &deadline);
+        // Timed out: a sender that raced it took its value back under the lock, which
+        // block() took before returning; `result` is empty then.
+        detail::block(lock_, receivers_, self, &deadline);
+        return result;
+    }
+
     // fiber_report()'s look at a channel a fiber waits on (WaitOps::describe).
     static void describe_wait(const void* channel, char* out, std::size_t size) noexcept {
-        auto* self = const_cast<Channel*>(static_cast<const Channel*>(channel));
+        auto* self = static_cast<const Channel*>(channel);
         if (!self->lock_.try_lock()) {
             std::snprintf(out, size, "busy");
             return;
@@ -2232,7 +2417,7 @@ private:
     }
     static constexpr detail::WaitOps wait_ops_{&Channel::describe_wait, nullptr};
 
-    detail::SpinLock lock_;
+    mutable detail::SpinLock lock_;  // guards everything below
     std::deque<T> buffer_;
     const std::size_t capacity_;
     bool closed_ = false;
@@ -2258,12 +2443,208 @@ namespace fsched {
 // ---------------------------------------------------------------------------
 // select() over channel cases (Go's select): Channel<T>::on_receive / on_send,
 // select_default, select_timeout.
+//
+// select(cases...) runs exactly one case and returns its index. It locks every channel of
+// its cases (each once, in address order, so two selects over the same channels cannot
+// deadlock) and tries the channel cases in a random order: the first that can complete now
+// does, so among the ready cases each is chosen with the same chance (detail::select_pick
+// is the one source of that choice). A receive case on a closed, drained channel and a send
+// case on a closed channel are ready (fn gets std::nullopt / false). If none is ready, the
+// default case runs if there is one; else the caller publishes one Waiter per channel case,
+// all sharing one WaitState, and parks (a fiber) or blocks (a thread) until the first claim
+// of any of them wins the whole select, or the earliest timeout case's deadline passes. A
+// notifier that fails that claim skips the waiter as it skips a timed-out one, and a send
+// that handed a value to such a receive case takes it back: a case that lost leaves its
+// channel untouched, and a send case that lost keeps its value. Woken, the caller takes the
+// channel locks again to unlink every waiter still linked. The winning case's fn runs after
+// every lock is released, in the caller.
+//
+// Cost: no allocation of its own. The Waiters, the lock order and the poll order live on
+// the caller's stack (select() is a template over its cases). Each case's std::function
+// allocates only if its callable does not fit the standard library's small buffer
+// (libstdc++: a trivially copyable callable of at most 16 bytes, such as a lambda that
+// captures two references). A timed select in a scheduler task that has to wait allocates
+// its shared WaitState once (detail::prepare_timed_wait, as every timed wait); one that
+// completes at once does not. A value sent into a buffer costs what std::deque costs.
 // ---------------------------------------------------------------------------
 
 
 // (src/sync.hpp already inlined above)
 
 namespace fsched {
+namespace detail {
+
+// One case of a select() as its non-template part (impl/select.ipp) sees it. A channel case
+// names its channel's lock; try_now, enqueue and unlink are called with it held.
+class SelectCase {
+public:
+    enum class Kind : std::uint8_t { Receive, Send, Default, Timeout };
+
+    // Completes the case now if it can (true): `ok` whether a value moved (false: the
+    // channel is closed); `wake`: a waiter to wake once every lock is released. Throws what
+    // moving the value throws, having changed nothing.
+    virtual bool try_now(bool& ok, Waiter*& wake) = 0;
+    // Publishes `w` as this case's waiter on its channel.
+    virtual void enqueue(Waiter& w) noexcept = 0;
+    // Takes `w` off its channel's list if it is still there.
+    virtual void unlink(Waiter& w) noexcept = 0;
+    // With no lock held, after the case won: calls its fn with the outcome (`ok` as above).
+    virtual void run(bool ok) = 0;
+
+    Kind kind;
+    SpinLock* lock = nullptr;  // a channel case's channel lock
+    TimePoint deadline{};      // a timeout case's deadline
+
+protected:
+    explicit SelectCase(Kind k, SpinLock* l = nullptr) noexcept : kind(k), lock(l) {}
+    SelectCase(const SelectCase&) = default;
+    SelectCase& operator=(const SelectCase&) = default;
+    ~SelectCase() = default;
+};
+
+// What select() hands its non-template part: its cases and room for `count` of each.
+struct SelectFrame {
+    SelectCase* const* cases;
+    Waiter* waiters;          // waiters[i]: case i's, if it is a channel case
+    std::size_t* order;       // the channel cases' indexes, in the order they are tried
+    SpinLock** locks;         // their channels' locks, each once, in address order
+    std::size_t count;
+};
+
+// Runs one case of `frame` (select() above) and returns its index.
+std::size_t run_select(const SelectFrame& frame);
+
+// A number in [0, n), n > 0, uniform: select()'s only source of randomness (a per-thread
+// splitmix64; a deterministic simulation can route it through its own generator).
+std::size_t select_pick(std::size_t n) noexcept;
+
+}  // namespace detail
+
+// select()'s receive case: Channel<T>::on_receive(fn).
+template <class T>
+class ReceiveCase final : public detail::SelectCase {
+public:
+    ReceiveCase(Channel<T>& channel, std::function<void(std::optional<T>)> fn)
+        : SelectCase(Kind::Receive, &channel.lock_), channel_(&channel), fn_(std::move(fn)) {}
+
+private:
+    bool try_now(bool& ok, detail::Waiter*& wake) override {
+        result_.reset();
+        ok = channel_->receive_ready(result_, wake);
+        return ok || channel_->closed_;
+    }
+    void enqueue(detail::Waiter& w) noexcept override {
+        w.slot = &result_;
+        channel_->receivers_.push_back(&w);
+    }
+    void unlink(detail::Waiter& w) noexcept override {
+        if (w.linked) channel_->receivers_.remove(&w);
+    }
+    void run(bool) override {
+        if (fn_) fn_(std::move(result_));
+    }
+
+    Channel<T>* channel_;
+    std::function<void(std::optional<T>)> fn_;
+    std::optional<T> result_;  // where the value arrives (a sender writes it under the lock)
+};
+
+// select()'s send case: Channel<T>::on_send(value, fn).
+template <class T>
+class SendCase final : public detail::SelectCase {
+public:
+    SendCase(Channel<T>& channel, T value, std::function<void(bool)> fn)
+        : SelectCase(Kind::Send, &channel.lock_), channel_(&channel), fn_(std::move(fn)), value_(std::move(value)) {}
+
+    // The value to send: still the caller's after a select() in which this case did not
+    // send it (another case ran, or the channel was closed); moved from once it was sent.
+    T& value() noexcept { return value_; }
+
+private:
+    bool try_now(bool& ok, detail::Waiter*& wake) override {
+        if (channel_->closed_) {
+            ok = false;
+            return true;
+        }
+        ok = channel_->send_ready(value_, wake);
+        return ok;
+    }
+    void enqueue(detail::Waiter& w) noexcept override {
+        w.slot = &value_;
+        channel_->senders_.push_back(&w);
+    }
+    void unlink(detail::Waiter& w) noexcept override {
+        if (w.linked) channel_->senders_.remove(&w);
+    }
+    void run(bool ok) override {
+        if (fn_) fn_(ok);
+    }
+
+    Channel<T>* channel_;
+    std::function<void(bool)> fn_;
+    T value_;  // a receiver moves it out (and back, if the claim fails) under the lock
+};
+
+// select()'s default case (select_default) and timeout case (select_timeout).
+class FallbackCase final : public detail::SelectCase {
+public:
+    FallbackCase(Kind k, std::function<void()> fn) : SelectCase(k), fn_(std::move(fn)) {}
+
+private:
+    bool try_now(bool&, detail::Waiter*&) override { return false; }
+    void enqueue(detail::Waiter&) noexcept override {}
+    void unlink(detail::Waiter&) noexcept override {}
+    void run(bool) override {
+        if (fn_) fn_();
+    }
+
+    std::function<void()> fn_;
+};
+
+// A case that runs when no channel case is ready at once (Go's default). At most one per select.
+inline FallbackCase select_default(std::function<void()> fn = {}) {
+    return FallbackCase(FallbackCase::Kind::Default, std::move(fn));
+}
+
+// A case that runs when no channel case has completed within `d` from now (never earlier).
+// With several, the earliest deadline counts; a default case makes them moot.
+template <class Rep, class Period>
+FallbackCase select_timeout(const std::chrono::duration<Rep, Period>& d, std::function<void()> fn = {}) {
+    FallbackCase c(FallbackCase::Kind::Timeout, std::move(fn));
+    c.deadline = detail::deadline_after(d);
+    return c;
+}
+// The same with a deadline: runs when no channel case has completed by `t`.
+template <class Clock, class Duration>
+FallbackCase select_until(const std::chrono::time_point<Clock, Duration>& t, std::function<void()> fn = {}) {
+    FallbackCase c(FallbackCase::Kind::Timeout, std::move(fn));
+    c.deadline = detail::to_steady(t);
+    return c;
+}
+
+// Runs exactly one of `cases` (on_receive, on_send, select_default, select_timeout and
+// select_until cases, over channels of any types; the same channel may appear in several)
+// and returns its index among them: a ready channel case chosen uniformly at random, else
+// the default case, else the first channel case to complete or the timeout, whichever comes
+// first; with neither default nor timeout it waits for a channel case. The case's fn runs in
+// the caller after every channel lock is released; what it throws, select() throws. If a
+// blocked sender's value throws on its way into a buffer, select() throws that instead.
+template <class... Cases>
+std::size_t select(Cases&&... cases) {
+    static_assert(sizeof...(Cases) > 0, "select(): give it at least one case");
+    static_assert((std::is_base_of<detail::SelectCase, std::remove_cv_t<std::remove_reference_t<Cases>>>::value && ...),
+                  "select(): every argument is a case (Channel::on_receive, Channel::on_send, select_default, "
+                  "select_timeout, select_until)");
+    static_assert((!std::is_const<std::remove_reference_t<Cases>>::value && ...),
+                  "select(): a case is used up by the select, so it cannot be const");
+    constexpr std::size_t n = sizeof...(Cases);
+    detail::SelectCase* const list[n] = {static_cast<detail::SelectCase*>(&cases)...};
+    detail::Waiter waiters[n];
+    std::size_t order[n];
+    detail::SpinLock* locks[n];
+    return detail::run_select(detail::SelectFrame{list, waiters, order, locks, n});
+}
+
 }  // namespace fsched
 // ---- end src/select.hpp ----
 // ---- begin src/future.hpp ----
@@ -10566,19 +10947,31 @@ namespace {
 
 struct ParkArgs {
     WaitState* state;
-    SpinLock* lock;
+    SpinLock* const* locks;
+    std::size_t lock_count;
     const std::chrono::steady_clock::time_point* deadline;
     std::shared_ptr<WaitState>* shared;
 };
 
+void unlock_all(SpinLock* const* locks, std::size_t count) noexcept {
+    for (std::size_t i = count; i-- > 0;) locks[i]->unlock();
+}
+
 void release_after_park(Fiber*, void* arg) {
-    auto* args = static_cast<ParkArgs*>(arg);
+    // Once the timer is in (it may fire at once) or the first lock is released, the fiber
+    // may run on another worker and leave block_all(), whose frame holds `args`: read it
+    // first. The lock array outlives the hook: it is released last to first, and its owner
+    // cannot return before locks[0] is free (block()'s notifier needs it; a timed-out block()
+    // and a woken select() take every lock again, locks[0] first).
+    const auto* args = static_cast<const ParkArgs*>(arg);
+    SpinLock* const* const locks = args->locks;
+    const std::size_t count = args->lock_count;
     args->state->fiber = take_task_ref();
     if (args->deadline) {
         // On the worker the fiber parked from; only that worker touches its timer heap.
         thread_state()->worker->add_timer(*args->deadline, nullptr, *args->shared);
     }
-    args->lock->unlock();  // only now may a notifier find and wake the fiber
+    unlock_all(locks, count);  // only now may a notifier find and wake the fiber
 }
 
 }  // namespace
@@ -10594,37 +10987,41 @@ void prepare_timed_wait(Waiter& w) {
 
 bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
            void* context) {
-    if (in_scheduler_task()) {
-        if (deadline && !w.shared) {
-            // Callers should have prepared this before taking the lock; if not, do it now
-            // and, should it fail, leave nothing behind.
-            try {
-                prepare_timed_wait(w);
-            } catch (...) {
-                unlink(context, w);
-                lock.unlock();
-                throw;
-            }
+    if (deadline && !w.shared && in_scheduler_task()) {
+        // Callers should have prepared this before taking the lock; if not, do it now
+        // and, should it fail, leave nothing behind.
+        try {
+            prepare_timed_wait(w);
+        } catch (...) {
+            unlink(context, w);
+            lock.unlock();
+            throw;
         }
-        ParkArgs args{w.state, &lock, deadline, &w.shared};
+    }
+    SpinLock* const locks[] = {&lock};
+    if (block_all(locks, 1, w, deadline)) return true;
+    std::lock_guard<SpinLock> guard(lock);
+    unlink(context, w);
+    return false;
+}
+
+bool block_all(SpinLock* const* locks, std::size_t count, Waiter& w,
+               const std::chrono::steady_clock::time_point* deadline) {
+    if (in_scheduler_task()) {
+        ParkArgs args{w.state, locks, count, deadline, &w.shared};
         park(&release_after_park, &args);
-        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified) return true;
-        std::lock_guard<SpinLock> guard(lock);
-        unlink(context, w);
-        return false;
+        return w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified;
     }
     ThreadSignal signal;
     w.state->thread = &signal;
     if (SchedulerCore* core = caller_may_help()) {
         // The use_caller thread runs its scheduler's tasks until a notifier sets `done`.
         signal.helper = core;
-        lock.unlock();
+        unlock_all(locks, count);
         help_until(*core, &signal.done, deadline);
         if (!signal.done.load(std::memory_order_seq_cst)) {
             WaitStatus expected = WaitStatus::Waiting;
             if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
-                std::lock_guard<SpinLock> guard(lock);
-                unlink(context, w);
                 return false;
             }
             // A notifier claimed us just as the deadline passed: help on until it signals.
@@ -10634,14 +11031,11 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         std::lock_guard<std::mutex> guard(signal.mutex);
         return true;
     }
-    lock.unlock();
+    unlock_all(locks, count);
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
         WaitStatus expected = WaitStatus::Waiting;
         if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
-            signal_lock.unlock();
-            std::lock_guard<SpinLock> guard(lock);
-            unlink(context, w);
             return false;
         }
         // A notifier claimed us just as the deadline passed: take its signal.
@@ -10887,7 +11281,15 @@ namespace fsched {
 // ---- end src/impl/sync_extra.ipp ----
 // ---- begin src/impl/select.ipp ----
 // ---------------------------------------------------------------------------
-// Implementation: select()'s non-template part.
+// Implementation: select()'s non-template part (the design is at the top of select.hpp).
+//
+// Why a lost case leaves its channel untouched. Every case's Waiter points at the one
+// WaitState of the select; claim() is a CAS on it, so exactly one notifier (or the timer,
+// or the caller's own timeout) wins, and claim() records which Waiter won. A notifier that
+// loses treats the waiter as timed out: a send takes back the value it put in the receive
+// case's slot, a receive moves the value it took back into the send case, both under that
+// channel's lock, which the select takes again (to unlink) before it returns or reads any
+// case. So no value is taken twice, lost, or left in a case that did not run.
 // ---------------------------------------------------------------------------
 
 
@@ -10895,6 +11297,164 @@ namespace fsched {
 // (src/impl/sched_core.ipp already inlined above)
 
 namespace fsched {
+namespace detail {
+
+namespace {
+
+constexpr std::size_t no_case = static_cast<std::size_t>(-1);
+
+// The channel locks of one select, each once, in address order: taken in that order and
+// released in the reverse one. Released on an exception.
+class SelectLocks {
+public:
+    SelectLocks(SpinLock** locks, std::size_t count) noexcept : locks_(locks), count_(count) {}
+    SelectLocks(const SelectLocks&) = delete;
+    SelectLocks& operator=(const SelectLocks&) = delete;
+    ~SelectLocks() {
+        if (held_) unlock();
+    }
+    void lock() noexcept {
+        for (std::size_t i = 0; i < count_; ++i) locks_[i]->lock();
+        held_ = true;
+    }
+    void unlock() noexcept {
+        for (std::size_t i = count_; i-- > 0;) locks_[i]->unlock();
+        held_ = false;
+    }
+    // block_all() released them.
+    void released() noexcept { held_ = false; }
+    SpinLock* const* locks() const noexcept { return locks_; }
+    std::size_t count() const noexcept { return count_; }
+
+private:
+    SpinLock** locks_;
+    std::size_t count_;
+    bool held_ = false;
+};
+
+// What fiber_report() shows of a parked select (the object of its wait record).
+struct SelectWait {
+    std::size_t receives = 0;
+    std::size_t sends = 0;
+};
+
+void describe_select(const void* object, char* out, std::size_t size) noexcept {
+    const auto* wait = static_cast<const SelectWait*>(object);
+    std::snprintf(out, size, "%zu receive, %zu send cases", wait->receives, wait->sends);
+}
+
+constexpr WaitOps select_wait_ops{&describe_select, nullptr};
+
+// splitmix64's state for this thread; 0: not seeded yet.
+thread_local std::uint64_t select_rng = 0;
+
+}  // namespace
+
+// Not inlined: a fiber that parks in run_select() may resume on another thread, and must not
+// reuse the address of the thread_local it computed before (it draws only before parking).
+FIBER_SCHED_NOINLINE std::size_t select_pick(std::size_t n) noexcept {
+    std::uint64_t& state = select_rng;
+    if (state == 0) {
+        const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+        state = (thread_identity() * 0x9e3779b97f4a7c15ull) ^ now ^ reinterpret_cast<std::uintptr_t>(&state);
+        state |= 1;
+    }
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    // The modulo's bias is below n / 2^64: nothing a select can show.
+    return static_cast<std::size_t>(z % n);
+}
+
+std::size_t run_select(const SelectFrame& frame) {
+    // Sort the cases out: the channel cases in a random order (Fisher-Yates: the first that
+    // can complete is then uniform among those that can), their locks in address order.
+    std::size_t channels = 0, default_case = no_case, timeout_case = no_case;
+    SelectWait wait;
+    for (std::size_t i = 0; i < frame.count; ++i) {
+        const SelectCase& c = *frame.cases[i];
+        switch (c.kind) {
+        case SelectCase::Kind::Receive:
+        case SelectCase::Kind::Send:
+            (c.kind == SelectCase::Kind::Receive ? wait.receives : wait.sends)++;
+            frame.locks[channels] = c.lock;
+            frame.order[channels++] = i;
+            break;
+        case SelectCase::Kind::Default:
+            FIBER_SCHED_ASSERT(default_case == no_case && "select(): more than one select_default case");
+            default_case = i;
+            break;
+        case SelectCase::Kind::Timeout:
+            if (timeout_case == no_case || c.deadline < frame.cases[timeout_case]->deadline) timeout_case = i;
+            break;
+        }
+    }
+    for (std::size_t k = channels; k > 1; --k) std::swap(frame.order[k - 1], frame.order[select_pick(k)]);
+    std::sort(frame.locks, frame.locks + channels, std::less<SpinLock*>());
+    SelectLocks held(frame.locks, static_cast<std::size_t>(std::unique(frame.locks, frame.locks + channels) - frame.locks));
+
+    // The state every case's waiter shares; a timed wait in a task puts it on the heap.
+    Waiter self;
+    const TimePoint* deadline = timeout_case != no_case ? &frame.cases[timeout_case]->deadline : nullptr;
+    for (bool prepared = deadline == nullptr;; prepared = true) {
+        held.lock();
+        for (std::size_t k = 0; k < channels; ++k) {
+            const std::size_t i = frame.order[k];
+            bool ok = false;
+            Waiter* wake = nullptr;
+            if (frame.cases[i]->try_now(ok, wake)) {  // may throw: `held` unlocks
+                held.unlock();
+                if (wake) wake_waiter(*wake);
+                frame.cases[i]->run(ok);
+                return i;
+            }
+        }
+        if (default_case != no_case) {
+            held.unlock();
+            frame.cases[default_case]->run(false);
+            return default_case;
+        }
+        if (prepared) break;
+        // Nothing ready: prepare the timed wait with no lock held (it may throw
+        // std::bad_alloc: nothing is published yet), then look again.
+        held.unlock();
+        if (!(std::chrono::steady_clock::now() < *deadline)) {
+            frame.cases[timeout_case]->run(false);
+            return timeout_case;
+        }
+        prepare_timed_wait(self);
+    }
+
+    for (std::size_t k = 0; k < channels; ++k) {
+        const std::size_t i = frame.order[k];
+        frame.waiters[i].state = self.state;
+        frame.cases[i]->enqueue(frame.waiters[i]);
+    }
+    note_wait(WaitReason::Select, &wait, &select_wait_ops, deadline);
+    const bool claimed = block_all(held.locks(), held.count(), self, deadline);
+    held.released();
+    // Unlink every waiter still linked (the winner's notifier and those that failed to claim
+    // the others took theirs off already); then the winner's fields are final.
+    held.lock();
+    for (std::size_t k = 0; k < channels; ++k) {
+        const std::size_t i = frame.order[k];
+        frame.cases[i]->unlink(frame.waiters[i]);
+    }
+    Waiter* winner = claimed ? self.state->claimed_by : nullptr;
+    held.unlock();
+    if (!winner) {
+        frame.cases[timeout_case]->run(false);
+        return timeout_case;
+    }
+    const auto i = static_cast<std::size_t>(winner - frame.waiters);
+    FIBER_SCHED_ASSERT(i < frame.count && "select(): woken by a waiter that is not one of its cases");
+    if (winner->error) std::rethrow_exception(winner->error);
+    frame.cases[i]->run(winner->ok);
+    return i;
+}
+
+}  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/select.ipp ----
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,

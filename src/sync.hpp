@@ -91,6 +91,8 @@ private:
 
 enum class WaitStatus : std::uint8_t { Waiting, Notified, TimedOut };
 
+struct Waiter;
+
 // How one blocked fiber or thread is woken.
 struct WaitState {
     // Waiting -> Notified (a notifier's CAS) or Waiting -> TimedOut (the timer's or the
@@ -98,6 +100,10 @@ struct WaitState {
     std::atomic<WaitStatus> status{WaitStatus::Waiting};
     Fiber::ptr fiber;          // a parked fiber; moved out by whoever wins the CAS
     struct ThreadSignal* thread = nullptr;  // or a blocked thread's signal
+    // The Waiter whose claim() won: a select() publishes one Waiter per case, all sharing
+    // this state, and learns here which case ran. Written by the winner under the lock of
+    // the list that Waiter was in; read by the woken waiter after it has taken that lock.
+    Waiter* claimed_by = nullptr;
 };
 
 // A blocked thread sleeps on this, on its own stack.
@@ -172,6 +178,11 @@ private:
 // `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
 // lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
 using Unlink = void (*)(void* context, Waiter& w);
+// The same with the waiter published under `count` locks (all held; select() publishes a
+// Waiter sharing w.state in each of its channels): releases them all once a notifier may
+// wake the caller, and returns with none held, without unlinking anything. In a scheduler
+// task a timed wait must have been prepared (prepare_timed_wait) before the locks were taken.
+bool block_all(SpinLock* const* locks, std::size_t count, Waiter& w, const TimePoint* deadline);
 bool block(SpinLock& lock, Waiter& w, const TimePoint* deadline, Unlink unlink,
            void* context);
 // The same for a Waiter in a WaitList.
@@ -183,7 +194,11 @@ inline bool block(SpinLock& lock, WaitList& list, Waiter& w, const TimePoint* de
 // Claims a waiter taken off its list; false if it already timed out. Call under the lock.
 inline bool claim(Waiter& w) noexcept {
     WaitStatus expected = WaitStatus::Waiting;
-    return w.state->status.compare_exchange_strong(expected, WaitStatus::Notified, std::memory_order_acq_rel);
+    if (!w.state->status.compare_exchange_strong(expected, WaitStatus::Notified, std::memory_order_acq_rel)) {
+        return false;
+    }
+    w.state->claimed_by = &w;
+    return true;
 }
 // Takes the longest waiter of `list` that can still be claimed (skipping timed-out ones);
 // nullptr if none. Call under the lock.
@@ -344,8 +359,15 @@ private:
     detail::WaitList waiters_;
 };
 
+template <class T>
+class ReceiveCase;
+template <class T>
+class SendCase;
+
 // A typed FIFO channel, Go style. Capacity 0: every send meets a receive (rendezvous).
-// Senders and receivers are served in arrival order.
+// Senders and receivers are served in arrival order. A value a send hands to a waiter that
+// gave up meanwhile (a timed wait that timed out, a select() that another case won) is taken
+// back before anyone else sees it: each value is received once or stays its sender's.
 template <class T>
 class Channel {
 public:
@@ -363,22 +385,10 @@ public:
     bool send(T value) {
         std::unique_lock<detail::SpinLock> guard(lock_);
         if (closed_) return false;
-        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
-            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
-            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
-            receivers_.remove(receiver);
-            if (detail::claim(*receiver)) {
-                receiver->ok = true;
-                guard.unlock();
-                detail::wake_waiter(*receiver);
-                return true;
-            }
-            // It gave up meanwhile (a timed receive): take the value back for the next one.
-            value = std::move(**slot);
-            slot->reset();
-        }
-        if (buffer_.size() < capacity_) {
-            buffer_.push_back(std::move(value));  // strong guarantee
+        detail::Waiter* wake = nullptr;
+        if (send_ready(value, wake)) {
+            guard.unlock();
+            if (wake) detail::wake_waiter(*wake);
             return true;
         }
         detail::Waiter self;
@@ -391,39 +401,44 @@ public:
         return self.ok;
     }
 
+    // Sends `value` if that needs no wait: a receiver is waiting or the buffer has room.
+    // Moves from `value` only when it returns true; false: full, or closed (see closed()).
+    bool try_send(T& value) {
+        std::unique_lock<detail::SpinLock> guard(lock_);
+        if (closed_) return false;
+        detail::Waiter* wake = nullptr;
+        const bool sent = send_ready(value, wake);
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return sent;
+    }
+
+    // As send(), but gives up once `d` has passed (never earlier). Moves from `value` only
+    // when it returns true; false: timed out, or the channel is closed. closed() tells the
+    // two apart: after false, closed() is true if the send can never succeed any more (the
+    // channel may have been closed just after the timeout; the value is the caller's either
+    // way). A receiver racing the timeout either took the value (true) or did not (false).
+    template <class Rep, class Period>
+    bool send_for(T& value, const std::chrono::duration<Rep, Period>& d) {
+        return send_until_steady(value, detail::deadline_after(d));
+    }
+    // As send_for(), until the time point `t`.
+    template <class Clock, class Duration>
+    bool send_until(T& value, const std::chrono::time_point<Clock, Duration>& t) {
+        return send_until_steady(value, detail::to_steady(t));
+    }
+
     // Receives the oldest value, blocking while there is none. Returns std::nullopt once
     // the channel is closed and drained. If moving the value throws, receive() throws it and
     // the value stays in the channel.
     std::optional<T> receive() {
         std::optional<T> result;  // the one object every path returns (named return value)
         std::unique_lock<detail::SpinLock> guard(lock_);
-        if (!buffer_.empty()) {
-            result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
-            buffer_.pop_front();
-            // A sender blocked on a full buffer moves its value in behind; if that move
-            // throws, the sender's send() throws it instead.
-            if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
-                try {
-                    buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
-                    sender->ok = true;
-                } catch (...) {
-                    sender->error = std::current_exception();
-                }
-                guard.unlock();
-                detail::wake_waiter(*sender);
-            }
+        detail::Waiter* wake = nullptr;
+        if (receive_ready(result, wake)) {
+            guard.unlock();
+            if (wake) detail::wake_waiter(*wake);
             return result;
-        }
-        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
-            result.emplace(std::move(*static_cast<T*>(sender->slot)));  // may throw: sender untouched
-            senders_.remove(sender);
-            if (detail::claim(*sender)) {
-                sender->ok = true;
-                guard.unlock();
-                detail::wake_waiter(*sender);
-                return result;
-            }
-            result.reset();  // it gave up meanwhile (a timed send): its value stays its own
         }
         if (closed_) return result;
         detail::Waiter self;
@@ -433,6 +448,31 @@ public:
         detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
         detail::block(lock_, receivers_, self, nullptr);
         return result;
+    }
+
+    // Receives the oldest value if there is one now (buffered, or from a blocked sender);
+    // std::nullopt otherwise (empty, or closed and drained: see closed()).
+    std::optional<T> try_receive() {
+        std::optional<T> result;
+        std::unique_lock<detail::SpinLock> guard(lock_);
+        detail::Waiter* wake = nullptr;
+        receive_ready(result, wake);
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return result;
+    }
+
+    // As receive(), but gives up once `d` has passed (never earlier): std::nullopt on a
+    // timeout or once the channel is closed and drained (closed() tells which). A sender
+    // racing the timeout either handed its value over (it is returned) or kept it.
+    template <class Rep, class Period>
+    std::optional<T> receive_for(const std::chrono::duration<Rep, Period>& d) {
+        return receive_until_steady(detail::deadline_after(d));
+    }
+    // As receive_for(), until the time point `t`.
+    template <class Clock, class Duration>
+    std::optional<T> receive_until(const std::chrono::time_point<Clock, Duration>& t) {
+        return receive_until_steady(detail::to_steady(t));
     }
 
     // Closes the channel: later sends fail; receives drain the buffer, then get nullopt.
@@ -449,11 +489,155 @@ public:
 
     // The capacity given at construction.
     std::size_t capacity() const noexcept { return capacity_; }
+    // The values buffered now (at most capacity(); blocked senders' values not counted).
+    std::size_t size() const {
+        std::lock_guard<detail::SpinLock> guard(lock_);
+        return buffer_.size();
+    }
+    // Whether close() has been called.
+    bool closed() const {
+        std::lock_guard<detail::SpinLock> guard(lock_);
+        return closed_;
+    }
+
+    // A case for select(): receives a value; `fn` gets it, or std::nullopt if the channel
+    // is closed and drained. `fn` may be empty. (select.hpp)
+    ReceiveCase<T> on_receive(std::function<void(std::optional<T>)> fn) {
+        return ReceiveCase<T>(*this, std::move(fn));
+    }
+    // A case for select(): sends `value`; `fn` gets true once sent, false if the channel is
+    // closed. The value stays in the case (SendCase::value()) unless it was sent. (select.hpp)
+    SendCase<T> on_send(T value, std::function<void(bool sent)> fn) {
+        return SendCase<T>(*this, std::move(value), std::move(fn));
+    }
 
 private:
+    template <class>
+    friend class ReceiveCase;
+    template <class>
+    friend class SendCase;
+
+    // Under lock_, the channel open: hands `value` to the longest waiting receiver, else
+    // into the buffer if it has room; false if neither can take it now. `wake`: the receiver
+    // to wake once the lock is released. If moving the value throws, nothing changed.
+    bool send_ready(T& value, detail::Waiter*& wake) {
+        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
+            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
+            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
+            receivers_.remove(receiver);
+            if (detail::claim(*receiver)) {
+                receiver->ok = true;
+                wake = receiver;
+                return true;
+            }
+            // It gave up meanwhile (a timed receive, a select that another case won): take
+            // the value back for the next one.
+            value = std::move(**slot);
+            slot->reset();
+        }
+        if (buffer_.size() < capacity_) {
+            buffer_.push_back(std::move(value));  // strong guarantee
+            return true;
+        }
+        return false;
+    }
+
+    // Under lock_: takes the oldest value into `result` (empty on entry): the buffer's front
+    // (and the longest blocked sender's value moves in behind it), else straight from the
+    // longest blocked sender; false if there is none now. `wake`: the sender to wake once the
+    // lock is released. If moving the value throws, nothing changed.
+    bool receive_ready(std::optional<T>& result, detail::Waiter*& wake) {
+        if (!buffer_.empty()) {
+            result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
+            buffer_.pop_front();
+            // If moving the sender's value into the buffer throws, its send() throws it.
+            if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+                try {
+                    buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
+                    sender->ok = true;
+                } catch (...) {
+                    sender->error = std::current_exception();
+                }
+                wake = sender;
+            }
+            return true;
+        }
+        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
+            auto* value = static_cast<T*>(sender->slot);
+            result.emplace(std::move(*value));  // may throw: sender untouched
+            senders_.remove(sender);
+            if (detail::claim(*sender)) {
+                sender->ok = true;
+                wake = sender;
+                return true;
+            }
+            // It gave up meanwhile (a timed send, a select that another case won): the value
+            // goes back to it.
+            *value = std::move(*result);
+            result.reset();
+        }
+        return false;
+    }
+
+    bool send_until_steady(T& value, detail::TimePoint deadline) {
+        detail::Waiter self;
+        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+        for (bool prepared = false;; prepared = true) {
+            guard.lock();
+            if (closed_) return false;
+            detail::Waiter* wake = nullptr;
+            if (send_ready(value, wake)) {
+                guard.unlock();
+                if (wake) detail::wake_waiter(*wake);
+                return true;
+            }
+            if (prepared) break;
+            // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no lock
+            // held, then look again. A ready send never allocates.
+            guard.unlock();
+            if (!(std::chrono::steady_clock::now() < deadline)) return false;
+            detail::prepare_timed_wait(self);
+        }
+        self.slot = &value;
+        senders_.push_back(&self);
+        guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_, &deadline);
+        if (!detail::block(lock_, senders_, self, &deadline)) return false;  // the value is ours
+        if (self.error) std::rethrow_exception(self.error);
+        return self.ok;
+    }
+
+    std::optional<T> receive_until_steady(detail::TimePoint deadline) {
+        std::optional<T> result;
+        detail::Waiter self;
+        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+        for (bool prepared = false;; prepared = true) {
+            guard.lock();
+            detail::Waiter* wake = nullptr;
+            if (receive_ready(result, wake)) {
+                guard.unlock();
+                if (wake) detail::wake_waiter(*wake);
+                return result;
+            }
+            if (closed_ || prepared) break;
+            guard.unlock();
+            if (!(std::chrono::steady_clock::now() < deadline)) return result;
+            detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
+        }
+        if (closed_) return result;
+        self.slot = &result;
+        receivers_.push_back(&self);
+        guard.release();  // block() releases it
+        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_, &deadline);
+        // Timed out: a sender that raced it took its value back under the lock, which
+        // block() took before returning; `result` is empty then.
+        detail::block(lock_, receivers_, self, &deadline);
+        return result;
+    }
+
     // fiber_report()'s look at a channel a fiber waits on (WaitOps::describe).
     static void describe_wait(const void* channel, char* out, std::size_t size) noexcept {
-        auto* self = const_cast<Channel*>(static_cast<const Channel*>(channel));
+        auto* self = static_cast<const Channel*>(channel);
         if (!self->lock_.try_lock()) {
             std::snprintf(out, size, "busy");
             return;
@@ -465,7 +649,7 @@ private:
     }
     static constexpr detail::WaitOps wait_ops_{&Channel::describe_wait, nullptr};
 
-    detail::SpinLock lock_;
+    mutable detail::SpinLock lock_;  // guards everything below
     std::deque<T> buffer_;
     const std::size_t capacity_;
     bool closed_ = false;

@@ -1,7 +1,8 @@
 // A seeded, randomised soak test of the whole public API at once: spawning from tasks and
 // from plain threads (callbacks, Fiber::ptr, batches; pinned and not), this_fiber::yield and
 // sleep_for, suspend-and-put with Fiber::yield, Mutex, ConditionVariable with timed waits,
-// WaitGroup, Channel<T> at capacities 0, 1 and N with close, exceptions, fsched::io over
+// WaitGroup, Channel<T> at capacities 0, 1 and N with close, select() over two channels
+// with a timeout, exceptions, fsched::io over
 // socketpairs with timeouts and cancel, and stop() while outside threads still feed the
 // scheduler; at 1, 2, 4 and 8 workers, with and without use_caller. At the end: every task
 // ran exactly once, every message a send accepted was received exactly once (and no other),
@@ -231,7 +232,7 @@ struct Actor {
 enum class Op {
     yield, sleep, spin, spawn, spawn_batch, fan_out, suspend, put_back,
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
-    send, extra_consumer, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
+    send, extra_consumer, select_channels, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
     io_cancel_close, io_low_water, io_full_backlog,
 };
@@ -245,7 +246,7 @@ constexpr OpWeight op_weights[] = {
     {Op::yield, 10}, {Op::sleep, 5}, {Op::spin, 4}, {Op::spawn, 10}, {Op::spawn_batch, 2},
     {Op::fan_out, 3}, {Op::suspend, 3}, {Op::put_back, 3}, {Op::lock, 10}, {Op::try_lock, 3},
     {Op::transfer, 4}, {Op::cv_produce, 5}, {Op::cv_consume, 4}, {Op::cv_wait, 1}, {Op::ping_pong, 2},
-    {Op::send, 10}, {Op::extra_consumer, 1}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
+    {Op::send, 10}, {Op::extra_consumer, 1}, {Op::select_channels, 3}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
     {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u}, {Op::report, 1},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
@@ -600,6 +601,7 @@ private:
     }
 
     void lock_op(Actor& a);
+    void select_op(Actor& a);
     void transfer_op(Actor& a);
     void cv_consume_op(Actor& a);
     void play(PingPong& pp, int me);
@@ -788,6 +790,9 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
         spawn_helper(a, [this, &c, at_most] { consume(c, at_most); });
         return 1;
     }
+    case Op::select_channels:
+        select_op(a);
+        return 1;
     case Op::pipeline:
         if (budget < 3) break;
         return pipeline_op(a, budget);
@@ -900,6 +905,51 @@ void Soak::transfer_op(Actor& a) {
     accounts_[from].value -= amount;
     if (pause) fsched::this_fiber::yield();
     accounts_[to].value += amount;
+}
+
+// select() over two shared channels (perhaps the same one twice): a receive case on one, a
+// receive or a send case on the other, and a timeout. What it receives counts as received;
+// a send case counts as sent only if it ran.
+void Soak::select_op(Actor& a) {
+    CountedChannel& from = *channels_[a.rng.below(channels_.size())];
+    CountedChannel& other = *channels_[a.rng.below(channels_.size())];
+    const bool with_send = a.rng.percent(50);
+    const bool heavy = a.rng.percent(30);
+    const microseconds d(a.rng.below(500));
+    auto receive_into = [this](CountedChannel& c) {
+        return [this, &c](std::optional<Message> m) {
+            if (m) received(c, *m);
+        };
+    };
+    bool timed_out = false;
+    auto on_timeout = [&timed_out] { timed_out = true; };
+    const auto start = Clock::now();
+    if (with_send) {
+        Message m;
+        m.id = messages_.issue();
+        m.channel = other.tag;
+        if (heavy) m.payload = payload_for(m.id);
+        const std::uint64_t id = m.id;
+        fsched::select(from.channel.on_receive(receive_into(from)),
+                       other.channel.on_send(std::move(m),
+                                             [this, &other, id](bool sent) {
+                                                 if (!sent) {
+                                                     other.refused.fetch_add(1);
+                                                     return;
+                                                 }
+                                                 messages_.first(id);
+                                                 other.sent.fetch_add(1);
+                                                 other.sent_sum.fetch_add(id);
+                                             }),
+                       fsched::select_timeout(d, on_timeout));
+    } else {
+        fsched::select(from.channel.on_receive(receive_into(from)), other.channel.on_receive(receive_into(other)),
+                       fsched::select_timeout(d, on_timeout));
+    }
+    if (timed_out) {
+        timeouts_.fetch_add(1);
+        timed("select with a timeout", start, d);
+    }
 }
 
 void Soak::cv_consume_op(Actor& a) {

@@ -14,19 +14,31 @@ namespace {
 
 struct ParkArgs {
     WaitState* state;
-    SpinLock* lock;
+    SpinLock* const* locks;
+    std::size_t lock_count;
     const std::chrono::steady_clock::time_point* deadline;
     std::shared_ptr<WaitState>* shared;
 };
 
+void unlock_all(SpinLock* const* locks, std::size_t count) noexcept {
+    for (std::size_t i = count; i-- > 0;) locks[i]->unlock();
+}
+
 void release_after_park(Fiber*, void* arg) {
-    auto* args = static_cast<ParkArgs*>(arg);
+    // Once the timer is in (it may fire at once) or the first lock is released, the fiber
+    // may run on another worker and leave block_all(), whose frame holds `args`: read it
+    // first. The lock array outlives the hook: it is released last to first, and its owner
+    // cannot return before locks[0] is free (block()'s notifier needs it; a timed-out block()
+    // and a woken select() take every lock again, locks[0] first).
+    const auto* args = static_cast<const ParkArgs*>(arg);
+    SpinLock* const* const locks = args->locks;
+    const std::size_t count = args->lock_count;
     args->state->fiber = take_task_ref();
     if (args->deadline) {
         // On the worker the fiber parked from; only that worker touches its timer heap.
         thread_state()->worker->add_timer(*args->deadline, nullptr, *args->shared);
     }
-    args->lock->unlock();  // only now may a notifier find and wake the fiber
+    unlock_all(locks, count);  // only now may a notifier find and wake the fiber
 }
 
 }  // namespace
@@ -42,37 +54,41 @@ void prepare_timed_wait(Waiter& w) {
 
 bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
            void* context) {
-    if (in_scheduler_task()) {
-        if (deadline && !w.shared) {
-            // Callers should have prepared this before taking the lock; if not, do it now
-            // and, should it fail, leave nothing behind.
-            try {
-                prepare_timed_wait(w);
-            } catch (...) {
-                unlink(context, w);
-                lock.unlock();
-                throw;
-            }
+    if (deadline && !w.shared && in_scheduler_task()) {
+        // Callers should have prepared this before taking the lock; if not, do it now
+        // and, should it fail, leave nothing behind.
+        try {
+            prepare_timed_wait(w);
+        } catch (...) {
+            unlink(context, w);
+            lock.unlock();
+            throw;
         }
-        ParkArgs args{w.state, &lock, deadline, &w.shared};
+    }
+    SpinLock* const locks[] = {&lock};
+    if (block_all(locks, 1, w, deadline)) return true;
+    std::lock_guard<SpinLock> guard(lock);
+    unlink(context, w);
+    return false;
+}
+
+bool block_all(SpinLock* const* locks, std::size_t count, Waiter& w,
+               const std::chrono::steady_clock::time_point* deadline) {
+    if (in_scheduler_task()) {
+        ParkArgs args{w.state, locks, count, deadline, &w.shared};
         park(&release_after_park, &args);
-        if (w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified) return true;
-        std::lock_guard<SpinLock> guard(lock);
-        unlink(context, w);
-        return false;
+        return w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified;
     }
     ThreadSignal signal;
     w.state->thread = &signal;
     if (SchedulerCore* core = caller_may_help()) {
         // The use_caller thread runs its scheduler's tasks until a notifier sets `done`.
         signal.helper = core;
-        lock.unlock();
+        unlock_all(locks, count);
         help_until(*core, &signal.done, deadline);
         if (!signal.done.load(std::memory_order_seq_cst)) {
             WaitStatus expected = WaitStatus::Waiting;
             if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
-                std::lock_guard<SpinLock> guard(lock);
-                unlink(context, w);
                 return false;
             }
             // A notifier claimed us just as the deadline passed: help on until it signals.
@@ -82,14 +98,11 @@ bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_poin
         std::lock_guard<std::mutex> guard(signal.mutex);
         return true;
     }
-    lock.unlock();
+    unlock_all(locks, count);
     std::unique_lock<std::mutex> signal_lock(signal.mutex);
     if (deadline && !signal.cv.wait_until(signal_lock, *deadline, [&] { return signal.set; })) {
         WaitStatus expected = WaitStatus::Waiting;
         if (w.state->status.compare_exchange_strong(expected, WaitStatus::TimedOut, std::memory_order_acq_rel)) {
-            signal_lock.unlock();
-            std::lock_guard<SpinLock> guard(lock);
-            unlink(context, w);
             return false;
         }
         // A notifier claimed us just as the deadline passed: take its signal.
