@@ -830,6 +830,48 @@ TEST_CASE("ConditionVariableAny: a timed wait returns with the lock held, never 
     CHECK(woken == 1);
 }
 
+TEST_CASE("ConditionVariableAny: a user's own lock type") {
+    // A BasicLockable of the user's (here a tiny spin lock): lock() and unlock() are all
+    // the condition variable needs.
+    struct UserLock {
+        std::atomic<bool> held{false};
+        void lock() {
+            while (held.exchange(true, std::memory_order_acquire)) fsched::this_fiber::yield();
+        }
+        void unlock() { held.store(false, std::memory_order_release); }
+    };
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        UserLock user_lock;
+        ConditionVariableAny cv;
+        int items = 0;  // under user_lock
+        std::atomic<int> consumed{0};
+        s.start();
+        for (int f = 0; f < 4; ++f) {
+            s.schedule([&] {
+                for (int i = 0; i < 10; ++i) {
+                    std::unique_lock<UserLock> lock(user_lock);
+                    cv.wait(lock, [&] { return items > 0; });
+                    --items;
+                    ++consumed;
+                }
+            });
+        }
+        for (int i = 0; i < 40; ++i) {
+            {
+                std::lock_guard<UserLock> lock(user_lock);
+                ++items;
+            }
+            cv.notify_one();
+            if (i % 8 == 0) fsched::this_fiber::yield();
+        }
+        CHECK(eventually([&] { return consumed.load() == 40; }));
+        s.stop();
+        CHECK(consumed == 40);
+        CHECK(items == 0);
+    });
+}
+
 // ---- Mutex::try_lock_for / try_lock_until --------------------------------------------------
 
 TEST_CASE("Mutex::try_lock_for: free, held past the deadline (never early), released in time") {
