@@ -12,6 +12,7 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
     select             one ready Channel case of several (Go's), or a default, or a timeout
+    Semaphore, Latch, Barrier, SharedMutex, Event, ConditionVariableAny: likewise
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -2029,6 +2030,18 @@ public:
     void lock();
     // Acquires the lock if it is free; never blocks.
     bool try_lock();
+    // As lock(), but gives up once `d` has passed: false then (never earlier). A timed wait
+    // in a scheduler task allocates its timer's state and may throw std::bad_alloc (with
+    // nothing held or queued). Not recursive.
+    template <class Rep, class Period>
+    bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
+        return try_lock_until_steady(detail::deadline_after(d));
+    }
+    // As try_lock_for(), until the time `t`.
+    template <class Clock, class Duration>
+    bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
+        return try_lock_until_steady(detail::to_steady(t));
+    }
     // Releases the lock. Precondition: held by the calling fiber (or thread).
     void unlock();
 
@@ -2036,7 +2049,11 @@ private:
     static constexpr std::uint32_t locked_bit = 1;
     static constexpr std::uint32_t starving_bit = 2;  // hand-off mode
     static constexpr std::uint32_t waiter_unit = 4;   // the rest counts queued waiters
-    void lock_slow(std::uint64_t me);
+    // Waits for the lock; with a deadline, false once it passed without the lock.
+    bool lock_slow(std::uint64_t me, const detail::TimePoint* deadline);
+    bool try_lock_until_steady(detail::TimePoint deadline);
+    // block()'s Unlink for a timed-out waiter: off the list and out of the count (REQUIRES lock_).
+    static void leave_timed_out(void* mutex, detail::Waiter& w) noexcept;
     void unlock_slow();
     // fiber_report()'s look at who holds it (WaitOps::holder).
     static std::uint64_t holder_of(const void* mutex) noexcept;
@@ -2429,14 +2446,305 @@ private:
 // ---- end src/sync.hpp ----
 // ---- begin src/sync_extra.hpp ----
 // ---------------------------------------------------------------------------
-// More synchronisation (the toolbox): Semaphore, Latch, Barrier, SharedMutex, Event,
-// ConditionVariableAny, each on sync.hpp's wait machinery.
+// More synchronisation (the toolbox), each on sync.hpp's wait machinery:
+//   Semaphore             std::counting_semaphore: acquire, try_acquire(_for/_until), release(n)
+//   Latch                 std::latch: count_down, wait, try_wait, arrive_and_wait
+//   Barrier               std::barrier: arrive_and_wait, arrive_and_drop, a completion per phase
+//   SharedMutex           std::shared_mutex, writer-preferring
+//   Event                 marl's Event: auto- or manual-reset
+//   ConditionVariableAny  std::condition_variable_any: waits with any lockable
+//
+// As in sync.hpp: blocking parks a scheduler task fiber and frees its worker, blocks a plain
+// thread, and lets a use_caller thread run its scheduler's tasks meanwhile. Each object keeps
+// a small spin lock and FIFO lists of waiters that live on the waiters' stacks: no operation
+// allocates, but for a timed wait in a scheduler task (its timer's state, allocated before
+// any lock is taken; std::bad_alloc then leaves nothing behind). A notifier claims a waiter
+// (a CAS on its status) before it hands it anything (a unit, a signal, a lock), and a timeout
+// races for that same CAS: a timed wait either got what it waited for or timed out, once.
 // ---------------------------------------------------------------------------
 
 
 // (src/sync.hpp already inlined above)
 
 namespace fsched {
+
+// A counting semaphore (std::counting_semaphore's semantics). Waiters are served oldest
+// first: release() hands its units to the longest waiters before any is left in the count,
+// so a newcomer never takes a unit from under a waiter.
+class Semaphore {
+public:
+    // Starts with `initial` units; 0 <= initial <= max().
+    explicit Semaphore(std::ptrdiff_t initial);
+    Semaphore(const Semaphore&) = delete;
+    Semaphore& operator=(const Semaphore&) = delete;
+
+    // The largest count (std::counting_semaphore::max()). (Parenthesised: <windows.h>'s max.)
+    static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
+
+    // Takes a unit, blocking (parking a fiber) until one is there.
+    void acquire();
+    // Takes a unit if one is there now; never blocks.
+    bool try_acquire();
+    // As acquire(), but gives up once `d` has passed: false then (never earlier). May throw
+    // std::bad_alloc in a scheduler task (the timer's state), with nothing taken or queued.
+    template <class Rep, class Period>
+    bool try_acquire_for(const std::chrono::duration<Rep, Period>& d) {
+        return try_acquire_until_steady(detail::deadline_after(d));
+    }
+    // As try_acquire_for(), until the time `t`.
+    template <class Clock, class Duration>
+    bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& t) {
+        return try_acquire_until_steady(detail::to_steady(t));
+    }
+    // Adds `n` units (n >= 0, the count stays <= max()), waking up to n waiters, oldest first.
+    void release(std::ptrdiff_t n = 1);
+
+private:
+    bool try_acquire_until_steady(detail::TimePoint deadline);
+    // fiber_report()'s look at the count (WaitOps::describe).
+    static void describe_wait(const void* semaphore, char* out, std::size_t size) noexcept;
+
+    detail::SpinLock lock_;      // guards count_ and waiters_
+    std::ptrdiff_t count_;       // > 0 only while no one (still waiting) is queued
+    detail::WaitList waiters_;
+};
+
+// A single-use countdown (std::latch's semantics): wait() blocks until the count is zero.
+class Latch {
+public:
+    // Starts the count at `count` (>= 0).
+    explicit Latch(std::ptrdiff_t count);
+    Latch(const Latch&) = delete;
+    Latch& operator=(const Latch&) = delete;
+
+    // The largest count (std::latch::max()).
+    static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
+
+    // Lowers the count by `n` (0 <= n <= the count), waking every waiter when it reaches zero.
+    void count_down(std::ptrdiff_t n = 1);
+    // True once the count is zero; never blocks.
+    bool try_wait() const noexcept;
+    // Blocks until the count is zero.
+    void wait();
+    // count_down(n), then wait(), as one step.
+    void arrive_and_wait(std::ptrdiff_t n = 1);
+
+private:
+    static void describe_wait(const void* latch, char* out, std::size_t size) noexcept;
+
+    mutable detail::SpinLock lock_;  // guards count_ and waiters_
+    std::ptrdiff_t count_;
+    detail::WaitList waiters_;
+};
+
+// A reusable barrier for a fixed number of participants (std::barrier's semantics), phase
+// after phase. When the last participant of a phase arrives, it runs `completion` (if any)
+// and only then are the phase's waiters released; the next phase starts with them.
+//
+// A completion that throws (std::barrier would terminate): the phase still completes (every
+// waiter is released and the next phase begins, so nothing hangs) and the exception
+// propagates out of the last arriver's arrive_and_wait() or arrive_and_drop(); the other
+// participants return normally.
+class Barrier {
+public:
+    // `count` participants (>= 0); `completion` is run once per phase, by the last arriver.
+    explicit Barrier(std::ptrdiff_t count, std::function<void()> completion = {});
+    Barrier(const Barrier&) = delete;
+    Barrier& operator=(const Barrier&) = delete;
+
+    static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
+
+    // Arrives at the current phase and blocks until it completes. Precondition: no more
+    // arrivals in a phase than participants.
+    void arrive_and_wait();
+    // Arrives at the current phase without waiting and leaves: later phases expect one
+    // participant fewer.
+    void arrive_and_drop();
+
+private:
+    // The caller arrives (`drop`: and leaves); a waiting arrival parks until the phase
+    // completes, the last one completes it.
+    void arrive(bool drop);
+    // The last arrival, with lock_ held: starts the next phase, releases lock_, runs the
+    // completion, wakes the phase's waiters, and then rethrows what the completion threw.
+    void complete_phase();
+    static void describe_wait(const void* barrier, char* out, std::size_t size) noexcept;
+
+    detail::SpinLock lock_;           // guards everything below
+    std::ptrdiff_t expected_;         // participants of the coming phases
+    std::ptrdiff_t remaining_;        // arrivals the current phase still waits for
+    std::uint64_t phase_ = 0;         // phases completed (for the report)
+    std::function<void()> completion_;
+    detail::WaitList waiters_;
+};
+
+// A reader-writer lock (std::shared_mutex's members), usable with std::unique_lock,
+// std::lock_guard and std::shared_lock. Writer preference: once a writer waits, new readers
+// queue behind it, so a stream of readers cannot starve a writer; and an unlock() releases
+// every reader queued behind the writer before the next writer, so writers do not starve
+// readers either. A released waiter owns what it waited for (a hand-off: no newcomer can
+// take it first). Neither lock is recursive.
+class SharedMutex {
+public:
+    SharedMutex() = default;
+    // Precondition: not locked.
+    ~SharedMutex();
+    SharedMutex(const SharedMutex&) = delete;
+    SharedMutex& operator=(const SharedMutex&) = delete;
+
+    // Takes the lock exclusively, blocking until no one holds it.
+    void lock();
+    // Takes it exclusively if no one holds it and no writer waits; never blocks.
+    bool try_lock();
+    // Releases the exclusive lock. Precondition: held exclusively by the caller.
+    void unlock();
+    // Takes it shared, blocking while a writer holds it or waits for it.
+    void lock_shared();
+    // Takes it shared if no writer holds it or waits; never blocks.
+    bool try_lock_shared();
+    // Releases a shared lock. Precondition: the caller holds one.
+    void unlock_shared();
+
+private:
+    static void describe_wait(const void* mutex, char* out, std::size_t size) noexcept;
+    static std::uint64_t holder_of(const void* mutex) noexcept;
+
+    detail::SpinLock lock_;            // guards everything below but owner_
+    bool writer_ = false;              // held exclusively
+    std::ptrdiff_t readers_ = 0;       // shared holders
+    detail::WaitList writers_;         // waiting for the exclusive lock
+    detail::WaitList readers_queue_;   // waiting for a shared lock
+    // The exclusive holder's caller_identity() (0: none); relaxed, it only checks misuse
+    // and tells the report.
+    std::atomic<std::uint64_t> owner_{0};
+};
+
+// marl's Event. Auto: signal() wakes one waiter, and the event stays clear; with no waiter it
+// stays set until one wait (or test()) consumes it. Manual: signal() sets it and wakes every
+// waiter; it stays set, and waits return at once, until clear().
+class Event {
+public:
+    enum class Mode { Auto, Manual };
+
+    explicit Event(Mode mode = Mode::Auto, bool initially_set = false);
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+
+    // Sets the event (Auto: or hands it to the longest waiter).
+    void signal();
+    // Clears it.
+    void clear();
+    // Blocks until the event is set (Auto: and consumes it).
+    void wait();
+    // As wait(), but gives up once `d` has passed: false then (never earlier). May throw
+    // std::bad_alloc in a scheduler task, with nothing consumed or queued.
+    template <class Rep, class Period>
+    bool wait_for(const std::chrono::duration<Rep, Period>& d) {
+        return wait_until_steady(detail::deadline_after(d));
+    }
+    // As wait_for(), until the time `t`.
+    template <class Clock, class Duration>
+    bool wait_until(const std::chrono::time_point<Clock, Duration>& t) {
+        return wait_until_steady(detail::to_steady(t));
+    }
+    // True if the event is set; as marl's, an Auto event's test() consumes the signal (it
+    // is a wait that never blocks). Never blocks.
+    bool test();
+    // True if the event is set, consuming nothing (marl's isSignalled()).
+    bool is_set() const;
+
+private:
+    bool wait_until_steady(detail::TimePoint deadline);
+    // Under lock_: takes the signal if it is set (Auto: consumes it).
+    bool take_locked() noexcept;
+    static void describe_wait(const void* event, char* out, std::size_t size) noexcept;
+
+    mutable detail::SpinLock lock_;  // guards set_ and waiters_
+    const Mode mode_;
+    bool set_;
+    detail::WaitList waiters_;
+};
+
+// std::condition_variable_any: ConditionVariable's members for any BasicLockable (lock() and
+// unlock()): std::unique_lock<Mutex>, std::shared_lock<SharedMutex>, SharedMutex itself, a
+// std::mutex, a user's lock. The lock's unlock() must not block on this condition variable.
+//
+// No lost wake-up (ConditionVariable's argument): the waiter joins the list under the
+// condition variable's spin lock and only then unlocks the user's lock, so a notifier, which
+// changed the condition under the user's lock and then takes the spin lock, finds it listed.
+class ConditionVariableAny {
+public:
+    ConditionVariableAny() = default;
+    ConditionVariableAny(const ConditionVariableAny&) = delete;
+    ConditionVariableAny& operator=(const ConditionVariableAny&) = delete;
+
+    // Wakes the longest waiter, if any.
+    void notify_one();
+    // Wakes every waiter.
+    void notify_all();
+
+    // Unlocks `lock`, waits for a notify, relocks. Precondition: the caller holds `lock`.
+    template <class Lock>
+    void wait(Lock& lock) {
+        detail::Waiter self;
+        lock_.lock();
+        waiters_.push_back(&self);
+        lock.unlock();  // after joining: a notify from now on finds us
+        note_wait(nullptr);
+        detail::block(lock_, waiters_, self, nullptr);
+        lock.lock();
+    }
+    // Waits until pred() holds.
+    template <class Lock, class Predicate>
+    void wait(Lock& lock, Predicate pred) {
+        while (!pred()) wait(lock);
+    }
+    // As wait(), but gives up at `t`: std::cv_status::timeout then (never earlier). May
+    // throw std::bad_alloc in a scheduler task, with `lock` still held.
+    template <class Lock, class Clock, class Duration>
+    std::cv_status wait_until(Lock& lock, const std::chrono::time_point<Clock, Duration>& t) {
+        return wait_until_steady(lock, detail::to_steady(t));
+    }
+    // Waits until pred() holds or `t` passes; returns pred().
+    template <class Lock, class Clock, class Duration, class Predicate>
+    bool wait_until(Lock& lock, const std::chrono::time_point<Clock, Duration>& t, Predicate pred) {
+        const detail::TimePoint deadline = detail::to_steady(t);
+        while (!pred()) {
+            if (wait_until_steady(lock, deadline) == std::cv_status::timeout) return pred();
+        }
+        return true;
+    }
+    // wait_until(lock, now + d).
+    template <class Lock, class Rep, class Period>
+    std::cv_status wait_for(Lock& lock, const std::chrono::duration<Rep, Period>& d) {
+        return wait_until_steady(lock, detail::deadline_after(d));
+    }
+    template <class Lock, class Rep, class Period, class Predicate>
+    bool wait_for(Lock& lock, const std::chrono::duration<Rep, Period>& d, Predicate pred) {
+        return wait_until(lock, detail::deadline_after(d), std::move(pred));
+    }
+
+private:
+    template <class Lock>
+    std::cv_status wait_until_steady(Lock& lock, detail::TimePoint deadline) {
+        detail::Waiter self;
+        detail::prepare_timed_wait(self);  // may throw, with `lock` still held
+        lock_.lock();
+        waiters_.push_back(&self);
+        lock.unlock();
+        note_wait(&deadline);
+        const bool woken = detail::block(lock_, waiters_, self, &deadline);
+        lock.lock();
+        return woken ? std::cv_status::no_timeout : std::cv_status::timeout;
+    }
+    // detail::note_wait() for this object (out of line: the report's ops live in the .ipp).
+    void note_wait(const detail::TimePoint* deadline) noexcept;
+    static void describe_wait(const void* cv, char* out, std::size_t size) noexcept;
+
+    detail::SpinLock lock_;  // guards waiters_
+    detail::WaitList waiters_;
+};
+
 }  // namespace fsched
 // ---- end src/sync_extra.hpp ----
 // ---- begin src/select.hpp ----
@@ -11077,10 +11385,10 @@ void Mutex::lock() {
     }
     FIBER_SCHED_ASSERT(owner_.load(std::memory_order_relaxed) != me &&
                        "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
-    lock_slow(me);
+    lock_slow(me, nullptr);
 }
 
-void Mutex::lock_slow(std::uint64_t me) {
+bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
     using namespace std::chrono;
     const auto start = steady_clock::now();
     bool woken_before = false;
@@ -11089,12 +11397,18 @@ void Mutex::lock_slow(std::uint64_t me) {
         if (!(s & (locked_bit | starving_bit))) {
             if (state_.compare_exchange_weak(s, s | locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
                 owner_.store(me, std::memory_order_relaxed);
-                return;
+                return true;
             }
             continue;
         }
+        // Past the deadline (and this look found it taken): give up. A waiter woken to
+        // compete after its deadline has had its look above, so a lock that unlock_slow()
+        // left free for it is taken, not left idle while other waiters sleep; one that a
+        // newcomer took will wake the next waiter when it is unlocked.
+        if (deadline && steady_clock::now() >= *deadline) return false;
         detail::Waiter self;
         self.owner = me;
+        if (deadline) detail::prepare_timed_wait(self);  // may throw: nothing is held or counted
         lock_.lock();
         // Join the waiters while the lock is held; if it came free meanwhile, compete again.
         const bool starve = woken_before && steady_clock::now() - start > milliseconds(1);
@@ -11119,14 +11433,41 @@ void Mutex::lock_slow(std::uint64_t me) {
         }
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
-        detail::note_wait(detail::WaitReason::Mutex, this, &ops);
+        detail::note_wait(detail::WaitReason::Mutex, this, &ops, deadline);
         detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // (see watch_loop)
         detail::ensure_watchdog();
-        detail::block(lock_, waiters_, self, nullptr);
+        // The claim decides a timeout racing an unlock once: unlock_slow() won it (true:
+        // handed over, or woken to compete and already uncounted) or the timeout did (false:
+        // leave_timed_out() has uncounted us under lock_, whether or not unlock_slow()
+        // popped us on its way to a live waiter).
+        const bool woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
         detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
-        if (self.ok) return;  // handed over: unlock() made us the owner
+        if (!woken) return false;
+        if (self.ok) return true;  // handed over: unlock() made us the owner
         woken_before = true;
     }
+}
+
+void Mutex::leave_timed_out(void* mutex, detail::Waiter& w) noexcept {
+    auto* self = static_cast<Mutex*>(mutex);
+    if (w.linked) self->waiters_.remove(&w);
+    // Counts change only under lock_ (held here). The last waiter to leave also ends
+    // starving mode: a locked, starving mutex with no waiters would be released by the fast
+    // unlock with the starving bit still set, and then no one could take it.
+    std::uint32_t s = self->state_.load(std::memory_order_relaxed);
+    for (;;) {
+        std::uint32_t next = s - waiter_unit;
+        if (next < waiter_unit) next &= ~starving_bit;
+        if (self->state_.compare_exchange_weak(s, next, std::memory_order_relaxed, std::memory_order_relaxed)) return;
+    }
+}
+
+bool Mutex::try_lock_until_steady(detail::TimePoint deadline) {
+    const std::uint64_t me = detail::caller_identity();
+    if (try_lock()) return true;
+    FIBER_SCHED_ASSERT(owner_.load(std::memory_order_relaxed) != me &&
+                       "Mutex::try_lock_until(): the caller already holds this mutex (it is not recursive)");
+    return lock_slow(me, &deadline);
 }
 
 std::uint64_t Mutex::holder_of(const void* mutex) noexcept {
@@ -11160,10 +11501,11 @@ void Mutex::unlock() {
 
 void Mutex::unlock_slow() {
     lock_.lock();
-    // Counted waiters are in the list; mutex waits have no timeout, so the claim succeeds.
+    // Counted waiters are in the list, but for timed-out ones that are leaving (pop_claimed
+    // skips them; leave_timed_out() uncounts them).
     detail::Waiter* next = detail::pop_claimed(waiters_);
     const std::uint32_t s = state_.load(std::memory_order_relaxed);
-    if (!next) {  // cannot happen while counted; release and leave starving mode
+    if (!next) {  // only timed-out waiters are counted: release and leave starving mode
         state_.fetch_and(~(locked_bit | starving_bit), std::memory_order_release);
         lock_.unlock();
         return;
@@ -11277,6 +11619,480 @@ void WaitGroup::describe_wait(const void* group, char* out, std::size_t size) no
 // (src/impl/sched_core.ipp already inlined above)
 
 namespace fsched {
+namespace detail {
+
+// Waiters in `list` (timed-out ones on their way out included), for the report. Under the
+// list's lock.
+inline long listed_waiters(const WaitList& list) noexcept {
+    long n = 0;
+    for (const Waiter* w = list.front(); w; w = w->next) ++n;
+    return n;
+}
+
+}  // namespace detail
+
+// ---- Semaphore ------------------------------------------------------------------------
+
+Semaphore::Semaphore(std::ptrdiff_t initial) : count_(initial) {
+    FIBER_SCHED_ASSERT(initial >= 0 && "Semaphore(): the initial count must not be negative");
+}
+
+void Semaphore::acquire() {
+    lock_.lock();
+    if (count_ > 0) {
+        --count_;
+        lock_.unlock();
+        return;
+    }
+    detail::Waiter self;
+    waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&Semaphore::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::Semaphore, this, &ops);
+    // Woken means claimed by release(), which gave us the unit instead of counting it.
+    detail::block(lock_, waiters_, self, nullptr);
+}
+
+bool Semaphore::try_acquire() {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    if (count_ == 0) return false;
+    --count_;
+    return true;
+}
+
+bool Semaphore::try_acquire_until_steady(detail::TimePoint deadline) {
+    detail::Waiter self;
+    detail::prepare_timed_wait(self);  // may throw: nothing taken or queued yet
+    lock_.lock();
+    if (count_ > 0) {
+        --count_;
+        lock_.unlock();
+        return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+        lock_.unlock();
+        return false;
+    }
+    waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&Semaphore::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::Semaphore, this, &ops, &deadline);
+    // The claim decides a release racing the timeout once: claimed, the unit is ours; timed
+    // out, release() skipped us and gave the unit to another waiter or the count.
+    return detail::block(lock_, waiters_, self, &deadline);
+}
+
+void Semaphore::release(std::ptrdiff_t n) {
+    FIBER_SCHED_ASSERT(n >= 0 && "Semaphore::release(): the update must not be negative");
+    detail::WaitList woken;
+    lock_.lock();
+    // Units go to the longest waiters first; only what is left is counted.
+    std::ptrdiff_t left = n;
+    while (left > 0) {
+        detail::Waiter* w = detail::pop_claimed(waiters_);
+        if (!w) break;
+        woken.push_back(w);
+        --left;
+    }
+    const bool overflow = left > (max)() - count_;
+    if (!overflow) count_ += left;
+    lock_.unlock();
+    detail::wake_waiters(woken);
+    FIBER_SCHED_ASSERT(!overflow && "Semaphore::release(): the count would exceed max()");
+}
+
+void Semaphore::describe_wait(const void* semaphore, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<Semaphore*>(static_cast<const Semaphore*>(semaphore));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const long long count = self->count_;
+    const long waiting = detail::listed_waiters(self->waiters_);
+    self->lock_.unlock();
+    std::snprintf(out, size, "count %lld, %ld waiting", count, waiting);
+}
+
+// ---- Latch ----------------------------------------------------------------------------
+
+Latch::Latch(std::ptrdiff_t count) : count_(count) {
+    FIBER_SCHED_ASSERT(count >= 0 && "Latch(): the count must not be negative");
+}
+
+void Latch::count_down(std::ptrdiff_t n) {
+    FIBER_SCHED_ASSERT(n >= 0 && "Latch::count_down(): the update must not be negative");
+    detail::WaitList woken;
+    lock_.lock();
+    const bool below_zero = n > count_;
+    if (!below_zero) {
+        count_ -= n;
+        if (count_ == 0 && n > 0) detail::pop_all_claimed(waiters_, woken);
+    }
+    lock_.unlock();
+    FIBER_SCHED_ASSERT(!below_zero && "Latch::count_down(): the count went below zero");
+    detail::wake_waiters(woken);
+}
+
+bool Latch::try_wait() const noexcept {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    return count_ == 0;
+}
+
+void Latch::wait() { arrive_and_wait(0); }
+
+void Latch::arrive_and_wait(std::ptrdiff_t n) {
+    FIBER_SCHED_ASSERT(n >= 0 && "Latch::arrive_and_wait(): the update must not be negative");
+    lock_.lock();
+    const bool below_zero = n > count_;
+    if (below_zero || count_ == n) {
+        // Either misuse, or this arrival opens the latch: nothing to wait for.
+        detail::WaitList woken;
+        if (!below_zero) {
+            count_ = 0;
+            if (n > 0) detail::pop_all_claimed(waiters_, woken);
+        }
+        lock_.unlock();
+        FIBER_SCHED_ASSERT(!below_zero && "Latch::arrive_and_wait(): the count went below zero");
+        detail::wake_waiters(woken);
+        return;
+    }
+    count_ -= n;
+    detail::Waiter self;
+    waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&Latch::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::Latch, this, &ops);
+    detail::block(lock_, waiters_, self, nullptr);
+}
+
+void Latch::describe_wait(const void* latch, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<Latch*>(static_cast<const Latch*>(latch));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const long long count = self->count_;
+    self->lock_.unlock();
+    std::snprintf(out, size, "count %lld", count);
+}
+
+// ---- Barrier --------------------------------------------------------------------------
+
+Barrier::Barrier(std::ptrdiff_t count, std::function<void()> completion)
+    : expected_(count), remaining_(count), completion_(std::move(completion)) {
+    FIBER_SCHED_ASSERT(count >= 0 && "Barrier(): the count must not be negative");
+}
+
+void Barrier::arrive_and_wait() { arrive(false); }
+
+void Barrier::arrive_and_drop() { arrive(true); }
+
+void Barrier::arrive(bool drop) {
+    lock_.lock();
+    if (remaining_ <= 0) {
+        lock_.unlock();
+        if (drop) {
+            FIBER_SCHED_ASSERT(!"Barrier::arrive_and_drop(): more arrivals in a phase than participants");
+        } else {
+            FIBER_SCHED_ASSERT(!"Barrier::arrive_and_wait(): more arrivals in a phase than participants");
+        }
+        return;
+    }
+    if (drop) --expected_;
+    if (--remaining_ == 0) {
+        complete_phase();
+        return;
+    }
+    if (drop) {
+        lock_.unlock();
+        return;
+    }
+    // Not timed: the claim that complete_phase() makes always succeeds, so the list holds
+    // exactly this phase's waiters (the next phase's cannot arrive before they are woken).
+    detail::Waiter self;
+    waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&Barrier::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::Barrier, this, &ops);
+    detail::block(lock_, waiters_, self, nullptr);
+}
+
+void Barrier::complete_phase() {
+    detail::WaitList woken;
+    detail::pop_all_claimed(waiters_, woken);
+    remaining_ = expected_;
+    ++phase_;
+    lock_.unlock();
+    // Run before any waiter of the phase is woken (they are claimed but still parked), and
+    // outside the spin lock: it is the user's code and may block. A throw must not leave
+    // the phase's waiters parked for good: they are woken first, then it propagates.
+    std::exception_ptr error;
+    if (completion_) {
+        try {
+            completion_();
+        } catch (...) {
+            error = std::current_exception();
+        }
+    }
+    detail::wake_waiters(woken);
+    if (error) std::rethrow_exception(error);
+}
+
+void Barrier::describe_wait(const void* barrier, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<Barrier*>(static_cast<const Barrier*>(barrier));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const unsigned long long phase = self->phase_;
+    const long long arrived = self->expected_ - self->remaining_;
+    const long long expected = self->expected_;
+    self->lock_.unlock();
+    std::snprintf(out, size, "phase %llu, %lld of %lld arrived", phase, arrived, expected);
+}
+
+// ---- SharedMutex ----------------------------------------------------------------------
+
+SharedMutex::~SharedMutex() {
+    FIBER_SCHED_ASSERT(!writer_ && readers_ == 0 && "~SharedMutex(): the mutex is still locked");
+}
+
+void SharedMutex::lock() {
+    const std::uint64_t me = detail::caller_identity();
+    lock_.lock();
+    if (!writer_ && readers_ == 0) {
+        writer_ = true;
+        owner_.store(me, std::memory_order_relaxed);
+        lock_.unlock();
+        return;
+    }
+    if (writer_ && owner_.load(std::memory_order_relaxed) == me) {
+        lock_.unlock();
+        FIBER_SCHED_ASSERT(!"SharedMutex::lock(): the caller already holds this mutex (it is not recursive)");
+        return;
+    }
+    detail::Waiter self;
+    self.owner = me;
+    writers_.push_back(&self);
+    static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
+    detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
+    // Woken means handed over: the unlocker made us the exclusive owner.
+    detail::block(lock_, writers_, self, nullptr);
+}
+
+bool SharedMutex::try_lock() {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    if (writer_ || readers_ != 0) return false;
+    writer_ = true;
+    owner_.store(detail::caller_identity(), std::memory_order_relaxed);
+    return true;
+}
+
+void SharedMutex::unlock() {
+    const std::uint64_t me = detail::caller_identity();
+    detail::WaitList woken;
+    lock_.lock();
+    if (!writer_ || owner_.load(std::memory_order_relaxed) != me) {
+        lock_.unlock();
+        FIBER_SCHED_ASSERT(!"SharedMutex::unlock(): the mutex is not held exclusively by the caller");
+        return;
+    }
+    if (!readers_queue_.empty()) {
+        // The readers that queued behind this writer go first, all together; a writer
+        // waiting too gets it when they are done (the last unlock_shared()).
+        writer_ = false;
+        owner_.store(0, std::memory_order_relaxed);
+        detail::pop_all_claimed(readers_queue_, woken);
+        for (detail::Waiter* w = woken.front(); w; w = w->next) ++readers_;
+    } else if (detail::Waiter* next = detail::pop_claimed(writers_)) {
+        owner_.store(next->owner, std::memory_order_relaxed);  // stays locked: a hand-off
+        woken.push_back(next);
+    } else {
+        writer_ = false;
+        owner_.store(0, std::memory_order_relaxed);
+    }
+    lock_.unlock();
+    detail::wake_waiters(woken);
+}
+
+void SharedMutex::lock_shared() {
+    lock_.lock();
+    // Behind a waiting writer: writer preference.
+    if (!writer_ && writers_.empty()) {
+        ++readers_;
+        lock_.unlock();
+        return;
+    }
+    if (writer_ && owner_.load(std::memory_order_relaxed) == detail::caller_identity()) {
+        lock_.unlock();
+        FIBER_SCHED_ASSERT(!"SharedMutex::lock_shared(): the caller holds this mutex exclusively");
+        return;
+    }
+    detail::Waiter self;
+    readers_queue_.push_back(&self);
+    static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
+    detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
+    // Woken means handed over: the unlocker counted us among the readers.
+    detail::block(lock_, readers_queue_, self, nullptr);
+}
+
+bool SharedMutex::try_lock_shared() {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    if (writer_ || !writers_.empty()) return false;
+    ++readers_;
+    return true;
+}
+
+void SharedMutex::unlock_shared() {
+    detail::Waiter* next = nullptr;
+    lock_.lock();
+    if (readers_ == 0) {
+        lock_.unlock();
+        FIBER_SCHED_ASSERT(!"SharedMutex::unlock_shared(): no shared lock is held");
+        return;
+    }
+    if (--readers_ == 0 && (next = detail::pop_claimed(writers_)) != nullptr) {
+        writer_ = true;
+        owner_.store(next->owner, std::memory_order_relaxed);
+    }
+    lock_.unlock();
+    if (next) detail::wake_waiter(*next);
+}
+
+void SharedMutex::describe_wait(const void* mutex, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<SharedMutex*>(static_cast<const SharedMutex*>(mutex));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const bool writer = self->writer_;
+    const long long readers = self->readers_;
+    const long writers_waiting = detail::listed_waiters(self->writers_);
+    const long readers_waiting = detail::listed_waiters(self->readers_queue_);
+    self->lock_.unlock();
+    std::snprintf(out, size, "%s, %lld readers, %ld writers and %ld readers waiting",
+                  writer ? "held exclusively" : "not held exclusively", readers, writers_waiting, readers_waiting);
+}
+
+std::uint64_t SharedMutex::holder_of(const void* mutex) noexcept {
+    return static_cast<const SharedMutex*>(mutex)->owner_.load(std::memory_order_relaxed);
+}
+
+// ---- Event ----------------------------------------------------------------------------
+
+Event::Event(Mode mode, bool initially_set) : mode_(mode), set_(initially_set) {}
+
+void Event::signal() {
+    detail::WaitList woken;
+    lock_.lock();
+    if (mode_ == Mode::Manual) {
+        set_ = true;
+        detail::pop_all_claimed(waiters_, woken);
+    } else if (detail::Waiter* w = detail::pop_claimed(waiters_)) {
+        woken.push_back(w);  // the signal is consumed by its hand-over: the event stays clear
+    } else {
+        set_ = true;
+    }
+    lock_.unlock();
+    detail::wake_waiters(woken);
+}
+
+void Event::clear() {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    set_ = false;
+}
+
+bool Event::take_locked() noexcept {
+    if (!set_) return false;
+    if (mode_ == Mode::Auto) set_ = false;
+    return true;
+}
+
+void Event::wait() {
+    lock_.lock();
+    if (take_locked()) {
+        lock_.unlock();
+        return;
+    }
+    detail::Waiter self;
+    waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&Event::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::Event, this, &ops);
+    detail::block(lock_, waiters_, self, nullptr);
+}
+
+bool Event::wait_until_steady(detail::TimePoint deadline) {
+    detail::Waiter self;
+    detail::prepare_timed_wait(self);  // may throw: nothing consumed or queued yet
+    lock_.lock();
+    if (take_locked()) {
+        lock_.unlock();
+        return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+        lock_.unlock();
+        return false;
+    }
+    waiters_.push_back(&self);
+    static constexpr detail::WaitOps ops{&Event::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::Event, this, &ops, &deadline);
+    // Claimed: signal() handed us its signal (Auto) or woke everyone (Manual); timed out:
+    // signal() skipped us and left the signal set or gave it to another waiter.
+    return detail::block(lock_, waiters_, self, &deadline);
+}
+
+bool Event::test() {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    return take_locked();
+}
+
+bool Event::is_set() const {
+    std::lock_guard<detail::SpinLock> guard(lock_);
+    return set_;
+}
+
+void Event::describe_wait(const void* event, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<Event*>(static_cast<const Event*>(event));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const bool set = self->set_;
+    const long waiting = detail::listed_waiters(self->waiters_);
+    self->lock_.unlock();
+    std::snprintf(out, size, "%s, %s, %ld waiting", self->mode_ == Mode::Auto ? "auto" : "manual",
+                  set ? "set" : "clear", waiting);
+}
+
+// ---- ConditionVariableAny -------------------------------------------------------------
+
+void ConditionVariableAny::notify_one() {
+    lock_.lock();
+    detail::Waiter* w = detail::pop_claimed(waiters_);
+    lock_.unlock();
+    if (w) detail::wake_waiter(*w);
+}
+
+void ConditionVariableAny::notify_all() {
+    detail::WaitList woken;
+    lock_.lock();
+    detail::pop_all_claimed(waiters_, woken);
+    lock_.unlock();
+    detail::wake_waiters(woken);
+}
+
+void ConditionVariableAny::note_wait(const detail::TimePoint* deadline) noexcept {
+    static constexpr detail::WaitOps ops{&ConditionVariableAny::describe_wait, nullptr};
+    detail::note_wait(detail::WaitReason::ConditionVariableAny, this, &ops, deadline);
+}
+
+void ConditionVariableAny::describe_wait(const void* cv, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<ConditionVariableAny*>(static_cast<const ConditionVariableAny*>(cv));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const long waiting = detail::listed_waiters(self->waiters_);
+    self->lock_.unlock();
+    std::snprintf(out, size, "%ld waiting", waiting);
+}
+
 }  // namespace fsched
 // ---- end src/impl/sync_extra.ipp ----
 // ---- begin src/impl/select.ipp ----

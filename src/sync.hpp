@@ -261,6 +261,18 @@ public:
     void lock();
     // Acquires the lock if it is free; never blocks.
     bool try_lock();
+    // As lock(), but gives up once `d` has passed: false then (never earlier). A timed wait
+    // in a scheduler task allocates its timer's state and may throw std::bad_alloc (with
+    // nothing held or queued). Not recursive.
+    template <class Rep, class Period>
+    bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
+        return try_lock_until_steady(detail::deadline_after(d));
+    }
+    // As try_lock_for(), until the time `t`.
+    template <class Clock, class Duration>
+    bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
+        return try_lock_until_steady(detail::to_steady(t));
+    }
     // Releases the lock. Precondition: held by the calling fiber (or thread).
     void unlock();
 
@@ -268,7 +280,11 @@ private:
     static constexpr std::uint32_t locked_bit = 1;
     static constexpr std::uint32_t starving_bit = 2;  // hand-off mode
     static constexpr std::uint32_t waiter_unit = 4;   // the rest counts queued waiters
-    void lock_slow(std::uint64_t me);
+    // Waits for the lock; with a deadline, false once it passed without the lock.
+    bool lock_slow(std::uint64_t me, const detail::TimePoint* deadline);
+    bool try_lock_until_steady(detail::TimePoint deadline);
+    // block()'s Unlink for a timed-out waiter: off the list and out of the count (REQUIRES lock_).
+    static void leave_timed_out(void* mutex, detail::Waiter& w) noexcept;
     void unlock_slow();
     // fiber_report()'s look at who holds it (WaitOps::holder).
     static std::uint64_t holder_of(const void* mutex) noexcept;

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <shared_mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -234,7 +235,7 @@ enum class Op {
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
     send, extra_consumer, select_channels, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
-    io_cancel_close, io_low_water, io_full_backlog,
+    io_cancel_close, io_low_water, io_full_backlog, toolbox,
 };
 
 struct OpWeight {
@@ -248,6 +249,7 @@ constexpr OpWeight op_weights[] = {
     {Op::transfer, 4}, {Op::cv_produce, 5}, {Op::cv_consume, 4}, {Op::cv_wait, 1}, {Op::ping_pong, 2},
     {Op::send, 10}, {Op::extra_consumer, 1}, {Op::select_channels, 3}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
     {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u}, {Op::report, 1},
+    {Op::toolbox, 2},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
     {Op::io_pinned_fresh, 1}, {Op::io_cancel_close, 1}, {Op::io_low_water, 1}, {Op::io_full_backlog, 1},
@@ -610,6 +612,8 @@ private:
     void catch_across_yield_op(Actor& a);
     void weak_ref_op(Actor& a);
     void fork_child_op(const char* where);
+    void toolbox_op(Actor& a);
+    void toolbox_section(bool write);
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     void io_echo_op(Actor& a, unsigned count);
     void serve_echo(int fd);
@@ -654,6 +658,13 @@ private:
     // the fiber each was taken from; under kept_mutex_.
     std::vector<std::pair<std::weak_ptr<Fiber>, std::uint64_t>> kept_weak_;
     std::vector<std::thread> outsiders_;
+    // toolbox_op: at most two sections at once, each reading or writing a pair under a
+    // SharedMutex (pair_a_ == pair_b_ for any reader; both == toolbox_writes_ at the end).
+    fsched::Semaphore toolbox_units_{2};
+    std::atomic<int> toolbox_inside_{0};
+    fsched::SharedMutex toolbox_rw_;
+    std::int64_t pair_a_ = 0, pair_b_ = 0;  // under toolbox_rw_
+    std::atomic<std::int64_t> toolbox_writes_{0};
 };
 
 std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
@@ -812,6 +823,10 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     case Op::fork_child:
         fork_child_op(a.in_fiber ? "a task" : "a plain thread");
         return 1;
+    case Op::toolbox:
+        if (budget < 2) break;
+        toolbox_op(a);
+        return 2;
     case Op::report: {
         // fiber_report() from a task or a plain thread while every other operation runs:
         // it reads parked fibers that others wake and fibers that others destroy.
@@ -869,6 +884,55 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     // Too little budget left for the operation drawn: a yield instead.
     fsched::this_fiber::yield();
     return 1;
+}
+
+// The actor and a helper meet at a Barrier (whose completion runs once), each does a
+// section under the shared Semaphore and SharedMutex, the actor signals a manual Event the
+// helper waits for, and the helper counts a Latch down that the actor waits for. Every wait
+// is certain: the other party is on its way.
+void Soak::toolbox_op(Actor& a) {
+    struct Meeting {
+        std::atomic<int> completions{0};
+        fsched::Barrier barrier{2, [this] { completions.fetch_add(1); }};
+        fsched::Event go{fsched::Event::Mode::Manual};
+        fsched::Latch finished{1};
+    };
+    auto m = std::make_shared<Meeting>();
+    const bool actor_writes = a.rng.percent(40);
+    const bool helper_writes = a.rng.percent(40);
+    spawn_helper(a, [this, m, helper_writes] {
+        m->barrier.arrive_and_wait();
+        toolbox_section(helper_writes);
+        m->go.wait();
+        m->finished.count_down();
+    });
+    m->barrier.arrive_and_wait();
+    if (m->completions.load() != 1) violations_.add("a Barrier's completion did not run once before the release");
+    toolbox_section(actor_writes);
+    m->go.signal();
+    m->finished.wait();
+}
+
+void Soak::toolbox_section(bool write) {
+    if (!toolbox_units_.try_acquire_for(must_not_take)) {
+        violations_.add("Semaphore::try_acquire_for() timed out with units coming back");
+        return;
+    }
+    if (toolbox_inside_.fetch_add(1) + 1 > 2) violations_.add("more holders of a Semaphore than its units");
+    if (write) {
+        std::unique_lock<fsched::SharedMutex> lock(toolbox_rw_);
+        ++pair_a_;
+        fsched::this_fiber::yield();
+        ++pair_b_;
+        toolbox_writes_.fetch_add(1);
+    } else {
+        std::shared_lock<fsched::SharedMutex> lock(toolbox_rw_);
+        const std::int64_t seen = pair_a_;
+        fsched::this_fiber::yield();
+        if (seen != pair_a_ || pair_a_ != pair_b_) violations_.add("a SharedMutex reader saw a write under way");
+    }
+    toolbox_inside_.fetch_sub(1);
+    toolbox_units_.release();
 }
 
 void Soak::lock_op(Actor& a) {
@@ -1659,6 +1723,13 @@ void Soak::check() {
     for (const Guarded& account : accounts_) total += account.value;
     CHECK(total == initial_balance * static_cast<std::int64_t>(accounts_.size()));
     CHECK(bank_.produced == bank_.consumed + bank_.tokens);
+    CHECK(pair_a_ == toolbox_writes_.load());
+    CHECK(pair_b_ == toolbox_writes_.load());
+    CHECK(toolbox_inside_.load() == 0);
+    CHECK(toolbox_units_.try_acquire());  // both units came back, and no more
+    CHECK(toolbox_units_.try_acquire());
+    CHECK_FALSE(toolbox_units_.try_acquire());
+    toolbox_units_.release(2);
     CHECK(bank_.tokens >= 0);
 
     CHECK(suspended_.load() == resumed_.load());

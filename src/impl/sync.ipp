@@ -144,10 +144,10 @@ void Mutex::lock() {
     }
     FIBER_SCHED_ASSERT(owner_.load(std::memory_order_relaxed) != me &&
                        "Mutex::lock(): the caller already holds this mutex (it is not recursive)");
-    lock_slow(me);
+    lock_slow(me, nullptr);
 }
 
-void Mutex::lock_slow(std::uint64_t me) {
+bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
     using namespace std::chrono;
     const auto start = steady_clock::now();
     bool woken_before = false;
@@ -156,12 +156,18 @@ void Mutex::lock_slow(std::uint64_t me) {
         if (!(s & (locked_bit | starving_bit))) {
             if (state_.compare_exchange_weak(s, s | locked_bit, std::memory_order_acquire, std::memory_order_relaxed)) {
                 owner_.store(me, std::memory_order_relaxed);
-                return;
+                return true;
             }
             continue;
         }
+        // Past the deadline (and this look found it taken): give up. A waiter woken to
+        // compete after its deadline has had its look above, so a lock that unlock_slow()
+        // left free for it is taken, not left idle while other waiters sleep; one that a
+        // newcomer took will wake the next waiter when it is unlocked.
+        if (deadline && steady_clock::now() >= *deadline) return false;
         detail::Waiter self;
         self.owner = me;
+        if (deadline) detail::prepare_timed_wait(self);  // may throw: nothing is held or counted
         lock_.lock();
         // Join the waiters while the lock is held; if it came free meanwhile, compete again.
         const bool starve = woken_before && steady_clock::now() - start > milliseconds(1);
@@ -186,14 +192,41 @@ void Mutex::lock_slow(std::uint64_t me) {
         }
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
-        detail::note_wait(detail::WaitReason::Mutex, this, &ops);
+        detail::note_wait(detail::WaitReason::Mutex, this, &ops, deadline);
         detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // (see watch_loop)
         detail::ensure_watchdog();
-        detail::block(lock_, waiters_, self, nullptr);
+        // The claim decides a timeout racing an unlock once: unlock_slow() won it (true:
+        // handed over, or woken to compete and already uncounted) or the timeout did (false:
+        // leave_timed_out() has uncounted us under lock_, whether or not unlock_slow()
+        // popped us on its way to a live waiter).
+        const bool woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
         detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
-        if (self.ok) return;  // handed over: unlock() made us the owner
+        if (!woken) return false;
+        if (self.ok) return true;  // handed over: unlock() made us the owner
         woken_before = true;
     }
+}
+
+void Mutex::leave_timed_out(void* mutex, detail::Waiter& w) noexcept {
+    auto* self = static_cast<Mutex*>(mutex);
+    if (w.linked) self->waiters_.remove(&w);
+    // Counts change only under lock_ (held here). The last waiter to leave also ends
+    // starving mode: a locked, starving mutex with no waiters would be released by the fast
+    // unlock with the starving bit still set, and then no one could take it.
+    std::uint32_t s = self->state_.load(std::memory_order_relaxed);
+    for (;;) {
+        std::uint32_t next = s - waiter_unit;
+        if (next < waiter_unit) next &= ~starving_bit;
+        if (self->state_.compare_exchange_weak(s, next, std::memory_order_relaxed, std::memory_order_relaxed)) return;
+    }
+}
+
+bool Mutex::try_lock_until_steady(detail::TimePoint deadline) {
+    const std::uint64_t me = detail::caller_identity();
+    if (try_lock()) return true;
+    FIBER_SCHED_ASSERT(owner_.load(std::memory_order_relaxed) != me &&
+                       "Mutex::try_lock_until(): the caller already holds this mutex (it is not recursive)");
+    return lock_slow(me, &deadline);
 }
 
 std::uint64_t Mutex::holder_of(const void* mutex) noexcept {
@@ -227,10 +260,11 @@ void Mutex::unlock() {
 
 void Mutex::unlock_slow() {
     lock_.lock();
-    // Counted waiters are in the list; mutex waits have no timeout, so the claim succeeds.
+    // Counted waiters are in the list, but for timed-out ones that are leaving (pop_claimed
+    // skips them; leave_timed_out() uncounts them).
     detail::Waiter* next = detail::pop_claimed(waiters_);
     const std::uint32_t s = state_.load(std::memory_order_relaxed);
-    if (!next) {  // cannot happen while counted; release and leave starving mode
+    if (!next) {  // only timed-out waiters are counted: release and leave starving mode
         state_.fetch_and(~(locked_bit | starving_bit), std::memory_order_release);
         lock_.unlock();
         return;
