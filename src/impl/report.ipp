@@ -309,13 +309,14 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
 
 // Lock cycles among the snapshot's parked Mutex waiters (each waits for one holder, so the
 // graph is functional: one walk per fiber finds every cycle). Each cycle starts at its
-// smallest id; `min_wait_ns`: each of its fibers has waited at least that long.
+// smallest id; `min_wait_ns`: each of its fibers has waited at least that long. A timed
+// wait (Mutex::try_lock_for) ends by itself, so it is no edge: a cycle through it is none.
 std::vector<std::vector<const FiberSnapshot*>> find_lock_cycles(const Snapshot& snap, std::int64_t min_wait_ns) {
     std::vector<std::vector<const FiberSnapshot*>> cycles;
     std::unordered_map<std::uint64_t, int> color;  // 1: on the walk now, 2: done
     auto waiting = [&](const FiberSnapshot* f) {
         return f && f->held && f->kind == WaitReason::Mutex && f->holder != 0 &&
-               snap.taken_ns - f->since_ns >= min_wait_ns;
+               (f->deadline_ns < 0 || f->deadline_ns == INT64_MAX) && snap.taken_ns - f->since_ns >= min_wait_ns;
     };
     for (const FiberSnapshot& start : snap.fibers) {
         if (!waiting(&start) || color[start.id] != 0) continue;
