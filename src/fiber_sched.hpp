@@ -109,6 +109,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -116,6 +117,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -234,6 +236,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/sync.ipp"
 #include "impl/sync_extra.ipp"
 #include "impl/select.ipp"
+#include "impl/future.ipp"
+#include "impl/parallel.ipp"
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 #include "impl/io_registry.ipp"
