@@ -11,6 +11,7 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
+    Future, Promise, async, when_all, parallel_for(_chunks)  results across tasks; data parallelism
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -2367,6 +2368,8 @@ public:
 
     // Read only once ready().
     const std::exception_ptr& exception() const noexcept { return exception_; }
+    // The same, moved out (Future::get(): the state is used up).
+    std::exception_ptr take_exception() noexcept { return std::move(exception_); }
 
 private:
     // fiber_report()'s look at the state (WaitOps::describe).
@@ -2440,7 +2443,10 @@ public:
         check_valid();
         state_->wait();
         std::shared_ptr<detail::FutureState<T>> state = std::move(state_);
-        if (state->exception()) std::rethrow_exception(state->exception());
+        // The exception leaves the state: then the setter, should it drop the state last,
+        // does not release the exception object on its thread while this one still uses it
+        // (libstdc++'s count on it is invisible to TSan, and the state is single-use anyway).
+        if (std::exception_ptr error = state->take_exception()) std::rethrow_exception(std::move(error));
         return state->storage.take();
     }
     // Waits until the value is in. Throws std::future_error(no_state) when !valid().

@@ -56,6 +56,8 @@ public:
 
     // Read only once ready().
     const std::exception_ptr& exception() const noexcept { return exception_; }
+    // The same, moved out (Future::get(): the state is used up).
+    std::exception_ptr take_exception() noexcept { return std::move(exception_); }
 
 private:
     // fiber_report()'s look at the state (WaitOps::describe).
@@ -129,7 +131,10 @@ public:
         check_valid();
         state_->wait();
         std::shared_ptr<detail::FutureState<T>> state = std::move(state_);
-        if (state->exception()) std::rethrow_exception(state->exception());
+        // The exception leaves the state: then the setter, should it drop the state last,
+        // does not release the exception object on its thread while this one still uses it
+        // (libstdc++'s count on it is invisible to TSan, and the state is single-use anyway).
+        if (std::exception_ptr error = state->take_exception()) std::rethrow_exception(std::move(error));
         return state->storage.take();
     }
     // Waits until the value is in. Throws std::future_error(no_state) when !valid().
