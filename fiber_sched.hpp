@@ -11,7 +11,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     this_fiber         yield, sleep_for, sleep_until: park the fiber, free the thread
     Mutex, ConditionVariable, WaitGroup, Channel<T>
                        park a fiber (and block a plain thread) while they wait
-    Future, Promise, async, when_all, parallel_for(_chunks)  results across tasks; data parallelism
+    Future, Promise, async, when_all, parallel_for, parallel_for_chunks
+                       results and exceptions across tasks; an index range over the workers
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
