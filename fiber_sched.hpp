@@ -2603,6 +2603,9 @@ auto async(Scheduler& scheduler, F&& fn, Args&&... args) -> Future<std::invoke_r
     Future<R> future = promise.get_future();
     scheduler.schedule([promise = std::move(promise), fn = std::decay_t<F>(std::forward<F>(fn)),
                         args = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...)]() mutable {
+        // Set after the catch block: it has then let go of the exception on this thread
+        // before the waiter can take it (libstdc++'s count on it is invisible to TSan).
+        std::exception_ptr error;
         try {
             if constexpr (std::is_void_v<R>) {
                 std::apply(std::move(fn), std::move(args));
@@ -2610,9 +2613,11 @@ auto async(Scheduler& scheduler, F&& fn, Args&&... args) -> Future<std::invoke_r
             } else {
                 promise.set_value(std::apply(std::move(fn), std::move(args)));
             }
+            return;
         } catch (...) {
-            promise.set_exception(std::current_exception());
+            error = std::current_exception();
         }
+        promise.set_exception(std::move(error));
     });
     return future;
 }
@@ -11498,13 +11503,18 @@ void ParallelRun::work() noexcept {
         if (k >= chunks_) return;
         const std::size_t begin = first_ + k * chunk_;
         const std::size_t end = begin + (last_ - begin < chunk_ ? last_ - begin : chunk_);
+        std::exception_ptr error;
         try {
             run_(fn_, begin, end);
+            continue;
         } catch (...) {
-            std::lock_guard<SpinLock> guard(lock_);
-            if (!error_) error_ = std::current_exception();
-            failed_.store(true, std::memory_order_relaxed);
+            error = std::current_exception();
         }
+        // Kept after the catch block has ended (libstdc++'s count on the exception, invisible
+        // to TSan, then drops on this thread before the caller can take it).
+        failed_.store(true, std::memory_order_relaxed);
+        std::lock_guard<SpinLock> guard(lock_);
+        if (!error_) error_ = std::move(error);
     }
 }
 

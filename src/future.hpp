@@ -290,6 +290,9 @@ auto async(Scheduler& scheduler, F&& fn, Args&&... args) -> Future<std::invoke_r
     Future<R> future = promise.get_future();
     scheduler.schedule([promise = std::move(promise), fn = std::decay_t<F>(std::forward<F>(fn)),
                         args = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...)]() mutable {
+        // Set after the catch block: it has then let go of the exception on this thread
+        // before the waiter can take it (libstdc++'s count on it is invisible to TSan).
+        std::exception_ptr error;
         try {
             if constexpr (std::is_void_v<R>) {
                 std::apply(std::move(fn), std::move(args));
@@ -297,9 +300,11 @@ auto async(Scheduler& scheduler, F&& fn, Args&&... args) -> Future<std::invoke_r
             } else {
                 promise.set_value(std::apply(std::move(fn), std::move(args)));
             }
+            return;
         } catch (...) {
-            promise.set_exception(std::current_exception());
+            error = std::current_exception();
         }
+        promise.set_exception(std::move(error));
     });
     return future;
 }

@@ -72,13 +72,18 @@ void ParallelRun::work() noexcept {
         if (k >= chunks_) return;
         const std::size_t begin = first_ + k * chunk_;
         const std::size_t end = begin + (last_ - begin < chunk_ ? last_ - begin : chunk_);
+        std::exception_ptr error;
         try {
             run_(fn_, begin, end);
+            continue;
         } catch (...) {
-            std::lock_guard<SpinLock> guard(lock_);
-            if (!error_) error_ = std::current_exception();
-            failed_.store(true, std::memory_order_relaxed);
+            error = std::current_exception();
         }
+        // Kept after the catch block has ended (libstdc++'s count on the exception, invisible
+        // to TSan, then drops on this thread before the caller can take it).
+        failed_.store(true, std::memory_order_relaxed);
+        std::lock_guard<SpinLock> guard(lock_);
+        if (!error_) error_ = std::move(error);
     }
 }
 
