@@ -32,7 +32,9 @@ std::future_errc future_errc_of(F&& f) {
         f();
     } catch (const std::future_error& e) {
         if (has_code(e, std::future_errc::broken_promise)) return std::future_errc::broken_promise;
-        if (has_code(e, std::future_errc::promise_already_satisfied)) return std::future_errc::promise_already_satisfied;
+        if (has_code(e, std::future_errc::promise_already_satisfied)) {
+            return std::future_errc::promise_already_satisfied;
+        }
         if (has_code(e, std::future_errc::future_already_retrieved)) return std::future_errc::future_already_retrieved;
         if (has_code(e, std::future_errc::no_state)) return std::future_errc::no_state;
     }
@@ -103,7 +105,9 @@ TEST_CASE("ScheduleTask::cb: a std::function still converts, and a copyable task
     ScheduleTask task;
     task.cb = fn;  // a std::function converts
     ScheduleTask copy = task;  // copyable callbacks keep ScheduleTask copyable
-    std::vector<ScheduleTask> batch{task, copy, ScheduleTask{nullptr, fn, -1}};
+    ScheduleTask small{nullptr, [&runs] { runs++; }, -1};                      // inline
+    ScheduleTask boxed{nullptr, [&runs, text = std::string(40, 'x')] { runs += text.size() == 40 ? 1 : 0; }, -1};
+    std::vector<ScheduleTask> batch{task, copy, ScheduleTask{nullptr, fn, -1}, small, boxed};
     s.start();
     s.schedule(task);
     s.schedule(copy);
@@ -114,7 +118,7 @@ TEST_CASE("ScheduleTask::cb: a std::function still converts, and a copyable task
     none.cb = empty;
     CHECK_FALSE(static_cast<bool>(none.cb));  // an empty std::function makes an empty callback
     s.stop();
-    CHECK(runs == 2 + 3 + 3);
+    CHECK(runs == 2 + 5 + 5);
     CHECK(static_cast<bool>(task.cb));  // copies left it as it was
 }
 
