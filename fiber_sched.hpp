@@ -11536,7 +11536,7 @@ void ParallelRun::describe_wait(const void* run, char* out, std::size_t size) no
     }
     const std::size_t helpers = self->helpers_left_;
     self->lock_.unlock();
-    std::snprintf(out, size, "%llu of %llu chunks started, %llu helpers running",
+    std::snprintf(out, size, "%llu of %llu chunks started, helpers running: %llu",
                   static_cast<unsigned long long>(drawn), static_cast<unsigned long long>(self->chunks_),
                   static_cast<unsigned long long>(helpers));
 }

@@ -248,5 +248,5 @@ TEST_CASE("fiber_report() names a fiber parked in parallel_for") {
     INFO(line);
     CHECK(contains(line, ": parked "));
     CHECK(contains(line, " on parallel_for 0x"));
-    CHECK(contains(line, "(2 of 2 chunks started, 1 helpers running)"));
+    CHECK(contains(line, "(2 of 2 chunks started, helpers running: 1)"));
 }
