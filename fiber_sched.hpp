@@ -2549,8 +2549,9 @@ protected:
 
 private:
     void abandon() noexcept {
-        // Only when someone can still look: a future handed out, or one to come.
-        if (state_ && state_.use_count() > 1) {
+        // Only when unset (a set_value of this promise cannot be under way: it is ours) and
+        // someone can still look (a future was handed out and lives).
+        if (state_ && !state_->ready() && state_.use_count() > 1) {
             state_->set_exception(std::make_exception_ptr(std::future_error(std::future_errc::broken_promise)));
         }
         state_.reset();
