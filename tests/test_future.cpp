@@ -68,6 +68,16 @@ TEST_CASE("move-only callables: Fiber, Fiber::reset, schedule() and ScheduleTask
     f.reset([p = std::make_unique<int>(8), &seen] { seen = *p; });
     f.resume();
     CHECK(seen == 8);
+    // A std::function still converts, to both.
+    std::function<void()> plain = [&seen] { seen = 9; };
+    Fiber g(plain);
+    g.resume();
+    CHECK(seen == 9);
+    f.reset(plain);
+    seen = 0;
+    f.resume();
+    CHECK(seen == 9);
+    CHECK(static_cast<bool>(plain));  // copied, not moved from
 
     FSCHED_FOR_EACH_CONFIG([](test::Config c) {
         Scheduler s(c.threads, c.use_caller);
