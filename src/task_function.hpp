@@ -73,6 +73,12 @@ public:
     ~TaskFunction() { clear(); }
 
     explicit operator bool() const noexcept { return ops_ != nullptr; }
+    // Comparisons with nullptr, as std::function has them (code written for a
+    // std::function ScheduleTask::cb keeps compiling).
+    friend bool operator==(const TaskFunction& f, std::nullptr_t) noexcept { return !f; }
+    friend bool operator==(std::nullptr_t, const TaskFunction& f) noexcept { return !f; }
+    friend bool operator!=(const TaskFunction& f, std::nullptr_t) noexcept { return static_cast<bool>(f); }
+    friend bool operator!=(std::nullptr_t, const TaskFunction& f) noexcept { return static_cast<bool>(f); }
     // Precondition: not empty.
     void operator()() { ops_->invoke(storage_); }
 

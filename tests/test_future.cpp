@@ -127,8 +127,12 @@ TEST_CASE("ScheduleTask::cb: a std::function still converts, and a copyable task
     ScheduleTask none;
     none.cb = empty;
     CHECK_FALSE(static_cast<bool>(none.cb));  // an empty std::function makes an empty callback
+    CHECK(none.cb == nullptr);
+    CHECK(task.cb != nullptr);
+    std::function<void()> back = task.cb;  // and a copyable callback converts back
+    back();
     s.stop();
-    CHECK(runs == 2 + 5 + 5);
+    CHECK(runs == 1 + 2 + 5 + 5);
     CHECK(static_cast<bool>(task.cb));  // copies left it as it was
 }
 
