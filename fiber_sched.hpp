@@ -13,6 +13,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
                        park a fiber (and block a plain thread) while they wait
     Semaphore, Latch, Barrier, SharedMutex, Event, ConditionVariableAny: likewise
     select             one ready Channel case of several (Go's), or a default, or a timeout
+    Future, Promise, async, when_all, parallel_for, parallel_for_chunks
+                       results and exceptions across tasks; an index range over the workers
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -113,6 +115,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -120,6 +123,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -405,6 +409,9 @@ namespace detail {
 // and std::function<void()> itself. Anything else (a larger closure, one owning a string or
 // a unique_ptr) goes to the heap, as std::function would put it. An empty std::function (of
 // any signature) or null function pointer makes an empty TaskFunction. Move-only callables are accepted.
+// It copies too, when what it holds can be copied (ScheduleTask::cb is one, and ScheduleTask
+// stays copyable for the code that copies it): copying one that holds a move-only callable
+// is a FIBER_SCHED_ASSERT, the only way to keep both kinds in one field. Moves never copy.
 class TaskFunction {
 public:
     static constexpr std::size_t inline_size = 6 * sizeof(void*);
@@ -439,11 +446,30 @@ public:
         clear();
         return *this;
     }
-    TaskFunction(const TaskFunction&) = delete;
-    TaskFunction& operator=(const TaskFunction&) = delete;
+    TaskFunction(const TaskFunction& other) {
+        if (!other.ops_) return;
+        FIBER_SCHED_ASSERT(other.ops_->copy &&
+                           "ScheduleTask: its callback is move-only and cannot be copied (move the task instead)");
+        other.ops_->copy(other.storage_, storage_);
+        ops_ = other.ops_;
+    }
+    TaskFunction& operator=(const TaskFunction& other) {
+        if (this != &other) {
+            TaskFunction copy(other);
+            clear();
+            take(copy);
+        }
+        return *this;
+    }
     ~TaskFunction() { clear(); }
 
     explicit operator bool() const noexcept { return ops_ != nullptr; }
+    // Comparisons with nullptr, as std::function has them (code written for a
+    // std::function ScheduleTask::cb keeps compiling).
+    friend bool operator==(const TaskFunction& f, std::nullptr_t) noexcept { return !f; }
+    friend bool operator==(std::nullptr_t, const TaskFunction& f) noexcept { return !f; }
+    friend bool operator!=(const TaskFunction& f, std::nullptr_t) noexcept { return static_cast<bool>(f); }
+    friend bool operator!=(std::nullptr_t, const TaskFunction& f) noexcept { return static_cast<bool>(f); }
     // Precondition: not empty.
     void operator()() { ops_->invoke(storage_); }
 
@@ -457,6 +483,7 @@ private:
         void (*invoke)(void* storage);
         void (*relocate)(void* from, void* to) noexcept;  // moves the callable over, ends `from`'s
         void (*destroy)(void* storage) noexcept;
+        void (*copy)(const void* from, void* to);  // null: the callable is move-only
     };
 
     template <class D>
@@ -476,6 +503,23 @@ private:
         return boxed;
     }
 
+    // The copy entry of an Ops table: null for a callable that cannot be copied.
+    template <class D, bool Boxed>
+    static constexpr void (*copier())(const void*, void*) {
+        if constexpr (!std::is_copy_constructible_v<D>) {
+            return nullptr;
+        } else if constexpr (Boxed) {
+            return [](const void* from, void* to) {
+                D* boxed = new D(static_cast<const D&>(*boxed_target<D>(const_cast<void*>(from))));
+                std::memcpy(to, &boxed, sizeof boxed);
+            };
+        } else {
+            return [](const void* from, void* to) {
+                ::new (to) D(static_cast<const D&>(inline_target<D>(const_cast<void*>(from))));
+            };
+        }
+    }
+
     template <class D>
     static constexpr Ops inline_ops = {
         [](void* s) { static_cast<void>(std::invoke(inline_target<D>(s))); },
@@ -491,12 +535,14 @@ private:
         [](void* s) noexcept {
             if constexpr (!std::is_trivially_destructible_v<D>) inline_target<D>(s).~D();
         },
+        copier<D, false>(),
     };
     template <class D>
     static constexpr Ops boxed_ops = {
         [](void* s) { static_cast<void>(std::invoke(*boxed_target<D>(s))); },
         [](void* from, void* to) noexcept { std::memcpy(to, from, sizeof(D*)); },
         [](void* s) noexcept { delete boxed_target<D>(s); },
+        copier<D, true>(),
     };
 
     void take(TaskFunction& other) noexcept {
@@ -1091,10 +1137,11 @@ public:
     enum class State { Ready, Running, Suspended, Term };
 
     // Creates a Ready fiber that will run `fn` on its own stack of `stack_size` bytes
-    // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty.
+    // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty; any
+    // callable void() converts, a std::function or a move-only lambda (TaskFunction).
     // Throws std::length_error above detail::max_stack_size (1 TiB), std::bad_alloc when
     // the stack cannot be mapped. The fiber has its own C++ exception state.
-    explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
+    explicit Fiber(detail::TaskFunction fn, std::size_t stack_size = 0);
     // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
     // A Fiber made in those frames by the fiber itself is forgotten by fiber_report() with
     // them; one constructed there from elsewhere (emplaced into the frame by another
@@ -1109,8 +1156,9 @@ public:
     // Suspends the current fiber and returns to whoever resumed it. Precondition: called
     // inside a fiber.
     static void yield();
-    // Gives the fiber a new function on the same stack. Precondition: Ready or Term.
-    void reset(std::function<void()> fn);
+    // Gives the fiber a new function on the same stack (any callable void(), move-only ones
+    // too). Precondition: Ready or Term.
+    void reset(detail::TaskFunction fn);
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
     State state() const noexcept {
@@ -1160,7 +1208,7 @@ private:
     // without its context: make_in_stack sets top_block_, the bytes its frames run below,
     // then calls finish_construction(). ~Fiber leaves the stack to whoever frees that memory.
     // The public constructor's body, with the thread's state at hand.
-    Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts);
+    Fiber(detail::TaskFunction&& fn, std::size_t stack_size, detail::ThreadState* ts);
     struct InStackTag {};
     Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept;
     void reset_function(detail::TaskFunction&& fn);
@@ -1419,7 +1467,10 @@ namespace fsched {
 // What a Scheduler queues: a fiber to resume, or a callback to run in a pooled fiber.
 struct ScheduleTask {
     Fiber::ptr fiber;
-    std::function<void()> cb;
+    // Any callable void(), move-only ones too (a lambda owning a unique_ptr or a Promise), a
+    // std::function included. A task holding a move-only one can be moved, not copied (a
+    // FIBER_SCHED_ASSERT); schedule a batch of them through std::make_move_iterator.
+    detail::TaskFunction cb;
     int thread = -1;  // worker index to run on; -1: any worker
     // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
     // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).
@@ -1621,7 +1672,8 @@ public:
         task.priority = priority;
         submit(std::move(task));
     }
-    // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
+    // Queues a batch of FiberOrCb, copied from the range (a std::make_move_iterator range
+    // moves them: move-only callbacks); pays each worker queue's synchronisation once.
     template <class InputIt>
     void schedule(InputIt first, InputIt last) {
         std::vector<detail::NewTask> batch;
@@ -1661,8 +1713,7 @@ private:
     friend struct detail::SchedulerCore;
 
     // A callable goes straight into the task's TaskFunction (no std::function on the way,
-    // so a small closure is never copied to the heap); a ScheduleTask's std::function is
-    // moved into one.
+    // so a small closure is never copied to the heap); a ScheduleTask's is moved over.
     template <class FiberOrCb>
     static detail::NewTask make_task(FiberOrCb&& fc, int thread) {
         using T = std::decay_t<FiberOrCb>;
@@ -2957,24 +3008,444 @@ std::size_t select(Cases&&... cases) {
 // ---- end src/select.hpp ----
 // ---- begin src/future.hpp ----
 // ---------------------------------------------------------------------------
-// Future<T>, Promise<T>, async(), when_all(): Boost.Fiber's and std's shape, on fibers.
+// Future<T>, Promise<T>, async(), when_all(): std's shape (std::future, std::promise), on
+// fibers. The shared state is one allocation per Promise (make_shared), holding the value or
+// the exception, a ready flag and the list of waiters under a SpinLock: get() and wait() park
+// a scheduler task's fiber, block a plain thread, and let a use_caller thread outside its
+// tasks run the scheduler's ready tasks meanwhile (sync.hpp's block()). Setting the value
+// takes the lock once, flips `ready` and wakes every waiter; a timed wait that races it is
+// decided once, by the waiter's status CAS (sync.hpp). Errors follow std: std::future_error
+// with future_errc::broken_promise (a Promise destroyed unset), promise_already_satisfied,
+// future_already_retrieved, no_state (a moved-from or consumed Future or Promise).
 // ---------------------------------------------------------------------------
 
 
 // (src/sync.hpp already inlined above)
 
 namespace fsched {
+
+template <class T>
+class Future;
+template <class T>
+class Promise;
+
+namespace detail {
+
+template <class T>
+class PromiseBase;
+
+// The part of a future's shared state that does not depend on T: readiness, the exception,
+// the waiters and the wait (impl/future.ipp).
+class FutureStateBase {
+public:
+    FutureStateBase() = default;
+    FutureStateBase(const FutureStateBase&) = delete;
+    FutureStateBase& operator=(const FutureStateBase&) = delete;
+
+    // True once a value or an exception is in. Acquire pairs with publish()'s release: the
+    // value written before it is seen.
+    bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
+    // Blocks until ready().
+    void wait();
+    // Blocks until ready() (true) or `deadline` passes (false). May throw std::bad_alloc
+    // (prepare_timed_wait) before it waits, leaving nothing behind.
+    bool wait_until_steady(TimePoint deadline);
+
+    // The setter's claim: false if a value or exception was set (or is being set) already.
+    bool claim_set() noexcept;
+    // Gives a claim back (the value's constructor threw): the state is unset again.
+    void unclaim_set() noexcept;
+    // After claim_set() and writing the value: makes it ready and wakes every waiter.
+    void publish() noexcept;
+    // claim_set() + the exception + publish(); false if it was satisfied already.
+    bool set_exception(std::exception_ptr error) noexcept;
+    // Marks the future handed out; false if it was already (get_future() twice).
+    bool retrieve() noexcept { return !retrieved_.exchange(true, std::memory_order_relaxed); }
+
+    // Read only once ready().
+    const std::exception_ptr& exception() const noexcept { return exception_; }
+    // The same, moved out (Future::get(): the state is used up).
+    std::exception_ptr take_exception() noexcept { return std::move(exception_); }
+
+private:
+    // fiber_report()'s look at the state (WaitOps::describe).
+    static void describe_wait(const void* state, char* out, std::size_t size) noexcept;
+
+    SpinLock lock_;
+    bool satisfied_ = false;              // under lock_: a set_* has claimed the state
+    std::atomic<bool> ready_{false};      // set under lock_ (release), read without it (acquire)
+    std::atomic<bool> retrieved_{false};  // get_future() was called (relaxed: a flag, no data)
+    std::exception_ptr exception_;        // written by the claimer before publish()
+    WaitList waiters_;                    // under lock_
+};
+
+// The value's storage: T in an optional, T& as a pointer, nothing for void.
+template <class T>
+struct FutureValue {
+    std::optional<T> value;
+    template <class U>
+    void set(U&& v) { value.emplace(std::forward<U>(v)); }
+    T take() { return std::move(*value); }
+};
+template <class T>
+struct FutureValue<T&> {
+    T* value = nullptr;
+    void set(T& v) noexcept { value = &v; }
+    T& take() noexcept { return *value; }
+};
+template <>
+struct FutureValue<void> {
+    void take() noexcept {}
+};
+
+template <class T>
+struct FutureState : FutureStateBase {
+    FutureValue<T> storage;
+};
+
+[[noreturn]] inline void throw_future_error(std::future_errc code) {
+    throw std::future_error(code);
+}
+
+// when_all()'s look at a future without consuming it.
+struct FutureAccess {
+    template <class T>
+    static FutureStateBase* state(const Future<T>& f) noexcept { return f.state_.get(); }
+};
+
+}  // namespace detail
+
+// The receiving end of a Promise (std::future's members, fiber-aware). Move-only.
+template <class T>
+class Future {
+public:
+    // An invalid future (valid() == false).
+    Future() noexcept = default;
+    Future(Future&&) noexcept = default;
+    Future& operator=(Future&&) noexcept = default;
+    Future(const Future&) = delete;
+    Future& operator=(const Future&) = delete;
+
+    // True while it refers to a shared state: from get_future() (or async()) until get().
+    bool valid() const noexcept { return state_ != nullptr; }
+    // True when the value or exception is in (get() would not wait). Precondition: valid().
+    bool is_ready() const {
+        check_valid();
+        return state_->ready();
+    }
+    // Waits until the value is in, then returns it (moved out) or rethrows the exception;
+    // valid() is false afterwards. Throws std::future_error(no_state) when !valid().
+    T get() {
+        check_valid();
+        state_->wait();
+        std::shared_ptr<detail::FutureState<T>> state = std::move(state_);
+        // The exception leaves the state: then the setter, should it drop the state last,
+        // does not release the exception object on its thread while this one still uses it
+        // (libstdc++'s count on it is invisible to TSan, and the state is single-use anyway).
+        if (std::exception_ptr error = state->take_exception()) std::rethrow_exception(std::move(error));
+        return state->storage.take();
+    }
+    // Waits until the value is in. Throws std::future_error(no_state) when !valid().
+    void wait() const {
+        check_valid();
+        state_->wait();
+    }
+    // Waits until the value is in (ready) or `d` has passed (timeout); never deferred.
+    // Throws std::future_error(no_state) when !valid(), std::bad_alloc when a task's timed
+    // wait cannot allocate its timer's record (nothing is left waiting then).
+    template <class Rep, class Period>
+    std::future_status wait_for(const std::chrono::duration<Rep, Period>& d) const {
+        check_valid();
+        if (state_->ready()) return std::future_status::ready;
+        return status(state_->wait_until_steady(detail::deadline_after(d)));
+    }
+    // The same until the time point `t` (converted to steady_clock once).
+    template <class Clock, class Duration>
+    std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& t) const {
+        check_valid();
+        if (state_->ready()) return std::future_status::ready;
+        return status(state_->wait_until_steady(detail::to_steady(t)));
+    }
+
+private:
+    friend class Promise<T>;
+    friend class detail::PromiseBase<T>;
+    friend struct detail::FutureAccess;
+
+    explicit Future(std::shared_ptr<detail::FutureState<T>> state) noexcept : state_(std::move(state)) {}
+    void check_valid() const {
+        if (!state_) detail::throw_future_error(std::future_errc::no_state);
+    }
+    static std::future_status status(bool ready) noexcept {
+        return ready ? std::future_status::ready : std::future_status::timeout;
+    }
+
+    std::shared_ptr<detail::FutureState<T>> state_;
+};
+
+namespace detail {
+
+// What Promise<T>, Promise<T&> and Promise<void> share: the state, get_future(),
+// set_exception() and the broken promise.
+template <class T>
+class PromiseBase {
+public:
+    PromiseBase() : state_(std::make_shared<FutureState<T>>()) {}
+    PromiseBase(PromiseBase&&) noexcept = default;
+    PromiseBase& operator=(PromiseBase&& other) noexcept {
+        if (this != &other) {
+            abandon();
+            state_ = std::move(other.state_);
+        }
+        return *this;
+    }
+    PromiseBase(const PromiseBase&) = delete;
+    PromiseBase& operator=(const PromiseBase&) = delete;
+    // A promise destroyed before a value was set delivers std::future_error(broken_promise).
+    ~PromiseBase() { abandon(); }
+
+    // The future of this promise; once. Throws std::future_error(future_already_retrieved)
+    // the second time, no_state for a moved-from promise.
+    Future<T> get_future() {
+        check_state();
+        if (!state_->retrieve()) throw_future_error(std::future_errc::future_already_retrieved);
+        return Future<T>(state_);
+    }
+    // Stores the exception `error` (not null) and wakes the waiters. Throws
+    // std::future_error(promise_already_satisfied) if a value or exception was set already.
+    void set_exception(std::exception_ptr error) {
+        FIBER_SCHED_ASSERT(error && "Promise::set_exception(): the exception_ptr is null");
+        check_state();
+        if (!state_->set_exception(std::move(error))) {
+            throw_future_error(std::future_errc::promise_already_satisfied);
+        }
+    }
+
+protected:
+    void check_state() const {
+        if (!state_) throw_future_error(std::future_errc::no_state);
+    }
+    // Claims the state, writes the value with `write` and wakes the waiters; a value whose
+    // constructor throws leaves the state unset and the exception propagates.
+    template <class Write>
+    void set_with(Write&& write) {
+        check_state();
+        if (!state_->claim_set()) throw_future_error(std::future_errc::promise_already_satisfied);
+        try {
+            write(state_->storage);
+        } catch (...) {
+            state_->unclaim_set();
+            throw;
+        }
+        state_->publish();
+    }
+
+    std::shared_ptr<FutureState<T>> state_;
+
+private:
+    void abandon() noexcept {
+        // Only when unset (a set_value of this promise cannot be under way: it is ours) and
+        // someone can still look (a future was handed out and lives).
+        if (state_ && !state_->ready() && state_.use_count() > 1) {
+            state_->set_exception(std::make_exception_ptr(std::future_error(std::future_errc::broken_promise)));
+        }
+        state_.reset();
+    }
+};
+
+}  // namespace detail
+
+// The sending end (std::promise's members): set_value() or set_exception() once; its
+// Future's get() returns or rethrows it. Move-only; a lambda that owns one is a move-only
+// callable, which Scheduler::schedule() and Fiber accept.
+template <class T>
+class Promise : public detail::PromiseBase<T> {
+public:
+    // Stores `value` and wakes the waiters. Throws std::future_error
+    // (promise_already_satisfied) if a value or exception was set already.
+    void set_value(const T& value) {
+        this->set_with([&](detail::FutureValue<T>& s) { s.set(value); });
+    }
+    void set_value(T&& value) {
+        this->set_with([&](detail::FutureValue<T>& s) { s.set(std::move(value)); });
+    }
+};
+template <class T>
+class Promise<T&> : public detail::PromiseBase<T&> {
+public:
+    // Stores a reference to `value` (which must outlive the get()).
+    void set_value(T& value) {
+        this->set_with([&](detail::FutureValue<T&>& s) { s.set(value); });
+    }
+};
+template <>
+class Promise<void> : public detail::PromiseBase<void> {
+public:
+    // Makes the future ready.
+    void set_value() {
+        this->set_with([](detail::FutureValue<void>&) {});
+    }
+};
+
+// Runs fn(args...) as a task on `scheduler` and returns the future of its result; what fn
+// throws comes out of get(). fn and args are moved (or copied) into the task, move-only
+// ones too, and are invoked as rvalues, as std::async does. May be called from any thread,
+// inside tasks too. The task and its fiber cost what schedule() costs (the closure, holding
+// the promise, goes to the heap: one allocation beside the shared state's).
+template <class F, class... Args>
+auto async(Scheduler& scheduler, F&& fn, Args&&... args) -> Future<std::invoke_result_t<F, Args...>> {
+    using R = std::invoke_result_t<F, Args...>;
+    Promise<R> promise;
+    Future<R> future = promise.get_future();
+    scheduler.schedule([promise = std::move(promise), fn = std::decay_t<F>(std::forward<F>(fn)),
+                        args = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...)]() mutable {
+        // Set after the catch block: it has then let go of the exception on this thread
+        // before the waiter can take it (libstdc++'s count on it is invisible to TSan).
+        std::exception_ptr error;
+        try {
+            if constexpr (std::is_void_v<R>) {
+                std::apply(std::move(fn), std::move(args));
+                promise.set_value();
+            } else {
+                promise.set_value(std::apply(std::move(fn), std::move(args)));
+            }
+            return;
+        } catch (...) {
+            error = std::current_exception();
+        }
+        promise.set_exception(std::move(error));
+    });
+    return future;
+}
+
+// Waits until every future of [first, last) (Future<T>s, all valid) is ready, then returns
+// a ready Future<void>: its get() returns, or rethrows the first exception in the range's
+// order. The futures are not consumed: each stays valid, and its own get() returns its
+// value or rethrows its exception. (It waits here rather than later, so that nothing has
+// to wait on the caller's behalf; to wait elsewhere, call it from a task.) An empty range
+// gives a ready future.
+template <class It>
+Future<void> when_all(It first, It last) {
+    std::exception_ptr first_error;
+    for (It it = first; it != last; ++it) {
+        detail::FutureStateBase* state = detail::FutureAccess::state(*it);
+        FIBER_SCHED_ASSERT(state && "when_all(): a future in the range is not valid");
+        state->wait();
+        if (!first_error && state->exception()) first_error = state->exception();
+    }
+    Promise<void> done;
+    Future<void> result = done.get_future();
+    if (first_error) {
+        done.set_exception(std::move(first_error));
+    } else {
+        done.set_value();
+    }
+    return result;
+}
+
 }  // namespace fsched
 // ---- end src/future.hpp ----
 // ---- begin src/parallel.hpp ----
 // ---------------------------------------------------------------------------
 // Data parallelism: parallel_for and parallel_for_chunks over an index range.
+//
+// A call splits [first, last) into chunks of at least `grain` indexes (more when the range
+// is long: about 8 chunks per worker, so that drawing a chunk stays cheap) and draws them
+// from one atomic counter. It schedules up to one helper task per worker (fewer when there
+// are fewer chunks), each drawing chunks until none is left; a caller that is a scheduler
+// task draws chunks too, so the helpers are one fewer, and then parks until every helper
+// has finished (WaitReason::ParallelFor); a plain thread blocks, and the use_caller thread
+// outside its tasks runs the scheduler's tasks (the helpers among them) while it waits. The
+// call's state lives on the caller's stack and each helper's closure is one pointer (kept
+// inline in its task): no allocation per index or chunk, none per call beyond schedule()'s.
+// Nested calls (from inside a chunk) work: every wait parks, so no worker is held.
+// Exceptions: the first one thrown by fn (first to be caught, on whichever thread) is kept;
+// from then on no new chunk starts (chunks already running finish), and it is rethrown by
+// the call once every helper has finished.
 // ---------------------------------------------------------------------------
 
 
 // (src/sync.hpp already inlined above)
 
 namespace fsched {
+namespace detail {
+
+// One parallel_for call, on its caller's stack (impl/parallel.ipp).
+class ParallelRun {
+public:
+    using RunChunk = void (*)(void* fn, std::size_t begin, std::size_t end);
+
+    ParallelRun(std::size_t first, std::size_t last, std::size_t grain, std::size_t workers, RunChunk run,
+                void* fn) noexcept;
+    ParallelRun(const ParallelRun&) = delete;
+    ParallelRun& operator=(const ParallelRun&) = delete;
+
+    // Runs every chunk on `scheduler`'s workers (and here, in a task), waits for all of
+    // them, then rethrows the first exception fn threw.
+    void run(Scheduler& scheduler);
+
+private:
+    // Draws and runs chunks until none is left or one has thrown.
+    void work() noexcept;
+    // A helper's end: the last one wakes the waiting caller. `this` may be gone after it.
+    void helper_done() noexcept;
+    // fiber_report()'s look at the call (WaitOps::describe).
+    static void describe_wait(const void* run, char* out, std::size_t size) noexcept;
+
+    const std::size_t first_;
+    const std::size_t last_;
+    const std::size_t chunk_;    // indexes per chunk (the last one may have fewer)
+    const std::size_t chunks_;
+    const RunChunk run_;
+    void* const fn_;
+    // The next chunk to draw; relaxed: each value is drawn once, and the chunk's range is
+    // computed from it (fn's own data is ordered by the helper's end, under lock_).
+    std::atomic<std::size_t> next_{0};
+    std::atomic<bool> failed_{false};   // a chunk threw: draw no more (relaxed: a hint)
+    SpinLock lock_;
+    std::size_t helpers_left_ = 0;      // under lock_: helpers scheduled and not finished
+    std::exception_ptr error_;          // under lock_: the first exception fn threw
+    WaitList waiters_;                  // under lock_: the caller, once it waits
+};
+
+// parallel_for's and parallel_for_chunks' common entry: the range's checks, then the run.
+template <class ChunkFn>
+void parallel_chunks(Scheduler& scheduler, std::size_t first, std::size_t last, std::size_t grain,
+                     ChunkFn& fn) {
+    if (first == last) return;
+    ParallelRun run(first, last, grain, scheduler.thread_count(),
+                    [](void* f, std::size_t begin, std::size_t end) { (*static_cast<ChunkFn*>(f))(begin, end); },
+                    static_cast<void*>(&fn));
+    run.run(scheduler);
+}
+
+}  // namespace detail
+
+// Calls fn(i) for every i in [first, last), in chunks of at least `grain` indexes (0 counts
+// as 1) spread over `scheduler`'s workers, and returns when all have run. fn is shared by
+// the threads that run chunks: it is called concurrently, by reference. From a task the
+// calling fiber runs chunks too and then parks; from the use_caller thread it runs the
+// scheduler's tasks while it waits; from a plain thread it blocks (until the scheduler,
+// started, has run them). The first exception fn throws is rethrown here after every chunk
+// has finished; no chunk starts after it was thrown, so some indexes may not be visited.
+// Precondition (FIBER_SCHED_ASSERT): first <= last. An empty range returns at once.
+template <class F>
+void parallel_for(Scheduler& scheduler, std::size_t first, std::size_t last, std::size_t grain, F&& fn) {
+    FIBER_SCHED_ASSERT(first <= last && "parallel_for(): first must not be greater than last");
+    auto chunk = [&fn](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i != end; ++i) fn(i);
+    };
+    detail::parallel_chunks(scheduler, first, last, grain, chunk);
+}
+
+// The same with fn(begin, end) called once per chunk [begin, end).
+template <class F>
+void parallel_for_chunks(Scheduler& scheduler, std::size_t first, std::size_t last, std::size_t grain, F&& fn) {
+    FIBER_SCHED_ASSERT(first <= last && "parallel_for_chunks(): first must not be greater than last");
+    auto chunk = [&fn](std::size_t begin, std::size_t end) { fn(begin, end); };
+    detail::parallel_chunks(scheduler, first, last, grain, chunk);
+}
+
 }  // namespace fsched
 // ---- end src/parallel.hpp ----
 // ---- begin src/io.hpp ----
@@ -5921,10 +6392,10 @@ const char* backend() noexcept { return detail::backend_name; }
 // One thread_state() call for the stack and the registry. (The stack is made in the member
 // initialiser, straight into stack_: copied in afterwards, its 16-byte loads of what
 // acquire_stack() had just stored in 8-byte halves stalled store forwarding, +30 %.)
-Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
+Fiber::Fiber(detail::TaskFunction fn, std::size_t stack_size)
     : Fiber(std::move(fn), stack_size, detail::thread_state()) {}
 
-Fiber::Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts)
+Fiber::Fiber(detail::TaskFunction&& fn, std::size_t stack_size, detail::ThreadState* ts)
     : stack_(detail::acquire_stack(stack_size, ts)),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
@@ -6068,7 +6539,7 @@ void Fiber::entry(void* arg) noexcept {
     std::abort();
 }
 
-void Fiber::reset(std::function<void()> fn) { reset_function(std::move(fn)); }
+void Fiber::reset(detail::TaskFunction fn) { reset_function(std::move(fn)); }
 
 void Fiber::reset_function(detail::TaskFunction&& fn) {
     State state = this->state();
@@ -12274,6 +12745,205 @@ std::size_t run_select(const SelectFrame& frame) {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/select.ipp ----
+// ---- begin src/impl/future.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: a future's wait and its hand-over (FutureStateBase), on sync.hpp's waits.
+// ---------------------------------------------------------------------------
+
+
+// (src/future.hpp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+void FutureStateBase::wait() {
+    if (ready()) return;
+    Waiter self;
+    lock_.lock();
+    if (ready_.load(std::memory_order_relaxed)) {  // set under lock_: the lock orders it
+        lock_.unlock();
+        return;
+    }
+    waiters_.push_back(&self);
+    static constexpr WaitOps ops{&FutureStateBase::describe_wait, nullptr};
+    note_wait(WaitReason::Future, this, &ops);
+    block(lock_, waiters_, self, nullptr);
+}
+
+bool FutureStateBase::wait_until_steady(TimePoint deadline) {
+    if (ready()) return true;
+    Waiter self;
+    prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held or listed yet
+    lock_.lock();
+    if (ready_.load(std::memory_order_relaxed)) {
+        lock_.unlock();
+        return true;
+    }
+    waiters_.push_back(&self);
+    static constexpr WaitOps ops{&FutureStateBase::describe_wait, nullptr};
+    note_wait(WaitReason::Future, this, &ops, &deadline);
+    return block(lock_, waiters_, self, &deadline);
+}
+
+bool FutureStateBase::claim_set() noexcept {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (satisfied_) return false;
+    satisfied_ = true;
+    return true;
+}
+
+void FutureStateBase::unclaim_set() noexcept {
+    std::lock_guard<SpinLock> guard(lock_);
+    satisfied_ = false;
+}
+
+void FutureStateBase::publish() noexcept {
+    WaitList woken;
+    lock_.lock();
+    // Release: the value (or exception) written before is seen by whoever reads ready().
+    ready_.store(true, std::memory_order_release);
+    pop_all_claimed(waiters_, woken);  // a waiter that timed out is skipped: decided once
+    lock_.unlock();
+    wake_waiters(woken);
+}
+
+bool FutureStateBase::set_exception(std::exception_ptr error) noexcept {
+    if (!claim_set()) return false;
+    exception_ = std::move(error);
+    publish();
+    return true;
+}
+
+void FutureStateBase::describe_wait(const void* state, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<FutureStateBase*>(static_cast<const FutureStateBase*>(state));
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const bool satisfied = self->satisfied_;
+    self->lock_.unlock();
+    std::snprintf(out, size, satisfied ? "being set" : "no value yet");
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/future.ipp ----
+// ---- begin src/impl/parallel.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: parallel_for's run (ParallelRun): the chunks, the helpers, the wait.
+// ---------------------------------------------------------------------------
+
+
+// (src/parallel.hpp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+inline std::size_t parallel_chunk_size(std::size_t n, std::size_t grain, std::size_t workers) noexcept {
+    // About 8 chunks per worker: enough to even out uneven chunks, few enough that the
+    // counter is not fought over; never below the grain asked for.
+    const std::size_t spread = n / (8 * (workers == 0 ? 1 : workers));
+    const std::size_t at_least = grain == 0 ? 1 : grain;
+    return spread > at_least ? spread : at_least;
+}
+
+ParallelRun::ParallelRun(std::size_t first, std::size_t last, std::size_t grain, std::size_t workers,
+                         RunChunk run, void* fn) noexcept
+    : first_(first),
+      last_(last),
+      chunk_(parallel_chunk_size(last - first, grain, workers)),
+      chunks_((last - first) / chunk_ + ((last - first) % chunk_ != 0)),
+      run_(run),
+      fn_(fn) {}
+
+void ParallelRun::run(Scheduler& scheduler) {
+    const bool in_task = in_scheduler_task();
+    const std::size_t workers = scheduler.thread_count();
+    const std::size_t takers = chunks_ < workers ? chunks_ : workers;
+    const std::size_t helpers = in_task ? takers - 1 : takers;
+    std::exception_ptr schedule_error;
+    for (std::size_t h = 0; h < helpers; ++h) {
+        {
+            std::lock_guard<SpinLock> guard(lock_);
+            ++helpers_left_;
+        }
+        try {
+            scheduler.schedule([this] {
+                work();
+                helper_done();
+            });
+        } catch (...) {  // no helper was queued: take its place here
+            std::lock_guard<SpinLock> guard(lock_);
+            --helpers_left_;
+            schedule_error = std::current_exception();
+            break;
+        }
+    }
+    if (in_task || schedule_error) work();
+    lock_.lock();
+    if (helpers_left_ != 0) {
+        Waiter self;
+        waiters_.push_back(&self);
+        static constexpr WaitOps ops{&ParallelRun::describe_wait, nullptr};
+        note_wait(WaitReason::ParallelFor, this, &ops);
+        block(lock_, waiters_, self, nullptr);
+        lock_.lock();  // orders the helpers' writes (error_ and fn's) before ours
+    }
+    std::exception_ptr error = std::move(error_);
+    lock_.unlock();
+    if (error) std::rethrow_exception(error);
+    if (schedule_error) std::rethrow_exception(schedule_error);
+}
+
+void ParallelRun::work() noexcept {
+    while (!failed_.load(std::memory_order_relaxed)) {
+        const std::size_t k = next_.fetch_add(1, std::memory_order_relaxed);
+        if (k >= chunks_) return;
+        const std::size_t begin = first_ + k * chunk_;
+        const std::size_t end = begin + (last_ - begin < chunk_ ? last_ - begin : chunk_);
+        std::exception_ptr error;
+        try {
+            run_(fn_, begin, end);
+            continue;
+        } catch (...) {
+            error = std::current_exception();
+        }
+        // Kept after the catch block has ended (libstdc++'s count on the exception, invisible
+        // to TSan, then drops on this thread before the caller can take it).
+        failed_.store(true, std::memory_order_relaxed);
+        std::lock_guard<SpinLock> guard(lock_);
+        if (!error_) error_ = std::move(error);
+    }
+}
+
+void ParallelRun::helper_done() noexcept {
+    Waiter* caller = nullptr;
+    lock_.lock();
+    if (--helpers_left_ == 0) caller = pop_claimed(waiters_);
+    lock_.unlock();  // the caller may return and free *this from here on
+    if (caller) wake_waiter(*caller);
+}
+
+void ParallelRun::describe_wait(const void* run, char* out, std::size_t size) noexcept {
+    auto* self = const_cast<ParallelRun*>(static_cast<const ParallelRun*>(run));
+    std::size_t drawn = self->next_.load(std::memory_order_relaxed);
+    if (drawn > self->chunks_) drawn = self->chunks_;
+    if (!self->lock_.try_lock()) {
+        std::snprintf(out, size, "busy");
+        return;
+    }
+    const std::size_t helpers = self->helpers_left_;
+    self->lock_.unlock();
+    std::snprintf(out, size, "%llu of %llu chunks started, helpers running: %llu",
+                  static_cast<unsigned long long>(drawn), static_cast<unsigned long long>(self->chunks_),
+                  static_cast<unsigned long long>(helpers));
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/parallel.ipp ----
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 // ---- begin src/impl/io_registry.ipp ----

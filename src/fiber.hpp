@@ -94,10 +94,11 @@ public:
     enum class State { Ready, Running, Suspended, Term };
 
     // Creates a Ready fiber that will run `fn` on its own stack of `stack_size` bytes
-    // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty.
+    // (0: FIBER_SCHED_DEFAULT_STACK_SIZE; rounded up to pages). `fn` must not be empty; any
+    // callable void() converts, a std::function or a move-only lambda (TaskFunction).
     // Throws std::length_error above detail::max_stack_size (1 TiB), std::bad_alloc when
     // the stack cannot be mapped. The fiber has its own C++ exception state.
-    explicit Fiber(std::function<void()> fn, std::size_t stack_size = 0);
+    explicit Fiber(detail::TaskFunction fn, std::size_t stack_size = 0);
     // Frees the stack (without unwinding a Suspended fiber's frames). Must not be Running.
     // A Fiber made in those frames by the fiber itself is forgotten by fiber_report() with
     // them; one constructed there from elsewhere (emplaced into the frame by another
@@ -112,8 +113,9 @@ public:
     // Suspends the current fiber and returns to whoever resumed it. Precondition: called
     // inside a fiber.
     static void yield();
-    // Gives the fiber a new function on the same stack. Precondition: Ready or Term.
-    void reset(std::function<void()> fn);
+    // Gives the fiber a new function on the same stack (any callable void(), move-only ones
+    // too). Precondition: Ready or Term.
+    void reset(detail::TaskFunction fn);
 
     // Ready (never run), Running, Suspended (yielded) or Term (returned or threw).
     State state() const noexcept {
@@ -163,7 +165,7 @@ private:
     // without its context: make_in_stack sets top_block_, the bytes its frames run below,
     // then calls finish_construction(). ~Fiber leaves the stack to whoever frees that memory.
     // The public constructor's body, with the thread's state at hand.
-    Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts);
+    Fiber(detail::TaskFunction&& fn, std::size_t stack_size, detail::ThreadState* ts);
     struct InStackTag {};
     Fiber(InStackTag, const detail::Stack& stack, detail::TaskFunction&& fn) noexcept;
     void reset_function(detail::TaskFunction&& fn);

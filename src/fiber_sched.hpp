@@ -11,6 +11,8 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
                        park a fiber (and block a plain thread) while they wait
     Semaphore, Latch, Barrier, SharedMutex, Event, ConditionVariableAny: likewise
     select             one ready Channel case of several (Go's), or a default, or a timeout
+    Future, Promise, async, when_all, parallel_for, parallel_for_chunks
+                       results and exceptions across tasks; an index range over the workers
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -111,6 +113,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -118,6 +121,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -236,6 +240,8 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/sync.ipp"
 #include "impl/sync_extra.ipp"
 #include "impl/select.ipp"
+#include "impl/future.ipp"
+#include "impl/parallel.ipp"
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 #include "impl/io_registry.ipp"

@@ -13,7 +13,10 @@ namespace fsched {
 // What a Scheduler queues: a fiber to resume, or a callback to run in a pooled fiber.
 struct ScheduleTask {
     Fiber::ptr fiber;
-    std::function<void()> cb;
+    // Any callable void(), move-only ones too (a lambda owning a unique_ptr or a Promise), a
+    // std::function included. A task holding a move-only one can be moved, not copied (a
+    // FIBER_SCHED_ASSERT); schedule a batch of them through std::make_move_iterator.
+    detail::TaskFunction cb;
     int thread = -1;  // worker index to run on; -1: any worker
     // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
     // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).
@@ -215,7 +218,8 @@ public:
         task.priority = priority;
         submit(std::move(task));
     }
-    // Queues a batch of FiberOrCb; pays each worker queue's synchronisation once.
+    // Queues a batch of FiberOrCb, copied from the range (a std::make_move_iterator range
+    // moves them: move-only callbacks); pays each worker queue's synchronisation once.
     template <class InputIt>
     void schedule(InputIt first, InputIt last) {
         std::vector<detail::NewTask> batch;
@@ -255,8 +259,7 @@ private:
     friend struct detail::SchedulerCore;
 
     // A callable goes straight into the task's TaskFunction (no std::function on the way,
-    // so a small closure is never copied to the heap); a ScheduleTask's std::function is
-    // moved into one.
+    // so a small closure is never copied to the heap); a ScheduleTask's is moved over.
     template <class FiberOrCb>
     static detail::NewTask make_task(FiberOrCb&& fc, int thread) {
         using T = std::decay_t<FiberOrCb>;

@@ -18,6 +18,9 @@ namespace detail {
 // and std::function<void()> itself. Anything else (a larger closure, one owning a string or
 // a unique_ptr) goes to the heap, as std::function would put it. An empty std::function (of
 // any signature) or null function pointer makes an empty TaskFunction. Move-only callables are accepted.
+// It copies too, when what it holds can be copied (ScheduleTask::cb is one, and ScheduleTask
+// stays copyable for the code that copies it): copying one that holds a move-only callable
+// is a FIBER_SCHED_ASSERT, the only way to keep both kinds in one field. Moves never copy.
 class TaskFunction {
 public:
     static constexpr std::size_t inline_size = 6 * sizeof(void*);
@@ -52,11 +55,30 @@ public:
         clear();
         return *this;
     }
-    TaskFunction(const TaskFunction&) = delete;
-    TaskFunction& operator=(const TaskFunction&) = delete;
+    TaskFunction(const TaskFunction& other) {
+        if (!other.ops_) return;
+        FIBER_SCHED_ASSERT(other.ops_->copy &&
+                           "ScheduleTask: its callback is move-only and cannot be copied (move the task instead)");
+        other.ops_->copy(other.storage_, storage_);
+        ops_ = other.ops_;
+    }
+    TaskFunction& operator=(const TaskFunction& other) {
+        if (this != &other) {
+            TaskFunction copy(other);
+            clear();
+            take(copy);
+        }
+        return *this;
+    }
     ~TaskFunction() { clear(); }
 
     explicit operator bool() const noexcept { return ops_ != nullptr; }
+    // Comparisons with nullptr, as std::function has them (code written for a
+    // std::function ScheduleTask::cb keeps compiling).
+    friend bool operator==(const TaskFunction& f, std::nullptr_t) noexcept { return !f; }
+    friend bool operator==(std::nullptr_t, const TaskFunction& f) noexcept { return !f; }
+    friend bool operator!=(const TaskFunction& f, std::nullptr_t) noexcept { return static_cast<bool>(f); }
+    friend bool operator!=(std::nullptr_t, const TaskFunction& f) noexcept { return static_cast<bool>(f); }
     // Precondition: not empty.
     void operator()() { ops_->invoke(storage_); }
 
@@ -70,6 +92,7 @@ private:
         void (*invoke)(void* storage);
         void (*relocate)(void* from, void* to) noexcept;  // moves the callable over, ends `from`'s
         void (*destroy)(void* storage) noexcept;
+        void (*copy)(const void* from, void* to);  // null: the callable is move-only
     };
 
     template <class D>
@@ -89,6 +112,23 @@ private:
         return boxed;
     }
 
+    // The copy entry of an Ops table: null for a callable that cannot be copied.
+    template <class D, bool Boxed>
+    static constexpr void (*copier())(const void*, void*) {
+        if constexpr (!std::is_copy_constructible_v<D>) {
+            return nullptr;
+        } else if constexpr (Boxed) {
+            return [](const void* from, void* to) {
+                D* boxed = new D(static_cast<const D&>(*boxed_target<D>(const_cast<void*>(from))));
+                std::memcpy(to, &boxed, sizeof boxed);
+            };
+        } else {
+            return [](const void* from, void* to) {
+                ::new (to) D(static_cast<const D&>(inline_target<D>(const_cast<void*>(from))));
+            };
+        }
+    }
+
     template <class D>
     static constexpr Ops inline_ops = {
         [](void* s) { static_cast<void>(std::invoke(inline_target<D>(s))); },
@@ -104,12 +144,14 @@ private:
         [](void* s) noexcept {
             if constexpr (!std::is_trivially_destructible_v<D>) inline_target<D>(s).~D();
         },
+        copier<D, false>(),
     };
     template <class D>
     static constexpr Ops boxed_ops = {
         [](void* s) { static_cast<void>(std::invoke(*boxed_target<D>(s))); },
         [](void* from, void* to) noexcept { std::memcpy(to, from, sizeof(D*)); },
         [](void* s) noexcept { delete boxed_target<D>(s); },
+        copier<D, true>(),
     };
 
     void take(TaskFunction& other) noexcept {

@@ -234,6 +234,7 @@ enum class Op {
     yield, sleep, spin, spawn, spawn_batch, fan_out, suspend, put_back,
     lock, try_lock, transfer, cv_produce, cv_consume, cv_wait, ping_pong,
     send, extra_consumer, select_channels, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
+    future_parallel,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
     io_cancel_close, io_low_water, io_full_backlog, toolbox,
 };
@@ -250,6 +251,7 @@ constexpr OpWeight op_weights[] = {
     {Op::send, 10}, {Op::extra_consumer, 1}, {Op::select_channels, 3}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
     {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u}, {Op::report, 1},
     {Op::toolbox, 2},
+    {Op::future_parallel, 2},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
     {Op::io_pinned_fresh, 1}, {Op::io_cancel_close, 1}, {Op::io_low_water, 1}, {Op::io_full_backlog, 1},
@@ -807,6 +809,32 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     case Op::pipeline:
         if (budget < 3) break;
         return pipeline_op(a, budget);
+    case Op::future_parallel: {
+        // async() a small parallel_for (nested in that task), get() its sum here; sometimes
+        // fn throws at one index and get() must rethrow exactly that.
+        const std::size_t n = static_cast<std::size_t>(a.rng.below(48));
+        const std::size_t grain = static_cast<std::size_t>(a.rng.below(6));
+        const bool throws = n > 0 && a.rng.percent(20);
+        const std::size_t bad = throws ? static_cast<std::size_t>(a.rng.below(n)) : n;
+        fsched::Future<std::uint64_t> f = fsched::async(scheduler_, [this, n, grain, bad] {
+            std::atomic<std::uint64_t> sum{0};
+            fsched::parallel_for(scheduler_, 0, n, grain, [&](std::size_t i) {
+                if (i == bad) throw Thrown{i};
+                sum.fetch_add(i + 1);
+            });
+            return sum.load();
+        });
+        try {
+            const std::uint64_t sum = f.get();
+            if (throws || sum != static_cast<std::uint64_t>(n) * (n + 1) / 2) {
+                violations_.add("async + parallel_for: a wrong result", std::to_string(sum));
+            }
+        } catch (const Thrown& t) {
+            if (!throws || t.id != bad) violations_.add("async + parallel_for: a wrong exception");
+        }
+        if (f.valid()) violations_.add("a Future is still valid after get()");
+        return 1;
+    }
     case Op::throw_from_task:
         spawn_helper(a, [this] {
             const std::uint64_t id = thrown_.issue();

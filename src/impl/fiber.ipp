@@ -17,10 +17,10 @@ const char* backend() noexcept { return detail::backend_name; }
 // One thread_state() call for the stack and the registry. (The stack is made in the member
 // initialiser, straight into stack_: copied in afterwards, its 16-byte loads of what
 // acquire_stack() had just stored in 8-byte halves stalled store forwarding, +30 %.)
-Fiber::Fiber(std::function<void()> fn, std::size_t stack_size)
+Fiber::Fiber(detail::TaskFunction fn, std::size_t stack_size)
     : Fiber(std::move(fn), stack_size, detail::thread_state()) {}
 
-Fiber::Fiber(std::function<void()>&& fn, std::size_t stack_size, detail::ThreadState* ts)
+Fiber::Fiber(detail::TaskFunction&& fn, std::size_t stack_size, detail::ThreadState* ts)
     : stack_(detail::acquire_stack(stack_size, ts)),
       fn_(std::move(fn)),
       id_(detail::next_fiber_id.fetch_add(1, std::memory_order_relaxed)) {
@@ -164,7 +164,7 @@ void Fiber::entry(void* arg) noexcept {
     std::abort();
 }
 
-void Fiber::reset(std::function<void()> fn) { reset_function(std::move(fn)); }
+void Fiber::reset(detail::TaskFunction fn) { reset_function(std::move(fn)); }
 
 void Fiber::reset_function(detail::TaskFunction&& fn) {
     State state = this->state();
