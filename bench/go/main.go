@@ -7,11 +7,13 @@
 //	go_twins skynet  -leaves L -reps N -procs P   10 children per node, WaitGroup per node
 //	go_twins gosched -n YIELDS -reps N -procs P   two goroutines alternating runtime.Gosched()
 //	go_twins chan    -cap C -iters N -reps N -rep-ms MS -procs P   ping-pong over two channels
+//	go_twins select  -iters N -reps N -rep-ms MS -procs P   selects over two channels fed by two goroutines
+//	go_twins timedrecv -iters N -reps N -rep-ms MS -procs P ping-pong whose receives wait at most 1 s
 //	go_twins echo    -connections C -procs P      echo server on the listening socket at fd 3
 //	go_twins http    -procs P                     HTTP/1.1 keep-alive server on fd 3, raw bufio
 //	go_twins nethttp -procs P                     the same on net/http
 //
-// bench_scheduler, bench_sync, bench_io and bench_http run it (CMake builds it when it finds `go`) and
+// bench_scheduler, bench_sync, bench_toolbox, bench_io and bench_http run it (CMake builds it when it finds `go`) and
 // print its figures as rows of their own tables, so each case here is shaped like the C++
 // case it sits beside, with the same repetition rule: warm up, then -reps timed
 // repetitions. A measuring case prints one line the C++ side parses:
@@ -32,7 +34,7 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: go_twins version|spawn|skynet|gosched|chan|echo|http|nethttp [flags]  (go_twins CASE -h for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: go_twins version|spawn|skynet|gosched|chan|select|timedrecv|echo|http|nethttp [flags]  (go_twins CASE -h for the flags)")
 	os.Exit(2)
 }
 
@@ -47,8 +49,8 @@ func main() {
 	n := fs.Int("n", 1000000, "spawn: tasks; gosched: yields per goroutine")
 	leaves := fs.Int("leaves", 1000000, "skynet: leaves, a power of 10")
 	capacity := fs.Int("cap", 0, "chan: channel capacity")
-	iters := fs.Int("iters", 0, "chan: one-way messages per repetition; 0: calibrate")
-	repMs := fs.Float64("rep-ms", 30, "chan: calibration target per repetition, ms")
+	iters := fs.Int("iters", 0, "chan, select, timedrecv: operations per repetition; 0: calibrate")
+	repMs := fs.Float64("rep-ms", 30, "chan, select, timedrecv: calibration target per repetition, ms")
 	connections := fs.Int("connections", 100, "echo: connections to accept")
 	fs.Parse(os.Args[2:])
 	// Set here, not through the environment, so the C++ side names the value it compares.
@@ -69,6 +71,12 @@ func main() {
 	case "chan":
 		work, samples := channelTimes(*capacity, uint64(*iters), *reps, *repMs)
 		report("chan", "ns", work, false, samples)
+	case "select":
+		work, samples := toolboxTimes(selectOnce, uint64(*iters), *reps, *repMs)
+		report("select", "ns", work, false, samples)
+	case "timedrecv":
+		work, samples := toolboxTimes(timedRecvOnce, uint64(*iters), *reps, *repMs)
+		report("timedrecv", "ns", work, false, samples)
 	case "echo":
 		if err := serveEcho(*connections); err != nil {
 			fmt.Fprintln(os.Stderr, "go_twins echo:", err)
