@@ -300,7 +300,7 @@ struct Items {
 // About 1.5 us of dependent arithmetic the compiler cannot drop or vectorise away.
 inline double heavy_work(std::size_t i) {
     double x = static_cast<double>(i % 1000) * 1e-3 + 1.0;
-    for (int k = 0; k < 100; ++k) x = std::sqrt(x * 1.000001 + 0.5);
+    for (int k = 0; k < 200; ++k) x = std::sqrt(x * 1.000001 + 0.5);
     return x;
 }
 
