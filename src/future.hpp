@@ -54,10 +54,29 @@ public:
     // Marks the future handed out; false if it was already (get_future() twice).
     bool retrieve() noexcept { return !retrieved_.exchange(true, std::memory_order_relaxed); }
 
-    // Read only once ready().
-    const std::exception_ptr& exception() const noexcept { return exception_; }
-    // The same, moved out (Future::get(): the state is used up).
-    std::exception_ptr take_exception() noexcept { return std::move(exception_); }
+    // The exception, moved out (Future::get(): the state is used up). Once ready(); under
+    // the lock, as publish() copies it for the continuations there.
+    std::exception_ptr take_exception() noexcept {
+        std::lock_guard<SpinLock> guard(lock_);
+        return std::move(exception_);
+    }
+
+    // What runs once the state is ready (when_all()'s count): fire(*this) on the setter's
+    // thread, after the waiters are woken, with `error` the state's exception (copied under
+    // the lock as it became ready). Lives wherever its owner keeps it, until fired.
+    struct Continuation {
+        Continuation* next = nullptr;
+        void (*fire)(Continuation&) noexcept = nullptr;
+        std::exception_ptr error;
+    };
+    // Queues `c` until ready(); false if ready already (then `c.error` is filled in and the
+    // caller fires it itself).
+    bool add_continuation(Continuation& c) noexcept;
+    // Whether a continuation waits (a broken promise must then still be delivered).
+    bool has_continuations() noexcept {
+        std::lock_guard<SpinLock> guard(lock_);
+        return continuations_ != nullptr;
+    }
 
 private:
     // fiber_report()'s look at the state (WaitOps::describe).
@@ -69,6 +88,7 @@ private:
     std::atomic<bool> retrieved_{false};  // get_future() was called (relaxed: a flag, no data)
     std::exception_ptr exception_;        // written by the claimer before publish()
     WaitList waiters_;                    // under lock_
+    Continuation* continuations_ = nullptr;  // under lock_: fired by publish()
 };
 
 // The value's storage: T in an optional, T& as a pointer, nothing for void.
@@ -99,7 +119,7 @@ struct FutureState : FutureStateBase {
     throw std::future_error(code);
 }
 
-// when_all()'s look at a future without consuming it.
+// when_all()'s look at a future's state without consuming it.
 struct FutureAccess {
     template <class T>
     static FutureStateBase* state(const Future<T>& f) noexcept { return f.state_.get(); }
@@ -237,8 +257,9 @@ protected:
 private:
     void abandon() noexcept {
         // Only when unset (a set_value of this promise cannot be under way: it is ours) and
-        // someone can still look (a future was handed out and lives).
-        if (state_ && !state_->ready() && state_.use_count() > 1) {
+        // someone can still look (a future was handed out and lives, or a when_all() waits
+        // for the state after its future has gone).
+        if (state_ && !state_->ready() && (state_.use_count() > 1 || state_->has_continuations())) {
             state_->set_exception(std::make_exception_ptr(std::future_error(std::future_errc::broken_promise)));
         }
         state_.reset();
@@ -310,28 +331,76 @@ auto async(Scheduler& scheduler, F&& fn, Args&&... args) -> Future<std::invoke_r
     return future;
 }
 
-// Waits until every future of [first, last) (Future<T>s, all valid) is ready, then returns
-// a ready Future<void>: its get() returns, or rethrows the first exception in the range's
-// order. The futures are not consumed: each stays valid, and its own get() returns its
-// value or rethrows its exception. (It waits here rather than later, so that nothing has
-// to wait on the caller's behalf; to wait elsewhere, call it from a task.) An empty range
-// gives a ready future.
+namespace detail {
+
+// when_all()'s record, on the heap from the call until the last of its futures is ready:
+// one continuation per future, the count of those not fired yet (plus one that when_all()
+// holds while it registers, so that none can be last meanwhile), and the result's promise.
+// The last to fire settles the result and deletes the record.
+class WhenAllJoin {
+public:
+    explicit WhenAllJoin(std::size_t count) : nodes_(count), left_(count + 1) {}
+
+    Future<void> get_future() { return done_.get_future(); }
+    // Makes `state` fire node `i` once ready (now, if it is).
+    void watch(std::size_t i, FutureStateBase& state) noexcept {
+        Node& node = nodes_[i];
+        node.join = this;
+        node.fire = &WhenAllJoin::fire;
+        if (!state.add_continuation(node)) arrive();
+    }
+    // One future ready (or when_all()'s own count given back).
+    void arrive() noexcept {
+        // acq_rel: the last sees every node's `error`, written before each arrival.
+        if (left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+        std::exception_ptr first;
+        for (Node& node : nodes_) {
+            if (node.error) {
+                first = node.error;
+                break;
+            }
+        }
+        if (first) {
+            done_.set_exception(std::move(first));
+        } else {
+            done_.set_value();
+        }
+        delete this;
+    }
+
+private:
+    struct Node : FutureStateBase::Continuation {
+        WhenAllJoin* join = nullptr;
+    };
+    static void fire(FutureStateBase::Continuation& c) noexcept { static_cast<Node&>(c).join->arrive(); }
+
+    std::vector<Node> nodes_;
+    std::atomic<std::size_t> left_;
+    Promise<void> done_;
+};
+
+}  // namespace detail
+
+// A Future<void> that becomes ready once every future of [first, last) (Future<T>s, all
+// valid) is; it returns at once. Its get() returns, or rethrows the first exception in the
+// range's order. The futures are not consumed: each stays valid, and its own get() returns
+// its value or rethrows its exception (an exception one of them get()s before all are ready
+// is still the one when_all's get() rethrows: it is copied as the future becomes ready).
+// The futures need to be alive only during the call; the result is ready even if they are
+// destroyed meanwhile (their promises still set them). An empty range gives a ready future.
+// Allocates: one record for the call (std::bad_alloc before anything is registered).
 template <class It>
 Future<void> when_all(It first, It last) {
-    std::exception_ptr first_error;
+    std::vector<detail::FutureStateBase*> states;
     for (It it = first; it != last; ++it) {
         detail::FutureStateBase* state = detail::FutureAccess::state(*it);
         FIBER_SCHED_ASSERT(state && "when_all(): a future in the range is not valid");
-        state->wait();
-        if (!first_error && state->exception()) first_error = state->exception();
+        states.push_back(state);
     }
-    Promise<void> done;
-    Future<void> result = done.get_future();
-    if (first_error) {
-        done.set_exception(std::move(first_error));
-    } else {
-        done.set_value();
-    }
+    auto* join = new detail::WhenAllJoin(states.size());
+    Future<void> result = join->get_future();
+    for (std::size_t i = 0; i < states.size(); ++i) join->watch(i, *states[i]);
+    join->arrive();  // when_all's own count: from here on `join` may be gone
     return result;
 }
 

@@ -144,13 +144,20 @@ TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
                                                     : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
 
-// `t` as a steady_clock time: exact for steady_clock, else measured from Clock::now().
+// `t` as a steady_clock time: exact for steady_clock, else measured from Clock::now(). A
+// time far in the past is now and one far in the future is TimePoint::max(): `t - now` is
+// taken exactly only once it is known to fit (time_point::min() - now overflows).
 template <class Clock, class Duration>
 TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
     if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
         return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
     } else {
-        return deadline_after(t - Clock::now());
+        using Seconds = std::chrono::duration<double>;
+        const auto now = Clock::now();
+        const Seconds left = Seconds(t.time_since_epoch()) - Seconds(now.time_since_epoch());
+        if (left <= Seconds::zero()) return std::chrono::steady_clock::now();
+        if (left > Seconds(100.0 * 365 * 24 * 3600)) return (TimePoint::max)();  // a century: never
+        return deadline_after(t - now);
     }
 }
 }  // namespace detail

@@ -450,7 +450,6 @@ TEST_CASE("when_all: ready once every future is; rethrows the first exception in
             }));
         }
         Future<void> all = fsched::when_all(futures.begin(), futures.end());
-        CHECK(all.is_ready());
         all.get();
         int sum = 0;
         for (auto& f : futures) {
@@ -476,6 +475,95 @@ TEST_CASE("when_all: ready once every future is; rethrows the first exception in
         fsched::when_all(none.begin(), none.end()).get();
         s.stop();
     });
+}
+
+TEST_CASE("when_all: returns at once; ready only with the last future, whatever the order they are set in") {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
+        Scheduler s(c.threads, c.use_caller);
+        s.start();
+        constexpr int n = 6;
+        std::vector<Promise<int>> promises(n);
+        std::vector<Future<int>> futures;
+        for (auto& p : promises) futures.push_back(p.get_future());
+        promises[2].set_value(2);  // one ready before the call
+        Future<void> all = fsched::when_all(futures.begin(), futures.end());
+        CHECK(!all.is_ready());
+        CHECK(all.wait_for(5ms) == std::future_status::timeout);
+        // The rest set from tasks, last to first, a later one with an exception first: the
+        // first in the range's order wins, not the first set.
+        fsched::WaitGroup set(1);
+        s.schedule([&] {
+            for (int i = n - 1; i >= 0; --i) {
+                if (i == 2) continue;
+                if (i == 4) {
+                    promises[i].set_exception(std::make_exception_ptr(std::logic_error("four")));
+                } else if (i == 1) {
+                    promises[i].set_exception(std::make_exception_ptr(std::runtime_error("one")));
+                } else {
+                    promises[i].set_value(i);
+                }
+                if (i == 1) CHECK(!all.is_ready());  // promises[0] is still unset
+            }
+            set.done();
+        });
+        set.wait();
+        CHECK_THROWS_WITH_AS(all.get(), "one", std::runtime_error);
+        // The futures are still whole: values and exceptions each.
+        CHECK(futures[0].get() == 0);
+        CHECK_THROWS_WITH_AS(futures[1].get(), "one", std::runtime_error);
+        CHECK(futures[2].get() == 2);
+        CHECK_THROWS_WITH_AS(futures[4].get(), "four", std::logic_error);
+        s.stop();
+    });
+}
+
+TEST_CASE("when_all: its futures may go before they are ready; a broken promise reaches its get()") {
+    Scheduler s(2, false);
+    s.start();
+    auto promises = std::make_unique<std::vector<Promise<int>>>(3);
+    Future<void> all;
+    {
+        std::vector<Future<int>> futures;
+        for (auto& p : *promises) futures.push_back(p.get_future());
+        all = fsched::when_all(futures.begin(), futures.end());
+    }  // the futures are gone; their states live on with the promises
+    (*promises)[0].set_value(1);
+    (*promises)[1].set_value(2);
+    CHECK(!all.is_ready());
+    Future<void> waiter = fsched::async(s, [&] { all.wait(); });  // a task parks on it
+    promises.reset();  // promises[2] destroyed unset: broken_promise
+    waiter.get();
+    try {
+        all.get();
+        FAIL("when_all's get() returned");
+    } catch (const std::future_error& e) {
+        CHECK(e.code() == std::future_errc::broken_promise);
+    }
+    s.stop();
+}
+
+TEST_CASE("when_all: many futures set from many tasks at once; every call's result ready exactly when its last is") {
+    Scheduler s(4, false);
+    s.start();
+    for (int round = 0; round < 50; ++round) {
+        std::vector<Promise<void>> promises(64);
+        std::vector<Future<void>> futures;
+        for (auto& p : promises) futures.push_back(p.get_future());
+        Future<void> all = fsched::when_all(futures.begin(), futures.end());
+        std::atomic<int> set{0};
+        fsched::WaitGroup done(static_cast<std::int64_t>(promises.size()));
+        for (auto& p : promises) {
+            s.schedule([&, pp = &p] {
+                pp->set_value();
+                set.fetch_add(1);
+                done.done();
+            });
+        }
+        all.get();
+        done.wait();
+        CHECK(set.load() == 64);
+    }
+    s.stop();
 }
 
 TEST_CASE("when_all with an invalid future is a FIBER_SCHED_ASSERT naming the rule") {

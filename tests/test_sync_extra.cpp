@@ -1292,3 +1292,55 @@ TEST_CASE("report: each new wait is named, with what it holds") {
     timed.unlock();
     s.stop();
 }
+
+TEST_CASE("timed waits until a far past or far future time of another clock neither overflow nor hang") {
+    using std::chrono::system_clock;
+    using Hours = std::chrono::time_point<system_clock, std::chrono::hours>;
+    auto body = [] {
+        // Far past: each gives up at once (it used to wrap into a far-future deadline).
+        Mutex m;
+        std::atomic<bool> held{false}, release{false};
+        std::thread holder([&] {
+            m.lock();
+            held = true;
+            while (!release) std::this_thread::sleep_for(1ms);
+            m.unlock();
+        });
+        while (!held) std::this_thread::sleep_for(1ms);
+        const auto start = Clock::now();
+        CHECK(!m.try_lock_until((system_clock::time_point::min)()));
+        CHECK(!m.try_lock_until((Hours::min)()));
+        Semaphore none(0);
+        CHECK(!none.try_acquire_until((system_clock::time_point::min)()));
+        Event event;
+        CHECK(!event.wait_until((system_clock::time_point::min)()));
+        fsched::Channel<int> empty(1);
+        CHECK(!empty.receive_until((system_clock::time_point::min)()).has_value());
+        CHECK(Clock::now() - start < 10s);  // at once, with any load's margin
+        release = true;
+        holder.join();
+        // Far future: a wait that is satisfied returns true, without a timer going off.
+        Semaphore one(0);
+        std::thread releaser([&] {
+            for (int i = 0; i < 2; ++i) {
+                std::this_thread::sleep_for(2ms);
+                one.release();
+            }
+        });
+        CHECK(one.try_acquire_until((system_clock::time_point::max)()));
+        CHECK(one.try_acquire_until((Hours::max)()));
+        releaser.join();
+    };
+    SUBCASE("a plain thread") { body(); }
+    SUBCASE("a task") {
+        Scheduler s(2, false);
+        s.start();
+        fsched::WaitGroup done(1);
+        s.schedule([&] {
+            body();
+            done.done();
+        });
+        done.wait();
+        s.stop();
+    }
+}

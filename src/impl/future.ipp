@@ -57,8 +57,28 @@ void FutureStateBase::publish() noexcept {
     // Release: the value (or exception) written before is seen by whoever reads ready().
     ready_.store(true, std::memory_order_release);
     pop_all_claimed(waiters_, woken);  // a waiter that timed out is skipped: decided once
+    Continuation* next = continuations_;
+    continuations_ = nullptr;
+    // Copied here, under the lock, as a get() woken now takes the exception out under it.
+    for (Continuation* c = next; c; c = c->next) c->error = exception_;
     lock_.unlock();
     wake_waiters(woken);
+    while (next) {
+        Continuation* c = next;
+        next = c->next;  // read first: fire() may free c
+        c->fire(*c);
+    }
+}
+
+bool FutureStateBase::add_continuation(Continuation& c) noexcept {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (ready_.load(std::memory_order_relaxed)) {
+        c.error = exception_;
+        return false;
+    }
+    c.next = continuations_;
+    continuations_ = &c;
+    return true;
 }
 
 bool FutureStateBase::set_exception(std::exception_ptr error) noexcept {
