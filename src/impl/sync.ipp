@@ -133,6 +133,11 @@ void wake_waiter(Waiter& w) noexcept {
 
 Mutex::~Mutex() {
     FIBER_SCHED_ASSERT(!(state_.load(std::memory_order_relaxed) & locked_bit) && "~Mutex(): the mutex is still locked");
+    // unlock_slow() releases the mutex under lock_ and only then unlocks lock_: a thread that
+    // took the mutex in between and destroys it, as the last user may, must wait for that
+    // store (std::mutex allows destroying a mutex just unlocked by another thread).
+    lock_.lock();
+    lock_.unlock();
 }
 
 void Mutex::lock() {
