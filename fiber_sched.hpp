@@ -2211,6 +2211,10 @@ class SendCase;
 // Senders and receivers are served in arrival order. A value a send hands to a waiter that
 // gave up meanwhile (a timed wait that timed out, a select() that another case won) is taken
 // back before anyone else sees it: each value is received once or stays its sender's.
+// That taking back is a second move: with a T whose move can throw, a throw there (the other
+// side having given up during the first move) or in select()'s hand-off of a received value
+// to its case's function loses that value. Not yet fixed: give such channels a T whose move
+// does not throw (a std::unique_ptr, or a type with a noexcept move).
 template <class T>
 class Channel {
 public:
@@ -8266,14 +8270,16 @@ struct WatchState {
     std::unordered_set<std::string> reported;    // cycles reported (never again)
     bool running = false;  // a watch thread runs (or is about to)
     bool quiesce = false;  // quiesce_watch(): the thread is to end now
-    // The last watch thread started, until joined: by the next ensure_watchdog() once it has
-    // ended, or by quiesce_watch(), so that no thread of ours is still on its way out at a
-    // fork() (qemu-user aborts a child forked beside an exiting thread). A pointer, so that a
-    // fork() child can drop the parent's (its destructor would terminate a joinable one).
+    // The running watch thread. One that ends by itself detaches itself; one that
+    // quiesce_watch() ends is joined there, so that no thread of ours is still on its way out
+    // at the fork() that follows (qemu-user aborts a child forked beside an exiting thread).
+    // A pointer, so that a fork() child can drop the parent's (its destructor would
+    // terminate a joinable one).
     std::thread* thread = nullptr;
 };
 
-// Joins and deletes the ended watch thread, if any. Under the mutex, with `running` false.
+// Joins and deletes a watch thread that quiesce_watch() ended, if any. Under the mutex, with
+// `running` false.
 void join_ended_watch(WatchState& w) noexcept {
     if (!w.thread) return;
     if (w.thread->joinable()) w.thread->join();  // it has left watch_loop(): microseconds
@@ -8377,6 +8383,13 @@ void watch_loop() noexcept {
                 if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
                     w.running = false;
                     w.candidates.clear();
+                    if (!w.quiesce && w.thread) {
+                        // Ending by itself: no one joins it (TSan would call a finished,
+                        // unjoined thread a leak at exit). quiesce_watch() joins it instead.
+                        w.thread->detach();
+                        delete w.thread;
+                        w.thread = nullptr;
+                    }
                     w.wake.notify_all();  // quiesce_watch() waits for this
                     return;
                 }

@@ -384,6 +384,10 @@ class SendCase;
 // Senders and receivers are served in arrival order. A value a send hands to a waiter that
 // gave up meanwhile (a timed wait that timed out, a select() that another case won) is taken
 // back before anyone else sees it: each value is received once or stays its sender's.
+// That taking back is a second move: with a T whose move can throw, a throw there (the other
+// side having given up during the first move) or in select()'s hand-off of a received value
+// to its case's function loses that value. Not yet fixed: give such channels a T whose move
+// does not throw (a std::unique_ptr, or a type with a noexcept move).
 template <class T>
 class Channel {
 public:
