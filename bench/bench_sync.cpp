@@ -87,62 +87,13 @@ namespace {
 using fsched_bench::Options;
 using fsched_bench::Result;
 using fsched_bench::sink;
+using fsched_bench::Timing;
+using fsched_bench::timed;
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void fail(const char* what) {
     std::fprintf(stderr, "bench_sync: %s\n", what);
     std::exit(1);
-}
-
-// A measure() result plus the slowest timed repetition: contended cases can be bimodal
-// (see BENCHMARKS.md), which the best and the median alone would hide.
-struct Timing {
-    Result r;
-    double max_ns = 0;    // slowest timed repetition, ns per operation
-    bool failed = false;  // the case could not be measured (a Go twin that failed)
-};
-
-// Like fsched_bench::measure(), with a calibration that one slow call cannot spoil and
-// repetitions that cannot run away. measure()'s calibration stops doubling at the first
-// call that takes a tenth of --rep-ms, so one scheduling hiccup of a few ms at a tiny count
-// leaves a handful of operations per repetition; and contended cases here switch between
-// regimes 100 times apart, so a count calibrated in the fast one can make a repetition
-// last seconds. So: the count doubles from 256 until a call takes a quarter of --rep-ms;
-// the per-operation time is the slowest of three calls at that count; and a repetition
-// that takes over 4 x --rep-ms halves the count of the ones after it. Each repetition is
-// reported per operation, so repetitions of different counts compare. With --iters the
-// count is fixed, as callgrind_per_op.sh needs.
-template <class Body>
-Timing timed(const Options& opt, Body&& body) {
-    auto run_ns = [&](std::uint64_t n) {
-        const auto t0 = Clock::now();
-        body(n);
-        return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-    };
-    const double target_ns = opt.rep_ms * 1e6;
-    std::uint64_t n = opt.iters;
-    if (n == 0) {
-        n = 256;
-        run_ns(n);  // warm-up: worker threads started, stacks and queues allocated
-        while (run_ns(n) < target_ns / 4 && n < (std::uint64_t(1) << 36)) n *= 2;
-        const double worst = std::max({run_ns(n), run_ns(n), run_ns(n)}) / static_cast<double>(n);
-        n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(target_ns / std::max(worst, 0.01)));
-    } else {
-        run_ns(std::min<std::uint64_t>(n, 256));
-    }
-    Timing t;
-    t.r.iters = n;
-    std::vector<double> per_op;
-    for (int r = 0; r < opt.reps; ++r) {
-        const double ns = run_ns(n);
-        per_op.push_back(ns / static_cast<double>(n));
-        if (opt.iters == 0 && ns > 4 * target_ns && n > 1) n /= 2;
-    }
-    std::sort(per_op.begin(), per_op.end());
-    t.r.min_ns = per_op.front();
-    t.r.median_ns = fsched_bench::median(per_op);
-    t.max_ns = per_op.back();
-    return t;
 }
 
 // Splits n operations among `parts` workers: part i does share(n, parts, i).
@@ -310,23 +261,6 @@ Timing channel_boost(const Options& opt, Args... args) {
     return r;
 }
 
-// The calling thread and one helper, both on work_stealing(2), Boost's default (spinning
-// when idle). Once per process: the helper runs until the process _exit()s.
-void join_boost_work_stealing() {
-    struct Quit {
-        bf::mutex mutex;
-        bf::condition_variable cv;
-        bool quit = false;
-    };
-    auto* q = new Quit;  // leaked with the helper on purpose
-    std::thread([q] {
-        bf::use_scheduling_algorithm<bf::algo::work_stealing>(2);
-        std::unique_lock<bf::mutex> lock(q->mutex);
-        q->cv.wait(lock, [q] { return q->quit; });
-    }).detach();
-    // Returns once both threads have registered (the constructor waits at a barrier).
-    bf::use_scheduling_algorithm<bf::algo::work_stealing>(2);
-}
 #endif
 
 // ---------------------------------------------------------------------------------------
@@ -746,7 +680,7 @@ int main(int argc, char** argv) {
         if (cases[i].where == Where::work_stealing_child && opt.selected(name(cases[i]))) ws.push_back(i);
     }
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-    if (!ws.empty() && !run_in_child(cases, ws, opt, join_boost_work_stealing)) {
+    if (!ws.empty() && !run_in_child(cases, ws, opt, fsched_bench::join_boost_work_stealing)) {
         std::fprintf(stderr, "bench_sync: the Boost.Fiber work_stealing child failed\n");
     }
 #endif

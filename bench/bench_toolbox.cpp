@@ -77,52 +77,13 @@ namespace {
 using fsched_bench::Options;
 using fsched_bench::Result;
 using fsched_bench::sink;
+using fsched_bench::Timing;
+using fsched_bench::timed;
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void fail(const char* what) {
     std::fprintf(stderr, "bench_toolbox: %s\n", what);
     std::exit(1);
-}
-
-struct Timing {
-    Result r;
-    bool failed = false;
-};
-
-// bench_sync's repetition rule: the count doubles from 256 until a call takes a quarter of
-// --rep-ms, the per-operation time is the slowest of three calls at that count, and a
-// repetition over 4 x --rep-ms halves the count of the ones after it. `start` replaces 256
-// for cases whose one operation is large (a parallel_for call over many items).
-template <class Body>
-Timing timed(const Options& opt, Body&& body, std::uint64_t start = 256) {
-    auto run_ns = [&](std::uint64_t n) {
-        const auto t0 = Clock::now();
-        body(n);
-        return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-    };
-    const double target_ns = opt.rep_ms * 1e6;
-    std::uint64_t n = opt.iters;
-    if (n == 0) {
-        n = start;
-        run_ns(n);
-        while (run_ns(n) < target_ns / 4 && n < (std::uint64_t(1) << 36)) n *= 2;
-        const double worst = std::max({run_ns(n), run_ns(n), run_ns(n)}) / static_cast<double>(n);
-        n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(target_ns / std::max(worst, 0.01)));
-    } else {
-        run_ns(std::min<std::uint64_t>(n, start));
-    }
-    Timing t;
-    t.r.iters = n;
-    std::vector<double> per_op;
-    for (int r = 0; r < opt.reps; ++r) {
-        const double ns = run_ns(n);
-        per_op.push_back(ns / static_cast<double>(n));
-        if (opt.iters == 0 && ns > 4 * target_ns && n > 1) n /= 2;
-    }
-    std::sort(per_op.begin(), per_op.end());
-    t.r.min_ns = per_op.front();
-    t.r.median_ns = fsched_bench::median(per_op);
-    return t;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -484,22 +445,6 @@ Timing future_boost(const Options& opt) {
     return r;
 }
 
-// bench_sync's: the calling thread and one helper, both on work_stealing(2), for the rest
-// of the (child) process.
-void join_boost_work_stealing() {
-    struct Quit {
-        bf::mutex mutex;
-        bf::condition_variable cv;
-        bool quit = false;
-    };
-    auto* q = new Quit;  // leaked with the helper on purpose
-    std::thread([q] {
-        bf::use_scheduling_algorithm<bf::algo::work_stealing>(2);
-        std::unique_lock<bf::mutex> lock(q->mutex);
-        q->cv.wait(lock, [q] { return q->quit; });
-    }).detach();
-    bf::use_scheduling_algorithm<bf::algo::work_stealing>(2);
-}
 #endif
 
 // ---------------------------------------------------------------------------------------
@@ -642,7 +587,7 @@ int main(int argc, char** argv) {
         }
     }
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-    if (!ws.empty() && !run_in_child(cases, ws, opt, join_boost_work_stealing)) {
+    if (!ws.empty() && !run_in_child(cases, ws, opt, fsched_bench::join_boost_work_stealing)) {
         std::fprintf(stderr, "bench_toolbox: the Boost.Fiber work_stealing child failed\n");
         any_failed = true;
     }

@@ -6,6 +6,8 @@
 //   - measure(): warm up, calibrate an iteration count, time several repetitions, and
 //     return the best (min) and median nanoseconds per operation;
 //   - median(): the median of a benchmark's samples;
+//   - Timing and timed(): measure() that one slow call cannot spoil (bench_sync, bench_toolbox);
+//   - join_boost_work_stealing(): a process's two threads on Boost.Fiber's work_stealing;
 //   - TextTable: the aligned table every benchmark prints its results in, format() for its
 //     cells, and Table, one on it that prints each ns/op result beside its baselines with
 //     the ratio ours / baseline;
@@ -36,8 +38,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,6 +58,12 @@
 #endif
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT || FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
 #include <boost/version.hpp>
+#endif
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+#include <boost/fiber/algo/work_stealing.hpp>
+#include <boost/fiber/condition_variable.hpp>
+#include <boost/fiber/mutex.hpp>
+#include <boost/fiber/operations.hpp>
 #endif
 
 namespace fsched_bench {
@@ -167,6 +177,78 @@ Result measure(const Options& opt, Body&& body) {
     res.median_ns = median(std::move(per_op));
     return res;
 }
+
+// A measure() result plus the slowest timed repetition: contended cases can be bimodal
+// (see BENCHMARKS.md), which the best and the median alone would hide.
+struct Timing {
+    Result r;
+    double max_ns = 0;    // slowest timed repetition, ns per operation
+    bool failed = false;  // the case could not be measured (a Go twin or a child that failed)
+};
+
+// Like measure(), with a calibration that one slow call cannot spoil and repetitions that
+// cannot run away (bench_sync, bench_toolbox). measure()'s calibration stops doubling at the
+// first call that takes a tenth of --rep-ms, so one scheduling hiccup of a few ms at a tiny
+// count leaves a handful of operations per repetition; and contended cases switch between
+// regimes 100 times apart, so a count calibrated in the fast one can make a repetition last
+// seconds. So: the count doubles from `start` (256) until a call takes a quarter of
+// --rep-ms; the per-operation time is the slowest of three calls at that count; and a
+// repetition that takes over 4 x --rep-ms halves the count of the ones after it. Each
+// repetition is reported per operation, so repetitions of different counts compare. With
+// --iters the count is fixed, as callgrind_per_op.sh needs.
+template <class Body>
+Timing timed(const Options& opt, Body&& body, std::uint64_t start = 256) {
+    auto run_ns = [&](std::uint64_t n) {
+        const auto t0 = Clock::now();
+        body(n);
+        return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    };
+    const double target_ns = opt.rep_ms * 1e6;
+    std::uint64_t n = opt.iters;
+    if (n == 0) {
+        n = start;
+        run_ns(n);  // warm-up: worker threads started, stacks and queues allocated
+        while (run_ns(n) < target_ns / 4 && n < (std::uint64_t(1) << 36)) n *= 2;
+        const double worst = std::max({run_ns(n), run_ns(n), run_ns(n)}) / static_cast<double>(n);
+        n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(target_ns / std::max(worst, 0.01)));
+    } else {
+        run_ns(std::min<std::uint64_t>(n, start));
+    }
+    Timing t;
+    t.r.iters = n;
+    std::vector<double> per_op;
+    for (int r = 0; r < opt.reps; ++r) {
+        const double ns = run_ns(n);
+        per_op.push_back(ns / static_cast<double>(n));
+        if (opt.iters == 0 && ns > 4 * target_ns && n > 1) n /= 2;
+    }
+    std::sort(per_op.begin(), per_op.end());
+    t.r.min_ns = per_op.front();
+    t.r.median_ns = median(per_op);
+    t.max_ns = per_op.back();
+    return t;
+}
+
+#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
+// The calling thread and one helper, both on Boost.Fiber's work_stealing(2), its default
+// (spinning when idle). Once per process, in a child: the helper runs until it _exit()s.
+inline void join_boost_work_stealing() {
+    namespace bf = boost::fibers;
+    struct Quit {
+        bf::mutex mutex;
+        bf::condition_variable cv;
+        bool quit = false;
+    };
+    auto* q = new Quit;  // leaked with the helper on purpose
+    std::thread([q] {
+        bf::use_scheduling_algorithm<bf::algo::work_stealing>(2);
+        std::unique_lock<bf::mutex> lock(q->mutex);
+        q->cv.wait(lock, [q] { return q->quit; });
+    }).detach();
+    // Returns once both threads have registered (the constructor waits at a barrier).
+    bf::use_scheduling_algorithm<bf::algo::work_stealing>(2);
+}
+#endif
 
 // The text table every benchmark prints: groups of rows, each group under a blank line, its
 // title, a header and a rule. The first column holds the implementation, left-aligned and as

@@ -67,6 +67,20 @@
 
 namespace test {
 
+// Whether `text` holds `part`.
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The line of a fiber_report() about fiber `id` ("" if it is not listed).
+inline std::string report_line(const std::string& report, std::uint64_t id) {
+    const std::string head = "fiber " + std::to_string(id);
+    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
+        const bool line_start = at == 0 || report[at - 1] == '\n';
+        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
+        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
+    }
+    return "";
+}
+
 #if defined(FSCHED_TEST_ASAN_UNSAFE_FORK)
 [[maybe_unused]] constexpr bool asan_unsafe_fork = true;
 #else

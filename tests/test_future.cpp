@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+using test::contains;
+using test::report_line;
 using fsched::Fiber;
 using fsched::Future;
 using fsched::Promise;
@@ -39,19 +41,6 @@ std::future_errc future_errc_of(F&& f) {
         if (has_code(e, std::future_errc::no_state)) return std::future_errc::no_state;
     }
     return std::future_errc{};
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// The report's line of fiber `id` ("" if it is not listed), as test_inspect.cpp reads it.
-std::string line_of(const std::string& report, std::uint64_t id) {
-    const std::string head = "fiber " + std::to_string(id);
-    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
-        const bool line_start = at == 0 || report[at - 1] == '\n';
-        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
-        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
-    }
-    return "";
 }
 
 }  // namespace
@@ -391,7 +380,7 @@ TEST_CASE("fiber_report() names a fiber parked in Future::get()") {
     std::string line;
     for (int i = 0; i < 4000; ++i) {
         if (id != 0) {
-            line = line_of(fsched::fiber_report(), id);
+            line = report_line(fsched::fiber_report(), id);
             if (contains(line, ": parked ")) break;
         }
         std::this_thread::sleep_for(5ms);

@@ -24,26 +24,17 @@
 #include <unistd.h>
 #endif
 
+using test::contains;
+using test::report_line;
 using fsched::Fiber;
 using fsched::Scheduler;
 using namespace std::chrono_literals;
 
 namespace {
 
-// The report's line of fiber `id` ("" if it is not listed).
-std::string line_of(const std::string& report, std::uint64_t id) {
-    const std::string head = "fiber " + std::to_string(id);
-    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
-        const bool line_start = at == 0 || report[at - 1] == '\n';
-        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
-        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
-    }
-    return "";
-}
-
 // The backtrace lines under fiber `id`'s line.
 std::string frames_of(const std::string& report, std::uint64_t id) {
-    const std::string line = line_of(report, id);
+    const std::string line = report_line(report, id);
     if (line.empty()) return "";
     std::size_t at = report.find(line) + line.size() + 1;
     std::string frames;
@@ -54,8 +45,6 @@ std::string frames_of(const std::string& report, std::uint64_t id) {
     }
     return frames;
 }
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // The count in the report's first line, "fiber_sched: N live fibers: ...".
 long live_count(const std::string& report) {
@@ -113,17 +102,17 @@ TEST_CASE("report: lists fibers made and forgets destroyed ones, across threads"
     fibers[7]->set_name("seventh");
     std::string report = fsched::fiber_report();
     CHECK(live_count(report) == before + 300);
-    const std::string seventh = line_of(report, fibers[7]->id());
+    const std::string seventh = report_line(report, fibers[7]->id());
     CHECK(contains(seventh, "(seventh): ready (never run)"));
     fibers[8]->resume();
-    CHECK(contains(line_of(fsched::fiber_report(), fibers[8]->id()), ": suspended (Fiber::yield)"));
+    CHECK(contains(report_line(fsched::fiber_report(), fibers[8]->id()), ": suspended (Fiber::yield)"));
     // Destroyed on another thread than the one that made them.
     std::thread([&] {
         for (int i = 0; i < 150; ++i) fibers[static_cast<std::size_t>(i)].reset();
     }).join();
     report = fsched::fiber_report();
     CHECK(live_count(report) == before + 150);
-    CHECK(line_of(report, fibers[200]->id()) != "");
+    CHECK(report_line(report, fibers[200]->id()) != "");
     fibers.clear();
     CHECK(live_count(fsched::fiber_report()) == before);
     // Threads that exit hand their segment on; fibers they made stay listed until destroyed.
@@ -211,35 +200,35 @@ TEST_CASE("report: every wait kind, with what it waits for, on which worker, for
 
     auto all_parked = [&](const std::string& r) {
         for (auto* id : {&mutex_id, &cv_id, &wg_id, &recv_id, &send_id, &sleep_id, &parked_fn_id}) {
-            if (id->load() == 0 || !contains(line_of(r, id->load()), ": parked ")) return false;
+            if (id->load() == 0 || !contains(report_line(r, id->load()), ": parked ")) return false;
         }
         return true;
     };
     const std::string report = report_when(all_parked);
     INFO(report);
     REQUIRE(all_parked(report));
-    const std::string mutex_line = line_of(report, mutex_id);
+    const std::string mutex_line = report_line(report, mutex_id);
     CHECK(contains(mutex_line, "(mutex-waiter): parked"));
     CHECK(contains(mutex_line, " on Mutex 0x"));
     CHECK(contains(mutex_line, "held by fiber " + std::to_string(holder_id.load()) + " (holder)"));
     CHECK(contains(mutex_line, "of \"inspected\""));
     CHECK(contains(mutex_line, "; stack "));
     CHECK(contains(mutex_line, " KiB touched"));
-    CHECK(contains(line_of(report, cv_id), " on ConditionVariable 0x"));
-    CHECK(contains(line_of(report, wg_id), " on WaitGroup 0x"));
-    CHECK(contains(line_of(report, wg_id), "(count 3)"));
-    CHECK(contains(line_of(report, recv_id), " on Channel receive 0x"));
-    CHECK(contains(line_of(report, recv_id), "(length 0, capacity 4)"));
-    CHECK(contains(line_of(report, send_id), " on Channel send 0x"));
-    CHECK(contains(line_of(report, send_id), "(length 1, capacity 1)"));
-    const std::string sleep_line = line_of(report, sleep_id);
+    CHECK(contains(report_line(report, cv_id), " on ConditionVariable 0x"));
+    CHECK(contains(report_line(report, wg_id), " on WaitGroup 0x"));
+    CHECK(contains(report_line(report, wg_id), "(count 3)"));
+    CHECK(contains(report_line(report, recv_id), " on Channel receive 0x"));
+    CHECK(contains(report_line(report, recv_id), "(length 0, capacity 4)"));
+    CHECK(contains(report_line(report, send_id), " on Channel send 0x"));
+    CHECK(contains(report_line(report, send_id), "(length 1, capacity 1)"));
+    const std::string sleep_line = report_line(report, sleep_id);
     CHECK(contains(sleep_line, " on sleep"));
     CHECK(contains(sleep_line, " ms left"));
-    CHECK(contains(line_of(report, holder_id), ": parked "));  // the holder waits on release_all
+    CHECK(contains(report_line(report, holder_id), ": parked "));  // the holder waits on release_all
     // The yielding fiber: runnable (queued) or running at the instant it was read.
     const std::string yield_report =
-        report_when([&](const std::string& r) { return contains(line_of(r, yield_id), "runnable (yield)"); });
-    CHECK(contains(line_of(yield_report, yield_id), ": runnable (yield)"));
+        report_when([&](const std::string& r) { return contains(report_line(r, yield_id), "runnable (yield)"); });
+    CHECK(contains(report_line(yield_report, yield_id), ": runnable (yield)"));
 
     // The backtrace of a parked fiber goes through the function it parked in.
     const std::string frames = frames_of(report, parked_fn_id);
@@ -282,9 +271,9 @@ TEST_CASE("report: an io wait shows its fd and direction") {
         fsched::io::wait(fds[0], fsched::io::Ready::Read);
     });
     const std::string report =
-        report_when([&](const std::string& r) { return id != 0 && contains(line_of(r, id), ": parked "); });
+        report_when([&](const std::string& r) { return id != 0 && contains(report_line(r, id), ": parked "); });
     INFO(report);
-    CHECK(contains(line_of(report, id), " on io on fd " + std::to_string(fds[0]) + " for reading"));
+    CHECK(contains(report_line(report, id), " on io on fd " + std::to_string(fds[0]) + " for reading"));
     char c = 'x';
     REQUIRE(::write(fds[1], &c, 1) == 1);
     s.stop();
@@ -615,7 +604,7 @@ TEST_CASE("registry: without memory for its slots a fiber goes unlisted and work
         for (auto& f : fibers) f->resume();
         CHECK(ran == count);
         Fiber next([&] { ++ran; });  // memory again: listed
-        CHECK(!line_of(fsched::fiber_report(), next.id()).empty());
+        CHECK(!report_line(fsched::fiber_report(), next.id()).empty());
         fibers.clear();
         CHECK(live_count(fsched::fiber_report()) == before + 1);
     }).join();
@@ -635,10 +624,10 @@ TEST_CASE("registry: a fiber made in the frames of a fiber destroyed while suspe
             Fiber::yield();
         });
         outer->resume();
-        CHECK(!line_of(fsched::fiber_report(), inner_id).empty());
+        CHECK(!report_line(fsched::fiber_report(), inner_id).empty());
         CHECK(live_count(fsched::fiber_report()) == before + 2);
     }
-    CHECK(line_of(fsched::fiber_report(), inner_id).empty());
+    CHECK(report_line(fsched::fiber_report(), inner_id).empty());
     CHECK(live_count(fsched::fiber_report()) == before);
     // The stack goes back to the pool and to new fibers: no report reads what was there.
     std::vector<std::unique_ptr<Fiber>> reuse;
@@ -668,7 +657,7 @@ TEST_CASE("report: a park no primitive recorded shows as an unnamed wait, with i
     while (!parked.load()) std::this_thread::sleep_for(1ms);
     const std::string report = fsched::fiber_report();
     INFO(report);
-    CHECK(contains(line_of(report, id), ": parked on an unnamed wait"));
+    CHECK(contains(report_line(report, id), ": parked on an unnamed wait"));
     if (backtraces_expected()) CHECK(contains(frames_of(report, id), "    #0  0x"));
     parked.store(nullptr);
     fsched::detail::wake_fiber(std::move(held));

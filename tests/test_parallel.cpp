@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+using test::contains;
+using test::report_line;
 using fsched::Scheduler;
 using namespace std::chrono_literals;
 
@@ -39,19 +41,6 @@ struct Visits {
     std::unique_ptr<std::atomic<int>[]> counts;
     std::size_t n;
 };
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// The report's line of fiber `id` ("" if it is not listed), as test_inspect.cpp reads it.
-std::string line_of(const std::string& report, std::uint64_t id) {
-    const std::string head = "fiber " + std::to_string(id);
-    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
-        const bool line_start = at == 0 || report[at - 1] == '\n';
-        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
-        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
-    }
-    return "";
-}
 
 }  // namespace
 
@@ -237,7 +226,7 @@ TEST_CASE("fiber_report() names a fiber parked in parallel_for") {
     std::string line;
     for (int i = 0; i < 4000; ++i) {
         if (caller != 0) {
-            line = line_of(fsched::fiber_report(), caller);
+            line = report_line(fsched::fiber_report(), caller);
             if (contains(line, " on parallel_for")) break;
         }
         std::this_thread::sleep_for(5ms);

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+using test::contains;
+using test::report_line;
 using fsched::Channel;
 using fsched::Scheduler;
 using fsched::WaitGroup;
@@ -34,19 +36,6 @@ constexpr int scale = 1;
 #else
 constexpr int scale = 4;
 #endif
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// The report's line of fiber `id` ("" if it is not listed).
-std::string report_line(const std::string& report, std::uint64_t id) {
-    const std::string head = "fiber " + std::to_string(id);
-    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
-        const bool line_start = at == 0 || report[at - 1] == '\n';
-        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
-        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
-    }
-    return "";
-}
 
 // Runs `body` in a scheduler task or on a plain thread, and waits for it.
 template <class Body>

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+using test::contains;
+using test::report_line;
 using fsched::Barrier;
 using fsched::ConditionVariableAny;
 using fsched::Event;
@@ -69,18 +71,6 @@ struct Rng {
     }
     int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
 };
-
-std::string line_of(const std::string& report, std::uint64_t id) {
-    const std::string head = "fiber " + std::to_string(id);
-    for (std::size_t at = 0; (at = report.find(head, at)) != std::string::npos; at += head.size()) {
-        const bool line_start = at == 0 || report[at - 1] == '\n';
-        const char after = at + head.size() < report.size() ? report[at + head.size()] : '\0';
-        if (line_start && (after == ':' || after == ' ')) return report.substr(at, report.find('\n', at) - at);
-    }
-    return "";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Polls until `pred` holds or 20 s pass: a task yields, a use_caller thread runs its
 // scheduler's tasks meanwhile (this_fiber::sleep_for), a plain thread sleeps.
@@ -1252,7 +1242,7 @@ TEST_CASE("report: each new wait is named, with what it holds") {
     });
     auto all_parked = [&](const std::string& r) {
         for (auto* id : {&sem_id, &latch_id, &barrier_id, &writer_id, &reader_id, &event_id, &cv_id, &timed_id}) {
-            if (id->load() == 0 || !contains(line_of(r, id->load()), ": parked ")) return false;
+            if (id->load() == 0 || !contains(report_line(r, id->load()), ": parked ")) return false;
         }
         return true;
     };
@@ -1263,20 +1253,20 @@ TEST_CASE("report: each new wait is named, with what it holds") {
     }
     INFO(report);
     REQUIRE(all_parked(report));
-    CHECK(contains(line_of(report, sem_id), " on Semaphore 0x"));
-    CHECK(contains(line_of(report, sem_id), "count 0, 1 waiting"));
-    CHECK(contains(line_of(report, latch_id), " on Latch 0x"));
-    CHECK(contains(line_of(report, latch_id), "count 1"));
-    CHECK(contains(line_of(report, barrier_id), " on Barrier 0x"));
-    CHECK(contains(line_of(report, barrier_id), "phase 0, 1 of 3 arrived"));
-    CHECK(contains(line_of(report, writer_id), " on SharedMutex 0x"));
-    CHECK(contains(line_of(report, writer_id), "1 readers, 1 writers and 0 readers waiting"));
-    CHECK(contains(line_of(report, reader_id), " on SharedMutex shared 0x"));
-    CHECK(contains(line_of(report, reader_id), "held exclusively"));
-    CHECK(contains(line_of(report, event_id), " on Event 0x"));
-    CHECK(contains(line_of(report, event_id), "manual, clear, 1 waiting"));
-    CHECK(contains(line_of(report, cv_id), " on ConditionVariableAny 0x"));
-    CHECK(contains(line_of(report, timed_id), " on Mutex 0x"));
+    CHECK(contains(report_line(report, sem_id), " on Semaphore 0x"));
+    CHECK(contains(report_line(report, sem_id), "count 0, 1 waiting"));
+    CHECK(contains(report_line(report, latch_id), " on Latch 0x"));
+    CHECK(contains(report_line(report, latch_id), "count 1"));
+    CHECK(contains(report_line(report, barrier_id), " on Barrier 0x"));
+    CHECK(contains(report_line(report, barrier_id), "phase 0, 1 of 3 arrived"));
+    CHECK(contains(report_line(report, writer_id), " on SharedMutex 0x"));
+    CHECK(contains(report_line(report, writer_id), "1 readers, 1 writers and 0 readers waiting"));
+    CHECK(contains(report_line(report, reader_id), " on SharedMutex shared 0x"));
+    CHECK(contains(report_line(report, reader_id), "held exclusively"));
+    CHECK(contains(report_line(report, event_id), " on Event 0x"));
+    CHECK(contains(report_line(report, event_id), "manual, clear, 1 waiting"));
+    CHECK(contains(report_line(report, cv_id), " on ConditionVariableAny 0x"));
+    CHECK(contains(report_line(report, timed_id), " on Mutex 0x"));
     sem.release();
     latch.count_down();
     barrier.arrive_and_drop();

@@ -34,16 +34,21 @@ func channelOnce(capacity int, n uint64) {
 	channelSink += sum
 }
 
-// channelTimes is bench_sync's timed(): without iters, the count doubles from 256 (after
-// a warm-up at 256) until a call takes a quarter of repMs, the per-message time is the
-// slowest of three calls at that count, and the count is scaled to repMs; a repetition
-// over 4 x repMs halves the count of the ones after it. With iters the count is fixed
-// (a warm-up of at most 256). Returns the first repetition's count and ns per message for
-// each repetition.
+// channelTimes times channelOnce with repTimes.
 func channelTimes(capacity int, iters uint64, reps int, repMs float64) (uint64, []float64) {
+	return repTimes(func(n uint64) { channelOnce(capacity, n) }, iters, reps, repMs)
+}
+
+// repTimes is bench_sync's timed(): without iters, the count doubles from 256 (after a
+// warm-up at 256) until a call takes a quarter of repMs, the per-operation time is the
+// slowest of three calls at that count, and the count is scaled to repMs; a repetition over
+// 4 x repMs halves the count of the ones after it. With iters the count is fixed (a warm-up
+// of at most 256). Returns the first repetition's count and ns per operation for each
+// repetition.
+func repTimes(once func(uint64), iters uint64, reps int, repMs float64) (uint64, []float64) {
 	runNs := func(n uint64) float64 {
 		t0 := time.Now()
-		channelOnce(capacity, n)
+		once(n)
 		return float64(time.Since(t0).Nanoseconds())
 	}
 	targetNs := repMs * 1e6

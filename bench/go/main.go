@@ -72,10 +72,10 @@ func main() {
 		work, samples := channelTimes(*capacity, uint64(*iters), *reps, *repMs)
 		report("chan", "ns", work, false, samples)
 	case "select":
-		work, samples := toolboxTimes(selectOnce, uint64(*iters), *reps, *repMs)
+		work, samples := repTimes(selectOnce, uint64(*iters), *reps, *repMs)
 		report("select", "ns", work, false, samples)
 	case "timedrecv":
-		work, samples := toolboxTimes(timedRecvOnce, uint64(*iters), *reps, *repMs)
+		work, samples := repTimes(timedRecvOnce, uint64(*iters), *reps, *repMs)
 		report("timedrecv", "ns", work, false, samples)
 	case "echo":
 		if err := serveEcho(*connections); err != nil {

@@ -2,7 +2,6 @@
 package main
 
 import (
-	"sort"
 	"sync"
 	"time"
 )
@@ -80,46 +79,4 @@ func timedRecvOnce(n uint64) {
 	}()
 	wg.Wait()
 	toolboxSink += sum
-}
-
-// toolboxTimes is channelTimes' repetition rule for either case.
-func toolboxTimes(once func(uint64), iters uint64, reps int, repMs float64) (uint64, []float64) {
-	runNs := func(n uint64) float64 {
-		t0 := time.Now()
-		once(n)
-		return float64(time.Since(t0).Nanoseconds())
-	}
-	targetNs := repMs * 1e6
-	n := iters
-	if n == 0 {
-		n = 256
-		runNs(n)
-		for runNs(n) < targetNs/4 && n < 1<<36 {
-			n *= 2
-		}
-		worst := []float64{runNs(n), runNs(n), runNs(n)}
-		sort.Float64s(worst)
-		perOp := worst[2] / float64(n)
-		if perOp < 0.01 {
-			perOp = 0.01
-		}
-		n = uint64(targetNs / perOp)
-		if n < 1 {
-			n = 1
-		}
-	} else if n > 256 {
-		runNs(256)
-	} else {
-		runNs(n)
-	}
-	work := n
-	var samples []float64
-	for r := 0; r < reps; r++ {
-		ns := runNs(n)
-		samples = append(samples, ns/float64(n))
-		if iters == 0 && ns > 4*targetNs && n > 1 {
-			n /= 2
-		}
-	}
-	return work, samples
 }
