@@ -16,7 +16,7 @@ struct ScheduleTask {
     // Any callable void(), move-only ones too (a lambda owning a unique_ptr or a Promise), a
     // std::function included. A task holding a move-only one can be moved, not copied (a
     // FIBER_SCHED_ASSERT); schedule a batch of them through std::make_move_iterator.
-    detail::TaskFunction cb;
+    detail::TaskCallback cb;
     int thread = -1;  // worker index to run on; -1: any worker
     // Each worker runs its ready High tasks before Normal ones and Normal before Low ones;
     // the task's fiber keeps it whenever it is woken or yields (see Scheduler::schedule).

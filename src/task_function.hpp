@@ -18,9 +18,11 @@ namespace detail {
 // and std::function<void()> itself. Anything else (a larger closure, one owning a string or
 // a unique_ptr) goes to the heap, as std::function would put it. An empty std::function (of
 // any signature) or null function pointer makes an empty TaskFunction. Move-only callables are accepted.
-// It copies too, when what it holds can be copied (ScheduleTask::cb is one, and ScheduleTask
-// stays copyable for the code that copies it): copying one that holds a move-only callable
-// is a FIBER_SCHED_ASSERT, the only way to keep both kinds in one field. Moves never copy.
+// A TaskFunction never copies what it holds (a closure that captures a
+// std::vector<std::unique_ptr<T>> reports itself copyable, yet its copy does not compile):
+// copying one is a FIBER_SCHED_ASSERT. TaskCallback, ScheduleTask::cb's type, copies what
+// it holds when that is copyable (ScheduleTask stays copyable for the code that copies it);
+// what it is given must then be copyable or truly move-only, as for std::function.
 class TaskFunction {
 public:
     static constexpr std::size_t inline_size = 6 * sizeof(void*);
@@ -31,17 +33,7 @@ public:
               class = std::enable_if_t<!std::is_same_v<D, TaskFunction> && !std::is_same_v<D, std::nullptr_t> &&
                                        std::is_invocable_v<D&>>>
     TaskFunction(F&& fn) {  // NOLINT: converts like std::function does
-        if constexpr (std::is_pointer_v<D> || is_std_function<D>::value) {
-            if (!fn) return;  // empty, as converting it to std::function<void()> would be
-        }
-        if constexpr (stored_inline<D>) {
-            ::new (static_cast<void*>(storage_)) D(std::forward<F>(fn));
-            ops_ = &inline_ops<D>;
-        } else {
-            D* boxed = new D(std::forward<F>(fn));
-            std::memcpy(storage_, &boxed, sizeof boxed);
-            ops_ = &boxed_ops<D>;
-        }
+        construct<D, false>(std::forward<F>(fn));
     }
     TaskFunction(TaskFunction&& other) noexcept { take(other); }
     TaskFunction& operator=(TaskFunction&& other) noexcept {
@@ -59,6 +51,7 @@ public:
         if (!other.ops_) return;
         FIBER_SCHED_ASSERT(other.ops_->copy &&
                            "ScheduleTask: its callback is move-only and cannot be copied (move the task instead)");
+        // (A TaskFunction made by its own constructor has no copy entry: only TaskCallback's.)
         other.ops_->copy(other.storage_, storage_);
         ops_ = other.ops_;
     }
@@ -82,7 +75,30 @@ public:
     // Precondition: not empty.
     void operator()() { ops_->invoke(storage_); }
 
+protected:
+    // TaskCallback's way in: the same, with a copy entry when D is copyable.
+    struct WithCopy {};
+    template <class F, class D = std::decay_t<F>>
+    TaskFunction(WithCopy, F&& fn) {
+        construct<D, true>(std::forward<F>(fn));
+    }
+
 private:
+    template <class D, bool Copy, class F>
+    void construct(F&& fn) {
+        if constexpr (std::is_pointer_v<D> || is_std_function<D>::value) {
+            if (!fn) return;  // empty, as converting it to std::function<void()> would be
+        }
+        if constexpr (stored_inline<D>) {
+            ::new (static_cast<void*>(storage_)) D(std::forward<F>(fn));
+            ops_ = &inline_ops<D, Copy>;
+        } else {
+            D* boxed = new D(std::forward<F>(fn));
+            std::memcpy(storage_, &boxed, sizeof boxed);
+            ops_ = &boxed_ops<D, Copy>;
+        }
+    }
+
     template <class D>
     struct is_std_function : std::false_type {};
     template <class Signature>
@@ -112,10 +128,11 @@ private:
         return boxed;
     }
 
-    // The copy entry of an Ops table: null for a callable that cannot be copied.
-    template <class D, bool Boxed>
+    // The copy entry of an Ops table: null without Copy (D's copy constructor is then never
+    // instantiated) or for a callable that cannot be copied.
+    template <class D, bool Boxed, bool Copy>
     static constexpr void (*copier())(const void*, void*) {
-        if constexpr (!std::is_copy_constructible_v<D>) {
+        if constexpr (!Copy || !std::is_copy_constructible_v<D>) {
             return nullptr;
         } else if constexpr (Boxed) {
             return [](const void* from, void* to) {
@@ -129,7 +146,7 @@ private:
         }
     }
 
-    template <class D>
+    template <class D, bool Copy>
     static constexpr Ops inline_ops = {
         [](void* s) { static_cast<void>(std::invoke(inline_target<D>(s))); },
         [](void* from, void* to) noexcept {
@@ -144,14 +161,14 @@ private:
         [](void* s) noexcept {
             if constexpr (!std::is_trivially_destructible_v<D>) inline_target<D>(s).~D();
         },
-        copier<D, false>(),
+        copier<D, false, Copy>(),
     };
-    template <class D>
+    template <class D, bool Copy>
     static constexpr Ops boxed_ops = {
         [](void* s) { static_cast<void>(std::invoke(*boxed_target<D>(s))); },
         [](void* from, void* to) noexcept { std::memcpy(to, from, sizeof(D*)); },
         [](void* s) noexcept { delete boxed_target<D>(s); },
-        copier<D, true>(),
+        copier<D, true, Copy>(),
     };
 
     void take(TaskFunction& other) noexcept {
@@ -169,6 +186,22 @@ private:
 
     alignas(void*) unsigned char storage_[inline_size];
     const Ops* ops_ = nullptr;
+};
+
+// ScheduleTask::cb: a TaskFunction that copies what it holds when that is copyable (a
+// std::function, a lambda of copyable captures), so that a ScheduleTask copies as it did
+// when cb was a std::function; a move-only callable makes a move-only one (copying it is a
+// FIBER_SCHED_ASSERT). Like std::function, it needs a callable whose copyability its type
+// tells truly: a lambda capturing a std::vector<std::unique_ptr<T>> does not compile here
+// (give it to schedule() directly, which never copies).
+class TaskCallback : public TaskFunction {
+public:
+    TaskCallback() noexcept = default;
+    TaskCallback(std::nullptr_t) noexcept {}
+    template <class F, class D = std::decay_t<F>,
+              class = std::enable_if_t<!std::is_same_v<D, TaskCallback> && !std::is_same_v<D, TaskFunction> &&
+                                       !std::is_same_v<D, std::nullptr_t> && std::is_invocable_v<D&>>>
+    TaskCallback(F&& fn) : TaskFunction(WithCopy{}, std::forward<F>(fn)) {}  // NOLINT: as std::function
 };
 
 }  // namespace detail

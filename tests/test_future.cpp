@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,33 @@ std::future_errc future_errc_of(F&& f) {
 }  // namespace
 
 // ---- move-only callables -------------------------------------------------------------------
+
+TEST_CASE("move-only callables whose captures claim to be copyable: schedule(), Fiber and reset() never copy them") {
+    // std::vector<std::unique_ptr<int>> says it is copy-constructible, but its copy does not
+    // compile: a callable holding one must never have a copy made for it (this test compiles
+    // only then).
+    std::vector<std::unique_ptr<int>> owned;
+    owned.push_back(std::make_unique<int>(5));
+    std::map<int, std::unique_ptr<int>> keyed;
+    keyed.emplace(1, std::make_unique<int>(6));
+    Scheduler s(2, false);
+    s.start();
+    std::atomic<int> sum{0};
+    fsched::WaitGroup done(1);
+    s.schedule([v = std::move(owned), &sum, &done] {
+        sum += *v[0];
+        done.done();
+    });
+    done.wait();
+    std::vector<std::unique_ptr<int>> more;
+    more.push_back(std::make_unique<int>(7));
+    Fiber f([v = std::move(more), &sum] { sum += *v[0]; });
+    f.resume();
+    f.reset([m = std::move(keyed), &sum] { sum += *m.at(1); });
+    f.resume();
+    s.stop();
+    CHECK(sum.load() == 18);
+}
 
 TEST_CASE("move-only callables: Fiber, Fiber::reset, schedule() and ScheduleTask::cb take them") {
     auto owned = std::make_unique<int>(7);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,22 @@ FIBER_SCHED_NOINLINE void* operator new(std::size_t size) {
 }
 FIBER_SCHED_NOINLINE void operator delete(void* p) noexcept { std::free(p); }
 FIBER_SCHED_NOINLINE void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// Every other form that pairs with these, so that no block goes from one allocator to the
+// other: under AddressSanitizer its own nothrow new (std::stable_sort's buffer) met the
+// free() above and aborted the suite (alloc-dealloc-mismatch). The aligned forms stay
+// the library's: they pair with each other.
+FIBER_SCHED_NOINLINE void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+    if (counting_allocations.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
+    return std::malloc(size ? size : 1);
+}
+FIBER_SCHED_NOINLINE void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+FIBER_SCHED_NOINLINE void* operator new[](std::size_t size) { return ::operator new(size); }
+FIBER_SCHED_NOINLINE void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
+    return ::operator new(size, tag);
+}
+FIBER_SCHED_NOINLINE void operator delete[](void* p) noexcept { std::free(p); }
+FIBER_SCHED_NOINLINE void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+FIBER_SCHED_NOINLINE void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
