@@ -353,12 +353,13 @@ public:
     void arrive() noexcept {
         // acq_rel: the last sees every node's `error`, written before each arrival.
         if (left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+        // Every copy is let go here, before the result is published: once a waiter has been
+        // woken, this thread must not be the one that frees an exception it may still read
+        // (a release TSan cannot order: libstdc++'s counts are not instrumented).
         std::exception_ptr first;
         for (Node& node : nodes_) {
-            if (node.error) {
-                first = node.error;
-                break;
-            }
+            if (!first && node.error) first = std::move(node.error);
+            node.error = nullptr;
         }
         if (first) {
             done_.set_exception(std::move(first));
