@@ -220,7 +220,13 @@ std::string read_whole_file(const std::string& path) {
 
 // A file in the test's working directory (the build directory under ctest), removed after.
 struct TempFile {
-    explicit TempFile(const char* name) : path(std::string("fiber_sched_test_") + name + ".json") { std::remove(path.c_str()); }
+    // Unique per process: CI runs the variants at once in one directory, and two of them
+    // writing one file made each other's traces invalid JSON.
+    explicit TempFile(const char* name)
+        : path(std::string("fiber_sched_test_") + name + "-" +
+               std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".json") {
+        std::remove(path.c_str());
+    }
     ~TempFile() { std::remove(path.c_str()); }
     TempFile(const TempFile&) = delete;
     TempFile& operator=(const TempFile&) = delete;
