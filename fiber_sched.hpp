@@ -2091,6 +2091,11 @@ inline void wake_waiters(WaitList& woken) noexcept {
 // For a timed wait in a scheduler task: allocates the state its timer shares and makes room
 // for the timer, before any lock is taken. Throws std::bad_alloc; a no-op elsewhere.
 void prepare_timed_wait(Waiter& w);
+// A timed wait that gives up without blocking (its deadline had passed): on a use_caller
+// thread outside its tasks, runs one ready task of its scheduler first, as the wait would
+// have had it blocked (Worker::run_loop), so that a loop of wait_for(0)s on the only thread
+// of a scheduler lets the task it polls for run. Elsewhere a no-op. Call with no lock held.
+void give_way_to_one_task();
 
 // A number unique among threads and fibers for the calling thread.
 std::uint64_t thread_identity() noexcept;
@@ -2475,7 +2480,10 @@ private:
             // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no lock
             // held, then look again. A ready send never allocates.
             guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) return false;
+            if (!(std::chrono::steady_clock::now() < deadline)) {
+                detail::give_way_to_one_task();
+                return false;
+            }
             detail::prepare_timed_wait(self);
         }
         self.slot = &value;
@@ -2501,7 +2509,10 @@ private:
             }
             if (closed_ || prepared) break;
             guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) return result;
+            if (!(std::chrono::steady_clock::now() < deadline)) {
+                detail::give_way_to_one_task();
+                return result;
+            }
             detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
         }
         if (closed_) return result;
@@ -10307,8 +10318,19 @@ inline void Worker::run_loop(const CallerWait* wait) {
     QueuedTask task;
     bool finished = false;
     bool was_idle = false;  // spun or slept since the last task (see hand_on_runnext_watch)
+    bool first_pass = true;
     while (!finished) {
-        if (wait && wait->satisfied()) break;
+        if (wait && wait->satisfied()) {
+            // A wait whose deadline had passed before it began (wait_for(0) in a polling
+            // loop) still runs one ready task: on a scheduler whose only worker is this
+            // thread, nothing else would ever run the task that the loop polls for.
+            if (first_pass && !(wait->done && wait->done->load(std::memory_order_seq_cst))) {
+                poll_io_now_and_then();
+                if (next_task(task)) run_task(task);
+            }
+            break;
+        }
+        first_pass = false;
         poll_io_now_and_then();
         bool found = next_task(task);
         if (!found) {
@@ -11888,6 +11910,13 @@ void prepare_timed_wait(Waiter& w) {
     reserve_timer();
 }
 
+void give_way_to_one_task() {
+    if (SchedulerCore* core = caller_may_help()) {
+        const TimePoint passed = TimePoint::min();
+        help_until(*core, nullptr, &passed);
+    }
+}
+
 bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
            void* context) {
     if (deadline && !w.shared && in_scheduler_task()) {
@@ -12005,7 +12034,10 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // compete after its deadline has had its look above, so a lock that unlock_slow()
         // left free for it is taken, not left idle while other waiters sleep; one that a
         // newcomer took will wake the next waiter when it is unlocked.
-        if (deadline && steady_clock::now() >= *deadline) return false;
+        if (deadline && steady_clock::now() >= *deadline) {
+            detail::give_way_to_one_task();
+            return false;
+        }
         detail::Waiter self;
         self.owner = me;
         if (deadline) detail::prepare_timed_wait(self);  // may throw: nothing is held or counted
@@ -12270,6 +12302,7 @@ bool Semaphore::try_acquire_until_steady(detail::TimePoint deadline) {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
         lock_.unlock();
+        detail::give_way_to_one_task();
         return false;
     }
     waiters_.push_back(&self);
@@ -12627,6 +12660,7 @@ bool Event::wait_until_steady(detail::TimePoint deadline) {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
         lock_.unlock();
+        detail::give_way_to_one_task();
         return false;
     }
     waiters_.push_back(&self);
@@ -12836,6 +12870,7 @@ std::size_t run_select(const SelectFrame& frame) {
         // std::bad_alloc: nothing is published yet), then look again.
         held.unlock();
         if (!(std::chrono::steady_clock::now() < *deadline)) {
+            give_way_to_one_task();
             frame.cases[timeout_case]->run(false);
             return timeout_case;
         }
@@ -12926,6 +12961,16 @@ void FutureStateBase::unclaim_set() noexcept {
     satisfied_ = false;
 }
 
+namespace {
+// The continuations fired by the outermost publish() on this thread (publish()).
+struct ContinuationQueue {
+    FutureStateBase::Continuation* head = nullptr;
+    FutureStateBase::Continuation* tail = nullptr;
+    bool draining = false;
+};
+thread_local ContinuationQueue continuation_queue;
+}  // namespace
+
 void FutureStateBase::publish() noexcept {
     WaitList woken;
     lock_.lock();
@@ -12938,11 +12983,28 @@ void FutureStateBase::publish() noexcept {
     for (Continuation* c = next; c; c = c->next) c->error = exception_;
     lock_.unlock();
     wake_waiters(woken);
-    while (next) {
-        Continuation* c = next;
-        next = c->next;  // read first: fire() may free c
+    if (!next) return;
+    // A continuation may publish another state (when_all() of when_all()s): its
+    // continuations join this thread's queue instead of firing one level deeper, so a chain
+    // of any length runs in constant stack. Nothing here parks, so the queue stays this
+    // thread's while it drains.
+    ContinuationQueue& queue = continuation_queue;
+    Continuation* last = next;
+    while (last->next) last = last->next;
+    if (queue.tail) {
+        queue.tail->next = next;
+    } else {
+        queue.head = next;
+    }
+    queue.tail = last;
+    if (queue.draining) return;  // the publish() below on this thread fires them
+    queue.draining = true;
+    while (Continuation* c = queue.head) {
+        queue.head = c->next;  // read first: fire() may free c
+        if (!queue.head) queue.tail = nullptr;
         c->fire(*c);
     }
+    queue.draining = false;
 }
 
 bool FutureStateBase::add_continuation(Continuation& c) noexcept {

@@ -231,6 +231,11 @@ inline void wake_waiters(WaitList& woken) noexcept {
 // For a timed wait in a scheduler task: allocates the state its timer shares and makes room
 // for the timer, before any lock is taken. Throws std::bad_alloc; a no-op elsewhere.
 void prepare_timed_wait(Waiter& w);
+// A timed wait that gives up without blocking (its deadline had passed): on a use_caller
+// thread outside its tasks, runs one ready task of its scheduler first, as the wait would
+// have had it blocked (Worker::run_loop), so that a loop of wait_for(0)s on the only thread
+// of a scheduler lets the task it polls for run. Elsewhere a no-op. Call with no lock held.
+void give_way_to_one_task();
 
 // A number unique among threads and fibers for the calling thread.
 std::uint64_t thread_identity() noexcept;
@@ -615,7 +620,10 @@ private:
             // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no lock
             // held, then look again. A ready send never allocates.
             guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) return false;
+            if (!(std::chrono::steady_clock::now() < deadline)) {
+                detail::give_way_to_one_task();
+                return false;
+            }
             detail::prepare_timed_wait(self);
         }
         self.slot = &value;
@@ -641,7 +649,10 @@ private:
             }
             if (closed_ || prepared) break;
             guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) return result;
+            if (!(std::chrono::steady_clock::now() < deadline)) {
+                detail::give_way_to_one_task();
+                return result;
+            }
             detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
         }
         if (closed_) return result;

@@ -249,6 +249,75 @@ TEST_CASE("the use_caller thread runs its tasks during WaitGroup::wait, pinned o
     }
 }
 
+// A polling loop of zero-timeout waits on the use_caller thread of a one-worker scheduler:
+// the caller is the only thread that runs tasks, so each poll must run one ready task, or
+// the loop never ends. Each subcase polls at most 1,000 times for what one task provides.
+TEST_CASE("the use_caller thread: a wait whose deadline has passed still runs one ready task") {
+    Scheduler s(1, true);
+    s.start();
+    constexpr int max_polls = 1000;
+    int polls = 0;
+    std::atomic<int> ran{0};
+    // Here, not in the subcases: a task left unrun on a failure runs in stop(), below.
+    fsched::Promise<int> promise;
+    fsched::Future<int> future = promise.get_future();
+    fsched::Semaphore sem(0);
+    fsched::Event event, release;
+    Channel<int> ch(1);
+    Mutex m;
+    ConditionVariable cv;
+    bool flag = false;
+    SUBCASE("Future::wait_for(0)") {
+        s.schedule([&] { ran++; promise.set_value(3); });
+        while (polls < max_polls && future.wait_for(0ms) != std::future_status::ready) ++polls;
+        CHECK(future.is_ready());
+    }
+    SUBCASE("Semaphore::try_acquire_for(0)") {
+        s.schedule([&] { ran++; sem.release(); });
+        while (polls < max_polls && !sem.try_acquire_for(0ms)) ++polls;
+    }
+    SUBCASE("Event::wait_for(0)") {
+        s.schedule([&] { ran++; event.signal(); });
+        while (polls < max_polls && !event.wait_for(0ms)) ++polls;
+    }
+    SUBCASE("Channel::receive_for(0)") {
+        s.schedule([&] { ran++; ch.send(1); });
+        while (polls < max_polls && !ch.receive_for(0ms)) ++polls;
+    }
+    SUBCASE("Mutex::try_lock_for(0)") {
+        s.schedule([&] {
+            std::lock_guard<Mutex> lock(m);
+            event.signal();
+            release.wait();
+        });
+        event.wait();  // the caller runs the holder until it parks, holding `m`
+        s.schedule([&] { ran++; release.signal(); });
+        while (polls < max_polls && !m.try_lock_for(0ms)) ++polls;
+        if (polls < max_polls) m.unlock();
+    }
+    SUBCASE("ConditionVariable::wait_for(0)") {
+        s.schedule([&] {
+            ran++;
+            std::lock_guard<Mutex> lock(m);
+            flag = true;
+            cv.notify_one();
+        });
+        std::unique_lock<Mutex> lock(m);
+        while (polls < max_polls && !cv.wait_for(lock, 0ms, [&] { return flag; })) ++polls;
+    }
+    SUBCASE("select with select_timeout(0)") {
+        s.schedule([&] { ran++; ch.send(1); });
+        while (polls < max_polls &&
+               fsched::select(ch.on_receive([](std::optional<int>) {}), fsched::select_timeout(0ms)) != 0) {
+            ++polls;
+        }
+    }
+    CHECK(polls < max_polls);
+    CHECK(ran >= 1);
+    release.signal();  // a holder of `m` left parked by a failure
+    s.stop();
+}
+
 TEST_CASE("the use_caller thread helps in every fsched wait") {
     Scheduler s(2, true);
     s.start();

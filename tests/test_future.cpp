@@ -583,6 +583,28 @@ TEST_CASE("when_all: many futures set from many tasks at once; every call's resu
     s.stop();
 }
 
+TEST_CASE("when_all: a chain of 100,000 nested when_alls completes from one set_value without deep recursion") {
+    // Each link waits on the one before: the first set_value readies them all. Firing them
+    // one level deeper per link overflowed the stack at about 2,000 links.
+    constexpr int links = 100000;
+    Promise<void> first;
+    std::vector<Future<void>> chain;
+    chain.reserve(links + 1);
+    chain.push_back(first.get_future());
+    for (int i = 0; i < links; ++i) chain.push_back(fsched::when_all(chain.end() - 1, chain.end()));
+    CHECK(!chain.back().is_ready());
+    // On a fiber with a 64 KiB stack, where the recursion ran out first.
+    fsched::SchedulerOptions options;
+    options.threads = 1;
+    options.stack_size = 64 * 1024;
+    Scheduler s(options);
+    s.start();
+    fsched::async(s, [&] { first.set_value(); }).get();
+    for (int i = 0; i <= links; i += 9999) CHECK(chain[static_cast<std::size_t>(i)].is_ready());
+    CHECK_NOTHROW(chain.back().get());
+    s.stop();
+}
+
 TEST_CASE("when_all with an invalid future is a FIBER_SCHED_ASSERT naming the rule") {
     FSCHED_CHECK_ABORTS_WITH([] {
         std::vector<Future<int>> futures(1);

@@ -51,6 +51,16 @@ void FutureStateBase::unclaim_set() noexcept {
     satisfied_ = false;
 }
 
+namespace {
+// The continuations fired by the outermost publish() on this thread (publish()).
+struct ContinuationQueue {
+    FutureStateBase::Continuation* head = nullptr;
+    FutureStateBase::Continuation* tail = nullptr;
+    bool draining = false;
+};
+thread_local ContinuationQueue continuation_queue;
+}  // namespace
+
 void FutureStateBase::publish() noexcept {
     WaitList woken;
     lock_.lock();
@@ -63,11 +73,28 @@ void FutureStateBase::publish() noexcept {
     for (Continuation* c = next; c; c = c->next) c->error = exception_;
     lock_.unlock();
     wake_waiters(woken);
-    while (next) {
-        Continuation* c = next;
-        next = c->next;  // read first: fire() may free c
+    if (!next) return;
+    // A continuation may publish another state (when_all() of when_all()s): its
+    // continuations join this thread's queue instead of firing one level deeper, so a chain
+    // of any length runs in constant stack. Nothing here parks, so the queue stays this
+    // thread's while it drains.
+    ContinuationQueue& queue = continuation_queue;
+    Continuation* last = next;
+    while (last->next) last = last->next;
+    if (queue.tail) {
+        queue.tail->next = next;
+    } else {
+        queue.head = next;
+    }
+    queue.tail = last;
+    if (queue.draining) return;  // the publish() below on this thread fires them
+    queue.draining = true;
+    while (Continuation* c = queue.head) {
+        queue.head = c->next;  // read first: fire() may free c
+        if (!queue.head) queue.tail = nullptr;
         c->fire(*c);
     }
+    queue.draining = false;
 }
 
 bool FutureStateBase::add_continuation(Continuation& c) noexcept {

@@ -33,8 +33,19 @@ inline void Worker::run_loop(const CallerWait* wait) {
     QueuedTask task;
     bool finished = false;
     bool was_idle = false;  // spun or slept since the last task (see hand_on_runnext_watch)
+    bool first_pass = true;
     while (!finished) {
-        if (wait && wait->satisfied()) break;
+        if (wait && wait->satisfied()) {
+            // A wait whose deadline had passed before it began (wait_for(0) in a polling
+            // loop) still runs one ready task: on a scheduler whose only worker is this
+            // thread, nothing else would ever run the task that the loop polls for.
+            if (first_pass && !(wait->done && wait->done->load(std::memory_order_seq_cst))) {
+                poll_io_now_and_then();
+                if (next_task(task)) run_task(task);
+            }
+            break;
+        }
+        first_pass = false;
         poll_io_now_and_then();
         bool found = next_task(task);
         if (!found) {

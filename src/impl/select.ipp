@@ -139,6 +139,7 @@ std::size_t run_select(const SelectFrame& frame) {
         // std::bad_alloc: nothing is published yet), then look again.
         held.unlock();
         if (!(std::chrono::steady_clock::now() < *deadline)) {
+            give_way_to_one_task();
             frame.cases[timeout_case]->run(false);
             return timeout_case;
         }

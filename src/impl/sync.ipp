@@ -52,6 +52,13 @@ void prepare_timed_wait(Waiter& w) {
     reserve_timer();
 }
 
+void give_way_to_one_task() {
+    if (SchedulerCore* core = caller_may_help()) {
+        const TimePoint passed = TimePoint::min();
+        help_until(*core, nullptr, &passed);
+    }
+}
+
 bool block(SpinLock& lock, Waiter& w, const std::chrono::steady_clock::time_point* deadline, Unlink unlink,
            void* context) {
     if (deadline && !w.shared && in_scheduler_task()) {
@@ -169,7 +176,10 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // compete after its deadline has had its look above, so a lock that unlock_slow()
         // left free for it is taken, not left idle while other waiters sleep; one that a
         // newcomer took will wake the next waiter when it is unlocked.
-        if (deadline && steady_clock::now() >= *deadline) return false;
+        if (deadline && steady_clock::now() >= *deadline) {
+            detail::give_way_to_one_task();
+            return false;
+        }
         detail::Waiter self;
         self.owner = me;
         if (deadline) detail::prepare_timed_wait(self);  // may throw: nothing is held or counted

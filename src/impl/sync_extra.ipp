@@ -59,6 +59,7 @@ bool Semaphore::try_acquire_until_steady(detail::TimePoint deadline) {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
         lock_.unlock();
+        detail::give_way_to_one_task();
         return false;
     }
     waiters_.push_back(&self);
@@ -416,6 +417,7 @@ bool Event::wait_until_steady(detail::TimePoint deadline) {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
         lock_.unlock();
+        detail::give_way_to_one_task();
         return false;
     }
     waiters_.push_back(&self);
