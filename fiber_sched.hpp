@@ -1919,7 +1919,9 @@ public:
 private:
     static constexpr int spin_limit = 64;     // cpu_relax() rounds before a yield
     static constexpr int heir_after = 16;     // yields before a waiter claims the heir token
-    static constexpr int token_lease = 1024;  // looks at a free, closed lock before it is taken anyway
+    static constexpr int token_lease = 128;  // looks at a free, closed lock before it is taken anyway
+    // (mostly yields: a loaded machine gives each a time slice, so 1024 stalled a waiter
+    // for seconds behind an heir that was waiting for a CPU)
 
     FIBER_SCHED_NOINLINE void lock_contended() noexcept {
         bool heir = false;       // this waiter holds the token
@@ -1995,7 +1997,8 @@ struct Waiter {
     void* slot = nullptr;              // Channel: where the value comes from or goes to
     bool ok = false;                   // Channel: the transfer happened (false: closed);
                                        // Mutex: the lock was handed over
-    std::exception_ptr error;          // Channel: moving this sender's value threw that
+    bool retry = false;                // Channel: claimed, but moving the value threw in
+                                       // the other side's call: nothing moved, try again
 };
 
 // FIFO of waiters; the owning object's lock guards it.
@@ -2246,13 +2249,15 @@ template <class T>
 class SendCase;
 
 // A typed FIFO channel, Go style. Capacity 0: every send meets a receive (rendezvous).
-// Senders and receivers are served in arrival order. A value a send hands to a waiter that
-// gave up meanwhile (a timed wait that timed out, a select() that another case won) is taken
-// back before anyone else sees it: each value is received once or stays its sender's.
-// That taking back is a second move: with a T whose move can throw, a throw there (the other
-// side having given up during the first move) or in select()'s hand-off of a received value
-// to its case's function loses that value. Not yet fixed: give such channels a T whose move
-// does not throw (a std::unique_ptr, or a type with a noexcept move).
+// Senders and receivers are served in arrival order. A send or receive that finds the other
+// side blocked claims it first (a waiter that gave up meanwhile, a timed wait that timed out
+// or a select() that another case won, is skipped) and only then moves the value, once:
+// each value is received once or stays its sender's. If that move throws (a T whose move or
+// copy can throw), the call that made it throws the exception and the value stays where it
+// was (the sender's, or the buffer's front); the claimed waiter is woken to try again, as if
+// it had not been found. select() hands a received value to its case's function with one
+// more move (the function's parameter), like `T v = *ch.receive();` after a receive(): a
+// throw there leaves select() with the exception, and the value, already received, is gone.
 template <class T>
 class Channel {
 public:
@@ -2268,22 +2273,18 @@ public:
     // waiters are as before (a blocked sender whose value throws on its way into the
     // buffer is woken with that exception).
     bool send(T value) {
-        std::unique_lock<detail::SpinLock> guard(lock_);
-        if (closed_) return false;
-        detail::Waiter* wake = nullptr;
-        if (send_ready(value, wake)) {
-            guard.unlock();
-            if (wake) detail::wake_waiter(*wake);
-            return true;
+        for (;;) {
+            std::unique_lock<detail::SpinLock> guard(lock_);
+            if (closed_) return false;
+            if (send_now(value, guard)) return true;
+            detail::Waiter self;
+            self.slot = &value;
+            senders_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_);
+            detail::block(lock_, senders_, self, nullptr);
+            if (!self.retry) return self.ok;
         }
-        detail::Waiter self;
-        self.slot = &value;
-        senders_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_);
-        detail::block(lock_, senders_, self, nullptr);
-        if (self.error) std::rethrow_exception(self.error);
-        return self.ok;
     }
 
     // Sends `value` if that needs no wait: a receiver is waiting or the buffer has room.
@@ -2291,11 +2292,7 @@ public:
     bool try_send(T& value) {
         std::unique_lock<detail::SpinLock> guard(lock_);
         if (closed_) return false;
-        detail::Waiter* wake = nullptr;
-        const bool sent = send_ready(value, wake);
-        guard.unlock();
-        if (wake) detail::wake_waiter(*wake);
-        return sent;
+        return send_now(value, guard);
     }
 
     // As send(), but gives up once `d` has passed (never earlier). Moves from `value` only
@@ -2318,21 +2315,17 @@ public:
     // the value stays in the channel.
     std::optional<T> receive() {
         std::optional<T> result;  // the one object every path returns (named return value)
-        std::unique_lock<detail::SpinLock> guard(lock_);
-        detail::Waiter* wake = nullptr;
-        if (receive_ready(result, wake)) {
-            guard.unlock();
-            if (wake) detail::wake_waiter(*wake);
-            return result;
+        for (;;) {
+            std::unique_lock<detail::SpinLock> guard(lock_);
+            if (receive_now(result, guard) || closed_) return result;
+            detail::Waiter self;
+            self.slot = &result;
+            receivers_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
+            detail::block(lock_, receivers_, self, nullptr);
+            if (!self.retry) return result;  // retried: `result` is empty
         }
-        if (closed_) return result;
-        detail::Waiter self;
-        self.slot = &result;
-        receivers_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
-        detail::block(lock_, receivers_, self, nullptr);
-        return result;
     }
 
     // Receives the oldest value if there is one now (buffered, or from a blocked sender);
@@ -2340,10 +2333,7 @@ public:
     std::optional<T> try_receive() {
         std::optional<T> result;
         std::unique_lock<detail::SpinLock> guard(lock_);
-        detail::Waiter* wake = nullptr;
-        receive_ready(result, wake);
-        guard.unlock();
-        if (wake) detail::wake_waiter(*wake);
+        receive_now(result, guard);
         return result;
     }
 
@@ -2404,21 +2394,22 @@ private:
 
     // Under lock_, the channel open: hands `value` to the longest waiting receiver, else
     // into the buffer if it has room; false if neither can take it now. `wake`: the receiver
-    // to wake once the lock is released. If moving the value throws, nothing changed.
+    // to wake once the lock is released. If moving the value throws, the exception leaves
+    // here with the value still the caller's, and `wake` may name a receiver claimed for it:
+    // the caller wakes it all the same (marked to try again) once the lock is released.
     bool send_ready(T& value, detail::Waiter*& wake) {
-        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
-            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
-            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
-            receivers_.remove(receiver);
-            if (detail::claim(*receiver)) {
-                receiver->ok = true;
-                wake = receiver;
-                return true;
+        // Claimed before the value moves: a receiver that gave up meanwhile (a timed
+        // receive, a select that another case won) is skipped, and a value never moves back.
+        if (detail::Waiter* receiver = detail::pop_claimed(receivers_)) {
+            wake = receiver;
+            try {
+                static_cast<std::optional<T>*>(receiver->slot)->emplace(std::move(value));
+            } catch (...) {
+                receiver->retry = true;
+                throw;
             }
-            // It gave up meanwhile (a timed receive, a select that another case won): take
-            // the value back for the next one.
-            value = std::move(**slot);
-            slot->reset();
+            receiver->ok = true;
+            return true;
         }
         if (buffer_.size() < capacity_) {
             buffer_.push_back(std::move(value));  // strong guarantee
@@ -2427,103 +2418,134 @@ private:
         return false;
     }
 
+    // send_ready() under `guard` (held): true once sent, the lock released and the receiver
+    // woken; false with the lock still held. On a throw: the lock released, a claimed
+    // receiver woken to try again, the exception rethrown.
+    bool send_now(T& value, std::unique_lock<detail::SpinLock>& guard) {
+        detail::Waiter* wake = nullptr;
+        bool sent = false;
+        try {
+            sent = send_ready(value, wake);
+        } catch (...) {
+            guard.unlock();
+            if (wake) detail::wake_waiter(*wake);
+            throw;
+        }
+        if (!sent) return false;
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return true;
+    }
+
     // Under lock_: takes the oldest value into `result` (empty on entry): the buffer's front
     // (and the longest blocked sender's value moves in behind it), else straight from the
     // longest blocked sender; false if there is none now. `wake`: the sender to wake once the
-    // lock is released. If moving the value throws, nothing changed.
+    // lock is released. If moving the value out throws, the exception leaves here, the value
+    // stays where it was, and `wake` may name a sender claimed for it: the caller wakes it
+    // all the same (marked to try again) once the lock is released.
     bool receive_ready(std::optional<T>& result, detail::Waiter*& wake) {
         if (!buffer_.empty()) {
             result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
             buffer_.pop_front();
-            // If moving the sender's value into the buffer throws, its send() throws it.
+            // The longest blocked sender's value moves in behind; if that move throws, the
+            // sender tries again itself (its send() then throws it, or finds room later).
             if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+                wake = sender;
                 try {
                     buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
                     sender->ok = true;
                 } catch (...) {
-                    sender->error = std::current_exception();
+                    sender->retry = true;
                 }
-                wake = sender;
             }
             return true;
         }
-        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
-            auto* value = static_cast<T*>(sender->slot);
-            result.emplace(std::move(*value));  // may throw: sender untouched
-            senders_.remove(sender);
-            if (detail::claim(*sender)) {
-                sender->ok = true;
-                wake = sender;
-                return true;
+        // Claimed before the value moves, as in send_ready().
+        if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+            wake = sender;
+            try {
+                result.emplace(std::move(*static_cast<T*>(sender->slot)));
+            } catch (...) {
+                sender->retry = true;
+                throw;
             }
-            // It gave up meanwhile (a timed send, a select that another case won): the value
-            // goes back to it.
-            *value = std::move(*result);
-            result.reset();
+            sender->ok = true;
+            return true;
         }
         return false;
     }
 
-    bool send_until_steady(T& value, detail::TimePoint deadline) {
-        detail::Waiter self;
-        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
-        for (bool prepared = false;; prepared = true) {
-            guard.lock();
-            if (closed_) return false;
-            detail::Waiter* wake = nullptr;
-            if (send_ready(value, wake)) {
-                guard.unlock();
-                if (wake) detail::wake_waiter(*wake);
-                return true;
-            }
-            if (prepared) break;
-            // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no lock
-            // held, then look again. A ready send never allocates.
+    // receive_ready() under `guard` (held): true with a value, the lock released and the
+    // sender woken; false with the lock still held. On a throw, as send_now().
+    bool receive_now(std::optional<T>& result, std::unique_lock<detail::SpinLock>& guard) {
+        detail::Waiter* wake = nullptr;
+        bool received = false;
+        try {
+            received = receive_ready(result, wake);
+        } catch (...) {
             guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) {
-                detail::give_way_to_one_task();
-                return false;
-            }
-            detail::prepare_timed_wait(self);
+            if (wake) detail::wake_waiter(*wake);
+            throw;
         }
-        self.slot = &value;
-        senders_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_, &deadline);
-        if (!detail::block(lock_, senders_, self, &deadline)) return false;  // the value is ours
-        if (self.error) std::rethrow_exception(self.error);
-        return self.ok;
+        if (!received) return false;
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return true;
+    }
+
+    bool send_until_steady(T& value, detail::TimePoint deadline) {
+        for (;;) {  // again after a claim whose move threw in the receiver's call
+            detail::Waiter self;
+            std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+            for (bool prepared = false;; prepared = true) {
+                guard.lock();
+                if (closed_) return false;
+                if (send_now(value, guard)) return true;
+                if (prepared) break;
+                // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no
+                // lock held, then look again. A ready send never allocates.
+                guard.unlock();
+                if (!(std::chrono::steady_clock::now() < deadline)) {
+                    detail::give_way_to_one_task();
+                    return false;
+                }
+                detail::prepare_timed_wait(self);
+            }
+            self.slot = &value;
+            senders_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_, &deadline);
+            if (!detail::block(lock_, senders_, self, &deadline)) return false;  // the value is ours
+            if (!self.retry) return self.ok;
+        }
     }
 
     std::optional<T> receive_until_steady(detail::TimePoint deadline) {
         std::optional<T> result;
-        detail::Waiter self;
-        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
-        for (bool prepared = false;; prepared = true) {
-            guard.lock();
-            detail::Waiter* wake = nullptr;
-            if (receive_ready(result, wake)) {
+        for (;;) {  // again after a claim whose move threw in the sender's call
+            detail::Waiter self;
+            std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+            for (bool prepared = false;; prepared = true) {
+                guard.lock();
+                if (receive_now(result, guard)) return result;
+                if (closed_ || prepared) break;
                 guard.unlock();
-                if (wake) detail::wake_waiter(*wake);
-                return result;
+                if (!(std::chrono::steady_clock::now() < deadline)) {
+                    detail::give_way_to_one_task();
+                    return result;
+                }
+                detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
             }
-            if (closed_ || prepared) break;
-            guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) {
-                detail::give_way_to_one_task();
-                return result;
-            }
-            detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
+            if (closed_) return result;
+            self.slot = &result;
+            receivers_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_, &deadline);
+            // Timed out: a sender that raced it lost its claim and moved nothing; `result`
+            // is empty then.
+            detail::block(lock_, receivers_, self, &deadline);
+            if (!self.retry) return result;
         }
-        if (closed_) return result;
-        self.slot = &result;
-        receivers_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_, &deadline);
-        // Timed out: a sender that raced it took its value back under the lock, which
-        // block() took before returning; `result` is empty then.
-        detail::block(lock_, receivers_, self, &deadline);
-        return result;
     }
 
     // fiber_report()'s look at a channel a fiber waits on (WaitOps::describe).
@@ -2867,11 +2889,12 @@ private:
 // default case runs if there is one; else the caller publishes one Waiter per channel case,
 // all sharing one WaitState, and parks (a fiber) or blocks (a thread) until the first claim
 // of any of them wins the whole select, or the earliest timeout case's deadline passes. A
-// notifier that fails that claim skips the waiter as it skips a timed-out one, and a send
-// that handed a value to such a receive case takes it back: a case that lost leaves its
-// channel untouched, and a send case that lost keeps its value. Woken, the caller takes the
-// channel locks again to unlink every waiter still linked. The winning case's fn runs after
-// every lock is released, in the caller.
+// notifier claims before it moves a value, and one that fails the claim skips the waiter as
+// it skips a timed-out one: a case that lost leaves its channel untouched, and a send case
+// that lost keeps its value. Woken, the caller takes the channel locks again to unlink
+// every waiter still linked. The winning case's fn runs after every lock is released, in
+// the caller. A claim whose value then failed to move (the move threw in the notifier's
+// call) wakes the select to start again, as if nothing had been found.
 //
 // Cost: no allocation of its own. The Waiters, the lock order and the poll order live on
 // the caller's stack (select() is a template over its cases). Each case's std::function
@@ -2896,7 +2919,8 @@ public:
 
     // Completes the case now if it can (true): `ok` whether a value moved (false: the
     // channel is closed); `wake`: a waiter to wake once every lock is released. Throws what
-    // moving the value throws, having changed nothing.
+    // moving the value throws, having moved nothing; `wake` may then name a waiter claimed
+    // for it, to be woken all the same (it tries again: Channel::send_ready()).
     virtual bool try_now(bool& ok, Waiter*& wake) = 0;
     // Publishes `w` as this case's waiter on its channel.
     virtual void enqueue(Waiter& w) noexcept = 0;
@@ -2960,7 +2984,7 @@ private:
 
     Channel<T>* channel_;
     std::function<void(std::optional<T>)> fn_;
-    std::optional<T> result_;  // where the value arrives (a sender writes it under the lock)
+    std::optional<T> result_;  // where the value arrives (a sender writes it under the lock, once claimed)
 };
 
 // select()'s send case: Channel<T>::on_send(value, fn).
@@ -2996,7 +3020,7 @@ private:
 
     Channel<T>* channel_;
     std::function<void(bool)> fn_;
-    T value_;  // a receiver moves it out (and back, if the claim fails) under the lock
+    T value_;  // a receiver that claimed this case moves it out under the lock
 };
 
 // select()'s default case (select_default) and timeout case (select_timeout).
@@ -12735,11 +12759,12 @@ void ConditionVariableAny::describe_wait(const void* cv, char* out, std::size_t 
 //
 // Why a lost case leaves its channel untouched. Every case's Waiter points at the one
 // WaitState of the select; claim() is a CAS on it, so exactly one notifier (or the timer,
-// or the caller's own timeout) wins, and claim() records which Waiter won. A notifier that
-// loses treats the waiter as timed out: a send takes back the value it put in the receive
-// case's slot, a receive moves the value it took back into the send case, both under that
-// channel's lock, which the select takes again (to unlink) before it returns or reads any
-// case. So no value is taken twice, lost, or left in a case that did not run.
+// or the caller's own timeout) wins, and claim() records which Waiter won. A notifier
+// claims before it moves a value, and one that loses treats the waiter as timed out and
+// moves nothing. The winner moves the value under that channel's lock, which the select
+// takes again (to unlink) before it returns or reads any case. So no value is taken twice,
+// lost, or left in a case that did not run. If the winner's move throws, it marks the
+// waiter `retry` and the select, woken, starts over.
 // ---------------------------------------------------------------------------
 
 
@@ -12844,65 +12869,78 @@ std::size_t run_select(const SelectFrame& frame) {
     std::sort(frame.locks, frame.locks + channels, std::less<SpinLock*>());
     SelectLocks held(frame.locks, static_cast<std::size_t>(std::unique(frame.locks, frame.locks + channels) - frame.locks));
 
-    // The state every case's waiter shares; a timed wait in a task puts it on the heap.
-    Waiter self;
     const TimePoint* deadline = timeout_case != no_case ? &frame.cases[timeout_case]->deadline : nullptr;
-    for (bool prepared = deadline == nullptr;; prepared = true) {
+    for (;;) {  // again after a claim whose move threw in the notifier's call
+        // The state every case's waiter shares; a timed wait in a task puts it on the heap.
+        Waiter self;
+        for (bool prepared = deadline == nullptr;; prepared = true) {
+            held.lock();
+            for (std::size_t k = 0; k < channels; ++k) {
+                const std::size_t i = frame.order[k];
+                bool ok = false;
+                Waiter* wake = nullptr;
+                bool done = false;
+                try {
+                    done = frame.cases[i]->try_now(ok, wake);
+                } catch (...) {
+                    held.unlock();
+                    if (wake) wake_waiter(*wake);  // claimed for the value: it tries again
+                    throw;
+                }
+                if (done) {
+                    held.unlock();
+                    if (wake) wake_waiter(*wake);
+                    frame.cases[i]->run(ok);
+                    return i;
+                }
+            }
+            if (default_case != no_case) {
+                held.unlock();
+                frame.cases[default_case]->run(false);
+                return default_case;
+            }
+            if (prepared) break;
+            // Nothing ready: prepare the timed wait with no lock held (it may throw
+            // std::bad_alloc: nothing is published yet), then look again.
+            held.unlock();
+            if (!(std::chrono::steady_clock::now() < *deadline)) {
+                give_way_to_one_task();
+                frame.cases[timeout_case]->run(false);
+                return timeout_case;
+            }
+            prepare_timed_wait(self);
+        }
+
+        for (std::size_t k = 0; k < channels; ++k) {
+            const std::size_t i = frame.order[k];
+            Waiter& w = frame.waiters[i];
+            w.state = self.state;
+            w.ok = false;
+            w.retry = false;
+            frame.cases[i]->enqueue(w);
+        }
+        note_wait(WaitReason::Select, &wait, &select_wait_ops, deadline);
+        const bool claimed = block_all(held.locks(), held.count(), self, deadline);
+        held.released();
+        // Unlink every waiter still linked (the winner's notifier and those that failed to
+        // claim the others took theirs off already); then the winner's fields are final.
         held.lock();
         for (std::size_t k = 0; k < channels; ++k) {
             const std::size_t i = frame.order[k];
-            bool ok = false;
-            Waiter* wake = nullptr;
-            if (frame.cases[i]->try_now(ok, wake)) {  // may throw: `held` unlocks
-                held.unlock();
-                if (wake) wake_waiter(*wake);
-                frame.cases[i]->run(ok);
-                return i;
-            }
+            frame.cases[i]->unlink(frame.waiters[i]);
         }
-        if (default_case != no_case) {
-            held.unlock();
-            frame.cases[default_case]->run(false);
-            return default_case;
-        }
-        if (prepared) break;
-        // Nothing ready: prepare the timed wait with no lock held (it may throw
-        // std::bad_alloc: nothing is published yet), then look again.
+        Waiter* winner = claimed ? self.state->claimed_by : nullptr;
         held.unlock();
-        if (!(std::chrono::steady_clock::now() < *deadline)) {
-            give_way_to_one_task();
+        if (!winner) {
             frame.cases[timeout_case]->run(false);
             return timeout_case;
         }
-        prepare_timed_wait(self);
+        const auto i = static_cast<std::size_t>(winner - frame.waiters);
+        FIBER_SCHED_ASSERT(i < frame.count && "select(): woken by a waiter that is not one of its cases");
+        if (winner->retry) continue;
+        frame.cases[i]->run(winner->ok);
+        return i;
     }
-
-    for (std::size_t k = 0; k < channels; ++k) {
-        const std::size_t i = frame.order[k];
-        frame.waiters[i].state = self.state;
-        frame.cases[i]->enqueue(frame.waiters[i]);
-    }
-    note_wait(WaitReason::Select, &wait, &select_wait_ops, deadline);
-    const bool claimed = block_all(held.locks(), held.count(), self, deadline);
-    held.released();
-    // Unlink every waiter still linked (the winner's notifier and those that failed to claim
-    // the others took theirs off already); then the winner's fields are final.
-    held.lock();
-    for (std::size_t k = 0; k < channels; ++k) {
-        const std::size_t i = frame.order[k];
-        frame.cases[i]->unlink(frame.waiters[i]);
-    }
-    Waiter* winner = claimed ? self.state->claimed_by : nullptr;
-    held.unlock();
-    if (!winner) {
-        frame.cases[timeout_case]->run(false);
-        return timeout_case;
-    }
-    const auto i = static_cast<std::size_t>(winner - frame.waiters);
-    FIBER_SCHED_ASSERT(i < frame.count && "select(): woken by a waiter that is not one of its cases");
-    if (winner->error) std::rethrow_exception(winner->error);
-    frame.cases[i]->run(winner->ok);
-    return i;
 }
 
 }  // namespace detail

@@ -11,11 +11,12 @@
 // default case runs if there is one; else the caller publishes one Waiter per channel case,
 // all sharing one WaitState, and parks (a fiber) or blocks (a thread) until the first claim
 // of any of them wins the whole select, or the earliest timeout case's deadline passes. A
-// notifier that fails that claim skips the waiter as it skips a timed-out one, and a send
-// that handed a value to such a receive case takes it back: a case that lost leaves its
-// channel untouched, and a send case that lost keeps its value. Woken, the caller takes the
-// channel locks again to unlink every waiter still linked. The winning case's fn runs after
-// every lock is released, in the caller.
+// notifier claims before it moves a value, and one that fails the claim skips the waiter as
+// it skips a timed-out one: a case that lost leaves its channel untouched, and a send case
+// that lost keeps its value. Woken, the caller takes the channel locks again to unlink
+// every waiter still linked. The winning case's fn runs after every lock is released, in
+// the caller. A claim whose value then failed to move (the move threw in the notifier's
+// call) wakes the select to start again, as if nothing had been found.
 //
 // Cost: no allocation of its own. The Waiters, the lock order and the poll order live on
 // the caller's stack (select() is a template over its cases). Each case's std::function
@@ -41,7 +42,8 @@ public:
 
     // Completes the case now if it can (true): `ok` whether a value moved (false: the
     // channel is closed); `wake`: a waiter to wake once every lock is released. Throws what
-    // moving the value throws, having changed nothing.
+    // moving the value throws, having moved nothing; `wake` may then name a waiter claimed
+    // for it, to be woken all the same (it tries again: Channel::send_ready()).
     virtual bool try_now(bool& ok, Waiter*& wake) = 0;
     // Publishes `w` as this case's waiter on its channel.
     virtual void enqueue(Waiter& w) noexcept = 0;
@@ -105,7 +107,7 @@ private:
 
     Channel<T>* channel_;
     std::function<void(std::optional<T>)> fn_;
-    std::optional<T> result_;  // where the value arrives (a sender writes it under the lock)
+    std::optional<T> result_;  // where the value arrives (a sender writes it under the lock, once claimed)
 };
 
 // select()'s send case: Channel<T>::on_send(value, fn).
@@ -141,7 +143,7 @@ private:
 
     Channel<T>* channel_;
     std::function<void(bool)> fn_;
-    T value_;  // a receiver moves it out (and back, if the claim fails) under the lock
+    T value_;  // a receiver that claimed this case moves it out under the lock
 };
 
 // select()'s default case (select_default) and timeout case (select_timeout).

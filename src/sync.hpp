@@ -59,7 +59,9 @@ public:
 private:
     static constexpr int spin_limit = 64;     // cpu_relax() rounds before a yield
     static constexpr int heir_after = 16;     // yields before a waiter claims the heir token
-    static constexpr int token_lease = 1024;  // looks at a free, closed lock before it is taken anyway
+    static constexpr int token_lease = 128;  // looks at a free, closed lock before it is taken anyway
+    // (mostly yields: a loaded machine gives each a time slice, so 1024 stalled a waiter
+    // for seconds behind an heir that was waiting for a CPU)
 
     FIBER_SCHED_NOINLINE void lock_contended() noexcept {
         bool heir = false;       // this waiter holds the token
@@ -135,7 +137,8 @@ struct Waiter {
     void* slot = nullptr;              // Channel: where the value comes from or goes to
     bool ok = false;                   // Channel: the transfer happened (false: closed);
                                        // Mutex: the lock was handed over
-    std::exception_ptr error;          // Channel: moving this sender's value threw that
+    bool retry = false;                // Channel: claimed, but moving the value threw in
+                                       // the other side's call: nothing moved, try again
 };
 
 // FIFO of waiters; the owning object's lock guards it.
@@ -386,13 +389,15 @@ template <class T>
 class SendCase;
 
 // A typed FIFO channel, Go style. Capacity 0: every send meets a receive (rendezvous).
-// Senders and receivers are served in arrival order. A value a send hands to a waiter that
-// gave up meanwhile (a timed wait that timed out, a select() that another case won) is taken
-// back before anyone else sees it: each value is received once or stays its sender's.
-// That taking back is a second move: with a T whose move can throw, a throw there (the other
-// side having given up during the first move) or in select()'s hand-off of a received value
-// to its case's function loses that value. Not yet fixed: give such channels a T whose move
-// does not throw (a std::unique_ptr, or a type with a noexcept move).
+// Senders and receivers are served in arrival order. A send or receive that finds the other
+// side blocked claims it first (a waiter that gave up meanwhile, a timed wait that timed out
+// or a select() that another case won, is skipped) and only then moves the value, once:
+// each value is received once or stays its sender's. If that move throws (a T whose move or
+// copy can throw), the call that made it throws the exception and the value stays where it
+// was (the sender's, or the buffer's front); the claimed waiter is woken to try again, as if
+// it had not been found. select() hands a received value to its case's function with one
+// more move (the function's parameter), like `T v = *ch.receive();` after a receive(): a
+// throw there leaves select() with the exception, and the value, already received, is gone.
 template <class T>
 class Channel {
 public:
@@ -408,22 +413,18 @@ public:
     // waiters are as before (a blocked sender whose value throws on its way into the
     // buffer is woken with that exception).
     bool send(T value) {
-        std::unique_lock<detail::SpinLock> guard(lock_);
-        if (closed_) return false;
-        detail::Waiter* wake = nullptr;
-        if (send_ready(value, wake)) {
-            guard.unlock();
-            if (wake) detail::wake_waiter(*wake);
-            return true;
+        for (;;) {
+            std::unique_lock<detail::SpinLock> guard(lock_);
+            if (closed_) return false;
+            if (send_now(value, guard)) return true;
+            detail::Waiter self;
+            self.slot = &value;
+            senders_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_);
+            detail::block(lock_, senders_, self, nullptr);
+            if (!self.retry) return self.ok;
         }
-        detail::Waiter self;
-        self.slot = &value;
-        senders_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_);
-        detail::block(lock_, senders_, self, nullptr);
-        if (self.error) std::rethrow_exception(self.error);
-        return self.ok;
     }
 
     // Sends `value` if that needs no wait: a receiver is waiting or the buffer has room.
@@ -431,11 +432,7 @@ public:
     bool try_send(T& value) {
         std::unique_lock<detail::SpinLock> guard(lock_);
         if (closed_) return false;
-        detail::Waiter* wake = nullptr;
-        const bool sent = send_ready(value, wake);
-        guard.unlock();
-        if (wake) detail::wake_waiter(*wake);
-        return sent;
+        return send_now(value, guard);
     }
 
     // As send(), but gives up once `d` has passed (never earlier). Moves from `value` only
@@ -458,21 +455,17 @@ public:
     // the value stays in the channel.
     std::optional<T> receive() {
         std::optional<T> result;  // the one object every path returns (named return value)
-        std::unique_lock<detail::SpinLock> guard(lock_);
-        detail::Waiter* wake = nullptr;
-        if (receive_ready(result, wake)) {
-            guard.unlock();
-            if (wake) detail::wake_waiter(*wake);
-            return result;
+        for (;;) {
+            std::unique_lock<detail::SpinLock> guard(lock_);
+            if (receive_now(result, guard) || closed_) return result;
+            detail::Waiter self;
+            self.slot = &result;
+            receivers_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
+            detail::block(lock_, receivers_, self, nullptr);
+            if (!self.retry) return result;  // retried: `result` is empty
         }
-        if (closed_) return result;
-        detail::Waiter self;
-        self.slot = &result;
-        receivers_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_);
-        detail::block(lock_, receivers_, self, nullptr);
-        return result;
     }
 
     // Receives the oldest value if there is one now (buffered, or from a blocked sender);
@@ -480,10 +473,7 @@ public:
     std::optional<T> try_receive() {
         std::optional<T> result;
         std::unique_lock<detail::SpinLock> guard(lock_);
-        detail::Waiter* wake = nullptr;
-        receive_ready(result, wake);
-        guard.unlock();
-        if (wake) detail::wake_waiter(*wake);
+        receive_now(result, guard);
         return result;
     }
 
@@ -544,21 +534,22 @@ private:
 
     // Under lock_, the channel open: hands `value` to the longest waiting receiver, else
     // into the buffer if it has room; false if neither can take it now. `wake`: the receiver
-    // to wake once the lock is released. If moving the value throws, nothing changed.
+    // to wake once the lock is released. If moving the value throws, the exception leaves
+    // here with the value still the caller's, and `wake` may name a receiver claimed for it:
+    // the caller wakes it all the same (marked to try again) once the lock is released.
     bool send_ready(T& value, detail::Waiter*& wake) {
-        while (detail::Waiter* receiver = detail::front_waiting(receivers_)) {
-            auto* slot = static_cast<std::optional<T>*>(receiver->slot);
-            slot->emplace(std::move(value));  // may throw: the receiver stays queued, untouched
-            receivers_.remove(receiver);
-            if (detail::claim(*receiver)) {
-                receiver->ok = true;
-                wake = receiver;
-                return true;
+        // Claimed before the value moves: a receiver that gave up meanwhile (a timed
+        // receive, a select that another case won) is skipped, and a value never moves back.
+        if (detail::Waiter* receiver = detail::pop_claimed(receivers_)) {
+            wake = receiver;
+            try {
+                static_cast<std::optional<T>*>(receiver->slot)->emplace(std::move(value));
+            } catch (...) {
+                receiver->retry = true;
+                throw;
             }
-            // It gave up meanwhile (a timed receive, a select that another case won): take
-            // the value back for the next one.
-            value = std::move(**slot);
-            slot->reset();
+            receiver->ok = true;
+            return true;
         }
         if (buffer_.size() < capacity_) {
             buffer_.push_back(std::move(value));  // strong guarantee
@@ -567,103 +558,134 @@ private:
         return false;
     }
 
+    // send_ready() under `guard` (held): true once sent, the lock released and the receiver
+    // woken; false with the lock still held. On a throw: the lock released, a claimed
+    // receiver woken to try again, the exception rethrown.
+    bool send_now(T& value, std::unique_lock<detail::SpinLock>& guard) {
+        detail::Waiter* wake = nullptr;
+        bool sent = false;
+        try {
+            sent = send_ready(value, wake);
+        } catch (...) {
+            guard.unlock();
+            if (wake) detail::wake_waiter(*wake);
+            throw;
+        }
+        if (!sent) return false;
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return true;
+    }
+
     // Under lock_: takes the oldest value into `result` (empty on entry): the buffer's front
     // (and the longest blocked sender's value moves in behind it), else straight from the
     // longest blocked sender; false if there is none now. `wake`: the sender to wake once the
-    // lock is released. If moving the value throws, nothing changed.
+    // lock is released. If moving the value out throws, the exception leaves here, the value
+    // stays where it was, and `wake` may name a sender claimed for it: the caller wakes it
+    // all the same (marked to try again) once the lock is released.
     bool receive_ready(std::optional<T>& result, detail::Waiter*& wake) {
         if (!buffer_.empty()) {
             result.emplace(std::move(buffer_.front()));  // may throw: nothing changed
             buffer_.pop_front();
-            // If moving the sender's value into the buffer throws, its send() throws it.
+            // The longest blocked sender's value moves in behind; if that move throws, the
+            // sender tries again itself (its send() then throws it, or finds room later).
             if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+                wake = sender;
                 try {
                     buffer_.push_back(std::move(*static_cast<T*>(sender->slot)));
                     sender->ok = true;
                 } catch (...) {
-                    sender->error = std::current_exception();
+                    sender->retry = true;
                 }
-                wake = sender;
             }
             return true;
         }
-        while (detail::Waiter* sender = detail::front_waiting(senders_)) {
-            auto* value = static_cast<T*>(sender->slot);
-            result.emplace(std::move(*value));  // may throw: sender untouched
-            senders_.remove(sender);
-            if (detail::claim(*sender)) {
-                sender->ok = true;
-                wake = sender;
-                return true;
+        // Claimed before the value moves, as in send_ready().
+        if (detail::Waiter* sender = detail::pop_claimed(senders_)) {
+            wake = sender;
+            try {
+                result.emplace(std::move(*static_cast<T*>(sender->slot)));
+            } catch (...) {
+                sender->retry = true;
+                throw;
             }
-            // It gave up meanwhile (a timed send, a select that another case won): the value
-            // goes back to it.
-            *value = std::move(*result);
-            result.reset();
+            sender->ok = true;
+            return true;
         }
         return false;
     }
 
-    bool send_until_steady(T& value, detail::TimePoint deadline) {
-        detail::Waiter self;
-        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
-        for (bool prepared = false;; prepared = true) {
-            guard.lock();
-            if (closed_) return false;
-            detail::Waiter* wake = nullptr;
-            if (send_ready(value, wake)) {
-                guard.unlock();
-                if (wake) detail::wake_waiter(*wake);
-                return true;
-            }
-            if (prepared) break;
-            // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no lock
-            // held, then look again. A ready send never allocates.
+    // receive_ready() under `guard` (held): true with a value, the lock released and the
+    // sender woken; false with the lock still held. On a throw, as send_now().
+    bool receive_now(std::optional<T>& result, std::unique_lock<detail::SpinLock>& guard) {
+        detail::Waiter* wake = nullptr;
+        bool received = false;
+        try {
+            received = receive_ready(result, wake);
+        } catch (...) {
             guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) {
-                detail::give_way_to_one_task();
-                return false;
-            }
-            detail::prepare_timed_wait(self);
+            if (wake) detail::wake_waiter(*wake);
+            throw;
         }
-        self.slot = &value;
-        senders_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_, &deadline);
-        if (!detail::block(lock_, senders_, self, &deadline)) return false;  // the value is ours
-        if (self.error) std::rethrow_exception(self.error);
-        return self.ok;
+        if (!received) return false;
+        guard.unlock();
+        if (wake) detail::wake_waiter(*wake);
+        return true;
+    }
+
+    bool send_until_steady(T& value, detail::TimePoint deadline) {
+        for (;;) {  // again after a claim whose move threw in the receiver's call
+            detail::Waiter self;
+            std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+            for (bool prepared = false;; prepared = true) {
+                guard.lock();
+                if (closed_) return false;
+                if (send_now(value, guard)) return true;
+                if (prepared) break;
+                // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no
+                // lock held, then look again. A ready send never allocates.
+                guard.unlock();
+                if (!(std::chrono::steady_clock::now() < deadline)) {
+                    detail::give_way_to_one_task();
+                    return false;
+                }
+                detail::prepare_timed_wait(self);
+            }
+            self.slot = &value;
+            senders_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelSend, this, &wait_ops_, &deadline);
+            if (!detail::block(lock_, senders_, self, &deadline)) return false;  // the value is ours
+            if (!self.retry) return self.ok;
+        }
     }
 
     std::optional<T> receive_until_steady(detail::TimePoint deadline) {
         std::optional<T> result;
-        detail::Waiter self;
-        std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
-        for (bool prepared = false;; prepared = true) {
-            guard.lock();
-            detail::Waiter* wake = nullptr;
-            if (receive_ready(result, wake)) {
+        for (;;) {  // again after a claim whose move threw in the sender's call
+            detail::Waiter self;
+            std::unique_lock<detail::SpinLock> guard(lock_, std::defer_lock);
+            for (bool prepared = false;; prepared = true) {
+                guard.lock();
+                if (receive_now(result, guard)) return result;
+                if (closed_ || prepared) break;
                 guard.unlock();
-                if (wake) detail::wake_waiter(*wake);
-                return result;
+                if (!(std::chrono::steady_clock::now() < deadline)) {
+                    detail::give_way_to_one_task();
+                    return result;
+                }
+                detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
             }
-            if (closed_ || prepared) break;
-            guard.unlock();
-            if (!(std::chrono::steady_clock::now() < deadline)) {
-                detail::give_way_to_one_task();
-                return result;
-            }
-            detail::prepare_timed_wait(self);  // may throw std::bad_alloc: nothing is held
+            if (closed_) return result;
+            self.slot = &result;
+            receivers_.push_back(&self);
+            guard.release();  // block() releases it
+            detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_, &deadline);
+            // Timed out: a sender that raced it lost its claim and moved nothing; `result`
+            // is empty then.
+            detail::block(lock_, receivers_, self, &deadline);
+            if (!self.retry) return result;
         }
-        if (closed_) return result;
-        self.slot = &result;
-        receivers_.push_back(&self);
-        guard.release();  // block() releases it
-        detail::note_wait(detail::WaitReason::ChannelReceive, this, &wait_ops_, &deadline);
-        // Timed out: a sender that raced it took its value back under the lock, which
-        // block() took before returning; `result` is empty then.
-        detail::block(lock_, receivers_, self, &deadline);
-        return result;
     }
 
     // fiber_report()'s look at a channel a fiber waits on (WaitOps::describe).

@@ -235,17 +235,29 @@ namespace {
 
 std::atomic<bool> moves_throw{false};  // every move throws
 std::atomic<int> poisoned{-1};         // moving this value throws
+std::atomic<int> moves_left{-1};       // >= 0: moves allowed before every move throws
+std::atomic<int> moves{0};             // moves made (or tried)
+
+// Values whose move throws on demand; a value divisible by `always_throws` (if set) throws
+// on every move.
+std::atomic<int> always_throws{0};
 
 struct Fragile {
     int value = 0;
     explicit Fragile(int v) : value(v) {}
-    Fragile(Fragile&& other) : value(other.value) {
-        if (moves_throw.load() || other.value == poisoned.load()) throw std::runtime_error("move failed");
-    }
+    Fragile(Fragile&& other) : value(other.value) { check(other.value); }
     Fragile& operator=(Fragile&& other) {
-        if (moves_throw.load() || other.value == poisoned.load()) throw std::runtime_error("move failed");
+        check(other.value);
         value = other.value;
         return *this;
+    }
+    static void check(int v) {
+        moves++;
+        const int every = always_throws.load();
+        if (moves_throw.load() || v == poisoned.load() || (every != 0 && v % every == 0)) {
+            throw std::runtime_error("move failed");
+        }
+        if (moves_left.load() >= 0 && moves_left.fetch_sub(1) <= 0) throw std::runtime_error("move failed");
     }
 };
 
@@ -297,31 +309,42 @@ TEST_CASE("a Channel stays usable, with no waiter lost, when moving a value thro
         CHECK(sent);
         CHECK(received == 7);
     }
-    SUBCASE("a blocked sender's value that cannot move into the buffer") {
-        Scheduler s(1, false);
-        fsched::Channel<Fragile> ch(1);
-        bool sender_threw = false;
-        int received = -1, after = -1;
-        s.start();
-        s.schedule([&] {
-            ch.send(Fragile(1));  // fills the buffer
-            try {
-                ch.send(Fragile(2));  // blocks; its move into the buffer will throw
-            } catch (const std::runtime_error&) {
-                sender_threw = true;
-            }
-        });
-        s.schedule([&] {
-            poisoned = 2;
-            received = ch.receive()->value;  // takes 1; 2 cannot follow it into the buffer
+    SUBCASE("a blocked sender's value that cannot move into the buffer: the sender tries again itself") {
+        // The receiver's move of the sender's value into the buffer throws: the sender is
+        // woken to try again. If its value moves then, it is sent; if it still throws, the
+        // sender's own send() throws it. Either way the value is never lost.
+        for (bool heals : {true, false}) {
+            CAPTURE(heals);
+            Scheduler s(1, false);
+            fsched::Channel<Fragile> ch(1);
+            bool sender_threw = false, sent = false;
+            int received = -1, after = -1;
+            s.start();
+            s.schedule([&] {
+                ch.send(Fragile(1));  // fills the buffer
+                try {
+                    sent = ch.send(Fragile(2));  // blocks; its move into the buffer will throw
+                } catch (const std::runtime_error&) {
+                    sender_threw = true;
+                }
+            });
+            s.schedule([&] {
+                poisoned = 2;
+                received = ch.receive()->value;  // takes 1; 2 cannot follow it into the buffer
+                ch.send(Fragile(3));  // the channel works on: lock free, buffer consistent
+                after = ch.receive()->value;
+                if (heals) poisoned = -1;  // before the sender's second try
+            });
+            s.stop();
             poisoned = -1;
-            ch.send(Fragile(3));  // the channel works on: lock free, buffer consistent
-            after = ch.receive()->value;
-        });
-        s.stop();
-        CHECK(received == 1);
-        CHECK(sender_threw);
-        CHECK(after == 3);
+            CHECK(received == 1);
+            CHECK(after == 3);
+            CHECK(sender_threw == !heals);
+            CHECK(sent == heals);
+            const auto left = ch.try_receive();
+            CHECK(left.has_value() == heals);
+            if (left) CHECK(left->value == 2);
+        }
     }
     SUBCASE("a throwing push into the buffer leaves the channel unlocked") {
         fsched::Channel<Fragile> ch(4);
@@ -335,6 +358,192 @@ TEST_CASE("a Channel stays usable, with no waiter lost, when moving a value thro
     }
     moves_throw = false;
     poisoned = -1;
+}
+
+TEST_CASE("Channel: a value never moves into a waiter that gave up, so a move that would throw there loses nothing") {
+    // A select parked on two channels is claimed through `a`; before it runs, a send on `b`
+    // finds its waiter still linked there. The claim fails and the value goes into the
+    // buffer with one move, and only one (the next would throw). The send used to move the
+    // value into a waiter and claim it afterwards, moving it back when another had claimed
+    // it in between, and a throw on the way back lost it: that window needs a race, which
+    // the last test of this group runs for.
+    Scheduler s(1, false);
+    fsched::Channel<Fragile> a, b(1);
+    int got_a = -1, cases_run = 0;
+    std::size_t ran = 99;
+    bool b_sent = false, b_threw = false;
+    s.start();
+    s.schedule([&] {
+        ran = fsched::select(a.on_receive([&](std::optional<Fragile> v) {
+                                 ++cases_run;
+                                 got_a = v ? v->value : -2;
+                             }),
+                             b.on_receive([&](std::optional<Fragile>) { ++cases_run; }));
+    });
+    s.schedule([&] {
+        a.send(Fragile(1));  // claims the select, which cannot run before this task parks or ends
+        Fragile v(2);
+        moves_left = 1;  // the next move succeeds, every later one throws
+        moves = 0;
+        try {
+            b_sent = b.try_send(v);
+            CHECK(moves == 1);
+        } catch (const std::runtime_error&) {
+            b_threw = true;
+        }
+        moves_left = -1;
+    });
+    s.stop();
+    moves_left = -1;
+    CHECK(!b_threw);
+    CHECK(b_sent);
+    CHECK(ran == 0);
+    CHECK(cases_run == 1);
+    CHECK(got_a == 1);
+    const auto left = b.try_receive();
+    REQUIRE(left);
+    CHECK(left->value == 2);
+}
+
+TEST_CASE("select: a claim whose value then fails to move wakes the select to try again") {
+    SUBCASE("a receive case: the sender's move throws in the sender's send()") {
+        Scheduler s(1, false);
+        fsched::Channel<Fragile> ch;
+        int got = -1, cases_run = 0;
+        bool first_threw = false, second_sent = false;
+        s.start();
+        s.schedule([&] {
+            fsched::select(ch.on_receive([&](std::optional<Fragile> v) {
+                ++cases_run;
+                got = v ? v->value : -2;
+            }));
+        });
+        s.schedule([&] {
+            moves_throw = true;
+            try {
+                ch.send(Fragile(1));  // claims the select's waiter; the move into it throws
+            } catch (const std::runtime_error&) {
+                first_threw = true;
+            }
+            moves_throw = false;
+            second_sent = ch.send(Fragile(2));  // waits: the select is off the list, retrying
+        });
+        s.stop();
+        CHECK(first_threw);
+        CHECK(second_sent);
+        CHECK(cases_run == 1);
+        CHECK(got == 2);
+    }
+    SUBCASE("a send case: the receiver's move throws in the receiver's receive()") {
+        Scheduler s(1, false);
+        fsched::Channel<Fragile> ch;
+        int got = -1, cases_run = 0;
+        bool first_threw = false, sent = false;
+        s.start();
+        s.schedule([&] {
+            fsched::select(ch.on_send(Fragile(5), [&](bool ok) {
+                ++cases_run;
+                sent = ok;
+            }));
+        });
+        s.schedule([&] {
+            moves_throw = true;
+            try {
+                ch.receive();
+            } catch (const std::runtime_error&) {
+                first_threw = true;
+            }
+            moves_throw = false;
+            got = ch.receive()->value;  // waits for the select's second try
+        });
+        s.stop();
+        CHECK(first_threw);
+        CHECK(sent);
+        CHECK(cases_run == 1);
+        CHECK(got == 5);
+    }
+    moves_throw = false;
+}
+
+TEST_CASE("Channel: racing timed waits, selects and values whose moves throw deliver every sent value exactly once") {
+    // Values divisible by 5 throw on every move: their send() throws (never received, never
+    // lost in the channel); a receive that moves one out of a blocked sender throws too, and
+    // that sender tries again. Every other value's send() returns true and is received once.
+    for (std::size_t capacity : {std::size_t{0}, std::size_t{2}}) {
+        CAPTURE(capacity);
+        always_throws = 5;
+        constexpr int senders = 4, per_sender = 300;
+        constexpr int expected = senders * per_sender * 4 / 5;
+        fsched::Channel<Fragile> ch(capacity), other(1);
+        std::vector<std::atomic<int>> seen(senders * per_sender);
+        std::atomic<int> received{0}, sent_ok{0}, send_threw{0}, wrong{0};
+        Scheduler s(4, false);
+        s.start();
+        fsched::WaitGroup senders_done(senders);
+        for (int k = 0; k < senders; ++k) {
+            s.schedule([&, k] {
+                for (int i = k * per_sender; i < (k + 1) * per_sender; ++i) {
+                    try {
+                        if (i % 2 == 0) {
+                            if (ch.send(Fragile(i))) sent_ok++;
+                        } else {
+                            Fragile v(i);
+                            while (!ch.send_for(v, 50us)) {
+                            }
+                            sent_ok++;
+                        }
+                    } catch (const std::runtime_error&) {
+                        send_threw++;
+                        if (i % 5 != 0) wrong++;
+                    }
+                }
+                senders_done.done();
+            });
+        }
+        auto take = [&](const Fragile& v) {
+            if (v.value % 5 == 0 || seen[static_cast<std::size_t>(v.value)].fetch_add(1) != 0) wrong++;
+            received++;
+        };
+        // A lost value would keep the receivers waiting: they give up after 60 s.
+        const auto give_up = std::chrono::steady_clock::now() + 60s;
+        auto receiver = [&](int kind) {
+            while (received.load() < expected && std::chrono::steady_clock::now() < give_up) {
+                try {
+                    if (kind == 0) {
+                        if (auto v = ch.receive_for(100us)) take(*v);
+                    } else {
+                        fsched::select(ch.on_receive([&](std::optional<Fragile> v) {
+                                           if (v) take(*v);
+                                       }),
+                                       other.on_receive([](std::optional<Fragile>) {}),
+                                       fsched::select_timeout(100us));
+                    }
+                } catch (const std::runtime_error&) {
+                    // a blocked sender's value that cannot move: that sender tries again
+                }
+            }
+        };
+        fsched::WaitGroup receivers_done(4);
+        for (int k = 0; k < 4; ++k) {
+            s.schedule([&, k] {
+                receiver(k % 2);
+                receivers_done.done();
+            });
+        }
+        std::thread plain([&] { receiver(0); });  // a plain thread among them
+        plain.join();
+        receivers_done.wait();
+        ch.close();  // only a failure leaves a sender waiting: it returns then
+        senders_done.wait();
+        s.stop();
+        always_throws = 0;
+        CHECK(wrong == 0);
+        CHECK(sent_ok == expected);
+        CHECK(send_threw == senders * per_sender / 5);
+        CHECK(received == expected);
+        CHECK(ch.size() == 0);
+    }
+    always_throws = 0;
 }
 
 // --- 3: a task yielding in a loop starves no one -------------------------------------------

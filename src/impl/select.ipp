@@ -3,11 +3,12 @@
 //
 // Why a lost case leaves its channel untouched. Every case's Waiter points at the one
 // WaitState of the select; claim() is a CAS on it, so exactly one notifier (or the timer,
-// or the caller's own timeout) wins, and claim() records which Waiter won. A notifier that
-// loses treats the waiter as timed out: a send takes back the value it put in the receive
-// case's slot, a receive moves the value it took back into the send case, both under that
-// channel's lock, which the select takes again (to unlink) before it returns or reads any
-// case. So no value is taken twice, lost, or left in a case that did not run.
+// or the caller's own timeout) wins, and claim() records which Waiter won. A notifier
+// claims before it moves a value, and one that loses treats the waiter as timed out and
+// moves nothing. The winner moves the value under that channel's lock, which the select
+// takes again (to unlink) before it returns or reads any case. So no value is taken twice,
+// lost, or left in a case that did not run. If the winner's move throws, it marks the
+// waiter `retry` and the select, woken, starts over.
 // ---------------------------------------------------------------------------
 
 #pragma once
@@ -113,65 +114,78 @@ std::size_t run_select(const SelectFrame& frame) {
     std::sort(frame.locks, frame.locks + channels, std::less<SpinLock*>());
     SelectLocks held(frame.locks, static_cast<std::size_t>(std::unique(frame.locks, frame.locks + channels) - frame.locks));
 
-    // The state every case's waiter shares; a timed wait in a task puts it on the heap.
-    Waiter self;
     const TimePoint* deadline = timeout_case != no_case ? &frame.cases[timeout_case]->deadline : nullptr;
-    for (bool prepared = deadline == nullptr;; prepared = true) {
+    for (;;) {  // again after a claim whose move threw in the notifier's call
+        // The state every case's waiter shares; a timed wait in a task puts it on the heap.
+        Waiter self;
+        for (bool prepared = deadline == nullptr;; prepared = true) {
+            held.lock();
+            for (std::size_t k = 0; k < channels; ++k) {
+                const std::size_t i = frame.order[k];
+                bool ok = false;
+                Waiter* wake = nullptr;
+                bool done = false;
+                try {
+                    done = frame.cases[i]->try_now(ok, wake);
+                } catch (...) {
+                    held.unlock();
+                    if (wake) wake_waiter(*wake);  // claimed for the value: it tries again
+                    throw;
+                }
+                if (done) {
+                    held.unlock();
+                    if (wake) wake_waiter(*wake);
+                    frame.cases[i]->run(ok);
+                    return i;
+                }
+            }
+            if (default_case != no_case) {
+                held.unlock();
+                frame.cases[default_case]->run(false);
+                return default_case;
+            }
+            if (prepared) break;
+            // Nothing ready: prepare the timed wait with no lock held (it may throw
+            // std::bad_alloc: nothing is published yet), then look again.
+            held.unlock();
+            if (!(std::chrono::steady_clock::now() < *deadline)) {
+                give_way_to_one_task();
+                frame.cases[timeout_case]->run(false);
+                return timeout_case;
+            }
+            prepare_timed_wait(self);
+        }
+
+        for (std::size_t k = 0; k < channels; ++k) {
+            const std::size_t i = frame.order[k];
+            Waiter& w = frame.waiters[i];
+            w.state = self.state;
+            w.ok = false;
+            w.retry = false;
+            frame.cases[i]->enqueue(w);
+        }
+        note_wait(WaitReason::Select, &wait, &select_wait_ops, deadline);
+        const bool claimed = block_all(held.locks(), held.count(), self, deadline);
+        held.released();
+        // Unlink every waiter still linked (the winner's notifier and those that failed to
+        // claim the others took theirs off already); then the winner's fields are final.
         held.lock();
         for (std::size_t k = 0; k < channels; ++k) {
             const std::size_t i = frame.order[k];
-            bool ok = false;
-            Waiter* wake = nullptr;
-            if (frame.cases[i]->try_now(ok, wake)) {  // may throw: `held` unlocks
-                held.unlock();
-                if (wake) wake_waiter(*wake);
-                frame.cases[i]->run(ok);
-                return i;
-            }
+            frame.cases[i]->unlink(frame.waiters[i]);
         }
-        if (default_case != no_case) {
-            held.unlock();
-            frame.cases[default_case]->run(false);
-            return default_case;
-        }
-        if (prepared) break;
-        // Nothing ready: prepare the timed wait with no lock held (it may throw
-        // std::bad_alloc: nothing is published yet), then look again.
+        Waiter* winner = claimed ? self.state->claimed_by : nullptr;
         held.unlock();
-        if (!(std::chrono::steady_clock::now() < *deadline)) {
-            give_way_to_one_task();
+        if (!winner) {
             frame.cases[timeout_case]->run(false);
             return timeout_case;
         }
-        prepare_timed_wait(self);
+        const auto i = static_cast<std::size_t>(winner - frame.waiters);
+        FIBER_SCHED_ASSERT(i < frame.count && "select(): woken by a waiter that is not one of its cases");
+        if (winner->retry) continue;
+        frame.cases[i]->run(winner->ok);
+        return i;
     }
-
-    for (std::size_t k = 0; k < channels; ++k) {
-        const std::size_t i = frame.order[k];
-        frame.waiters[i].state = self.state;
-        frame.cases[i]->enqueue(frame.waiters[i]);
-    }
-    note_wait(WaitReason::Select, &wait, &select_wait_ops, deadline);
-    const bool claimed = block_all(held.locks(), held.count(), self, deadline);
-    held.released();
-    // Unlink every waiter still linked (the winner's notifier and those that failed to claim
-    // the others took theirs off already); then the winner's fields are final.
-    held.lock();
-    for (std::size_t k = 0; k < channels; ++k) {
-        const std::size_t i = frame.order[k];
-        frame.cases[i]->unlink(frame.waiters[i]);
-    }
-    Waiter* winner = claimed ? self.state->claimed_by : nullptr;
-    held.unlock();
-    if (!winner) {
-        frame.cases[timeout_case]->run(false);
-        return timeout_case;
-    }
-    const auto i = static_cast<std::size_t>(winner - frame.waiters);
-    FIBER_SCHED_ASSERT(i < frame.count && "select(): woken by a waiter that is not one of its cases");
-    if (winner->error) std::rethrow_exception(winner->error);
-    frame.cases[i]->run(winner->ok);
-    return i;
 }
 
 }  // namespace detail
