@@ -8184,6 +8184,10 @@ std::string wait_words(const Snapshot& snap, const FiberSnapshot& f) {
     if (f.kind == WaitReason::Mutex) {
         s += f.holder ? " held by " + who(snap, f.holder) : std::string(" (free now)");
     }
+    // A SharedMutex names its exclusive holder; its readers are not recorded.
+    if ((f.kind == WaitReason::SharedMutex || f.kind == WaitReason::SharedMutexShared) && f.holder) {
+        s += " held by " + who(snap, f.holder);
+    }
     if (f.kind == WaitReason::Io) {
         append(s, " on fd %llu for %s", static_cast<unsigned long long>(f.a),
                f.b == 1 ? "reading" : f.b == 2 ? "writing" : "reading and writing");
@@ -8240,15 +8244,19 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
     return line;
 }
 
-// Lock cycles among the snapshot's parked Mutex waiters (each waits for one holder, so the
-// graph is functional: one walk per fiber finds every cycle). Each cycle starts at its
-// smallest id; `min_wait_ns`: each of its fibers has waited at least that long. A timed
-// wait (Mutex::try_lock_for) ends by itself, so it is no edge: a cycle through it is none.
+// Lock cycles among the snapshot's parked lock waiters: a Mutex, or a SharedMutex held
+// exclusively (each waits for one holder, so the graph is functional: one walk per fiber
+// finds every cycle). A writer waiting for a SharedMutex's readers is no edge: readers are
+// not recorded. Each cycle starts at its smallest id; `min_wait_ns`: each of its fibers has
+// waited at least that long. A timed wait (Mutex::try_lock_for) ends by itself, so it is no
+// edge: a cycle through it is none.
 std::vector<std::vector<const FiberSnapshot*>> find_lock_cycles(const Snapshot& snap, std::int64_t min_wait_ns) {
     std::vector<std::vector<const FiberSnapshot*>> cycles;
     std::unordered_map<std::uint64_t, int> color;  // 1: on the walk now, 2: done
     auto waiting = [&](const FiberSnapshot* f) {
-        return f && f->held && f->kind == WaitReason::Mutex && f->holder != 0 &&
+        const bool lock_wait = f && (f->kind == WaitReason::Mutex || f->kind == WaitReason::SharedMutex ||
+                                     f->kind == WaitReason::SharedMutexShared);
+        return lock_wait && f->held && f->holder != 0 &&
                (f->deadline_ns < 0 || f->deadline_ns == INT64_MAX) && snap.taken_ns - f->since_ns >= min_wait_ns;
     };
     for (const FiberSnapshot& start : snap.fibers) {
@@ -8282,7 +8290,7 @@ std::string cycle_sentence(const Snapshot& snap, const std::vector<const FiberSn
     for (std::size_t i = 0; i < cycle.size(); ++i) {
         const FiberSnapshot* f = cycle[i];
         if (i > 0) s += ", which";
-        append(s, " waits for Mutex 0x%llx held by ", address(f->object));
+        append(s, " waits for %s 0x%llx held by ", wait_reason_word(f->kind), address(f->object));
         s += i + 1 < cycle.size() ? who(snap, f->holder) : std::to_string(f->holder);
     }
     return s;
@@ -12529,8 +12537,11 @@ void SharedMutex::lock() {
     writers_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
+    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // the deadlock watch, as Mutex
+    detail::ensure_watchdog();
     // Woken means handed over: the unlocker made us the exclusive owner.
     detail::block(lock_, writers_, self, nullptr);
+    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock() {
@@ -12585,8 +12596,11 @@ void SharedMutex::lock_shared() {
     readers_queue_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
+    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+    detail::ensure_watchdog();
     // Woken means handed over: the unlocker counted us among the readers.
     detail::block(lock_, readers_queue_, self, nullptr);
+    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock_shared() {

@@ -391,6 +391,62 @@ TEST_CASE("deadlock: a lock-order cycle is reported once, naming both fibers and
     CHECK(contains(report, "(db-writer): parked "));
 }
 
+TEST_CASE("deadlock: a cycle through a SharedMutex held exclusively is reported, for a writer and a reader") {
+    if (qemu_user) return;  // (see qemu_user)
+    for (bool shared : {false, true}) {
+        CAPTURE(shared);
+        test::ChildResult r = test::run_in_child([shared] {
+            fsched::detail::set_watch_timing(20ms, 100ms);
+            auto* s = new Scheduler(2, false, "deadlocked");
+            s->start();
+            auto* a = new fsched::Mutex;
+            auto* b = new fsched::SharedMutex;
+            auto* ready = new fsched::WaitGroup(2);
+            s->schedule(fsched::ScheduleTask{nullptr, [=] {
+                                                 std::lock_guard<fsched::Mutex> one(*a);
+                                                 ready->done();
+                                                 ready->wait();
+                                                 if (shared) {
+                                                     b->lock_shared();  // never
+                                                 } else {
+                                                     b->lock();  // never
+                                                 }
+                                             },
+                                             -1, fsched::Priority::Normal, "mutex-holder"});
+            s->schedule(fsched::ScheduleTask{nullptr, [=] {
+                                                 std::lock_guard<fsched::SharedMutex> one(*b);
+                                                 ready->done();
+                                                 ready->wait();
+                                                 std::lock_guard<fsched::Mutex> two(*a);  // never
+                                             },
+                                             -1, fsched::Priority::Normal, "shared-holder"});
+            std::this_thread::sleep_for(1500ms);
+            const std::string report = fsched::fiber_report();
+            std::fprintf(stderr, "REPORT\n%s", report.c_str());
+            std::fflush(stderr);
+            std::_Exit(0);  // the deadlocked scheduler cannot stop
+        }, 60);
+        INFO(r.err);
+        CHECK(r.exited);
+        const std::string& out = r.err;
+        const std::size_t first = out.find("fiber_sched: lock-order deadlock: fiber ");
+        REQUIRE(first != std::string::npos);
+        CHECK(out.find("fiber_sched: lock-order deadlock:", first + 1) == std::string::npos);  // once
+        const std::string sentence = out.substr(first, out.find('\n', first) - first);
+        CHECK(contains(sentence, shared ? "waits for SharedMutex shared 0x" : "waits for SharedMutex 0x"));
+        CHECK(contains(sentence, "waits for Mutex 0x"));
+        CHECK(contains(sentence, "(mutex-holder)"));
+        CHECK(contains(sentence, "(shared-holder)"));
+        // The report's line names the exclusive holder.
+        const std::string report = out.substr(out.find("REPORT\n"));
+        const std::size_t line_at = report.find("(mutex-holder): parked ");
+        REQUIRE(line_at != std::string::npos);
+        const std::string line = report.substr(line_at, report.find('\n', line_at) - line_at);
+        CHECK(contains(line, " held by fiber "));
+        CHECK(contains(line, "(shared-holder)"));
+    }
+}
+
 TEST_CASE("deadlock: no report for a cycle through a timed Mutex wait, which ends by itself") {
     if (qemu_user) return;  // (see qemu_user)
     test::ChildResult r = test::run_in_child([] {

@@ -251,6 +251,10 @@ std::string wait_words(const Snapshot& snap, const FiberSnapshot& f) {
     if (f.kind == WaitReason::Mutex) {
         s += f.holder ? " held by " + who(snap, f.holder) : std::string(" (free now)");
     }
+    // A SharedMutex names its exclusive holder; its readers are not recorded.
+    if ((f.kind == WaitReason::SharedMutex || f.kind == WaitReason::SharedMutexShared) && f.holder) {
+        s += " held by " + who(snap, f.holder);
+    }
     if (f.kind == WaitReason::Io) {
         append(s, " on fd %llu for %s", static_cast<unsigned long long>(f.a),
                f.b == 1 ? "reading" : f.b == 2 ? "writing" : "reading and writing");
@@ -307,15 +311,19 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
     return line;
 }
 
-// Lock cycles among the snapshot's parked Mutex waiters (each waits for one holder, so the
-// graph is functional: one walk per fiber finds every cycle). Each cycle starts at its
-// smallest id; `min_wait_ns`: each of its fibers has waited at least that long. A timed
-// wait (Mutex::try_lock_for) ends by itself, so it is no edge: a cycle through it is none.
+// Lock cycles among the snapshot's parked lock waiters: a Mutex, or a SharedMutex held
+// exclusively (each waits for one holder, so the graph is functional: one walk per fiber
+// finds every cycle). A writer waiting for a SharedMutex's readers is no edge: readers are
+// not recorded. Each cycle starts at its smallest id; `min_wait_ns`: each of its fibers has
+// waited at least that long. A timed wait (Mutex::try_lock_for) ends by itself, so it is no
+// edge: a cycle through it is none.
 std::vector<std::vector<const FiberSnapshot*>> find_lock_cycles(const Snapshot& snap, std::int64_t min_wait_ns) {
     std::vector<std::vector<const FiberSnapshot*>> cycles;
     std::unordered_map<std::uint64_t, int> color;  // 1: on the walk now, 2: done
     auto waiting = [&](const FiberSnapshot* f) {
-        return f && f->held && f->kind == WaitReason::Mutex && f->holder != 0 &&
+        const bool lock_wait = f && (f->kind == WaitReason::Mutex || f->kind == WaitReason::SharedMutex ||
+                                     f->kind == WaitReason::SharedMutexShared);
+        return lock_wait && f->held && f->holder != 0 &&
                (f->deadline_ns < 0 || f->deadline_ns == INT64_MAX) && snap.taken_ns - f->since_ns >= min_wait_ns;
     };
     for (const FiberSnapshot& start : snap.fibers) {
@@ -349,7 +357,7 @@ std::string cycle_sentence(const Snapshot& snap, const std::vector<const FiberSn
     for (std::size_t i = 0; i < cycle.size(); ++i) {
         const FiberSnapshot* f = cycle[i];
         if (i > 0) s += ", which";
-        append(s, " waits for Mutex 0x%llx held by ", address(f->object));
+        append(s, " waits for %s 0x%llx held by ", wait_reason_word(f->kind), address(f->object));
         s += i + 1 < cycle.size() ? who(snap, f->holder) : std::to_string(f->holder);
     }
     return s;

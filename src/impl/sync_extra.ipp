@@ -262,8 +262,11 @@ void SharedMutex::lock() {
     writers_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
+    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // the deadlock watch, as Mutex
+    detail::ensure_watchdog();
     // Woken means handed over: the unlocker made us the exclusive owner.
     detail::block(lock_, writers_, self, nullptr);
+    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock() {
@@ -318,8 +321,11 @@ void SharedMutex::lock_shared() {
     readers_queue_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
+    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+    detail::ensure_watchdog();
     // Woken means handed over: the unlocker counted us among the readers.
     detail::block(lock_, readers_queue_, self, nullptr);
+    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock_shared() {
