@@ -2418,23 +2418,32 @@ private:
         return false;
     }
 
-    // send_ready() under `guard` (held): true once sent, the lock released and the receiver
-    // woken; false with the lock still held. On a throw: the lock released, a claimed
-    // receiver woken to try again, the exception rethrown.
-    bool send_now(T& value, std::unique_lock<detail::SpinLock>& guard) {
+    // send_ready() or receive_ready() under `guard` (held): true once the value moved, with
+    // the lock released and the other side woken; false with the lock still held. On a
+    // throw: the lock released, a waiter claimed for the value woken to try again, the
+    // exception rethrown.
+    template <class Value>
+    bool move_now(bool (Channel::*ready)(Value&, detail::Waiter*&), Value& value,
+                  std::unique_lock<detail::SpinLock>& guard) {
         detail::Waiter* wake = nullptr;
-        bool sent = false;
+        bool moved = false;
         try {
-            sent = send_ready(value, wake);
+            moved = (this->*ready)(value, wake);
         } catch (...) {
             guard.unlock();
             if (wake) detail::wake_waiter(*wake);
             throw;
         }
-        if (!sent) return false;
+        if (!moved) return false;
         guard.unlock();
         if (wake) detail::wake_waiter(*wake);
         return true;
+    }
+    bool send_now(T& value, std::unique_lock<detail::SpinLock>& guard) {
+        return move_now(&Channel::send_ready, value, guard);
+    }
+    bool receive_now(std::optional<T>& result, std::unique_lock<detail::SpinLock>& guard) {
+        return move_now(&Channel::receive_ready, result, guard);
     }
 
     // Under lock_: takes the oldest value into `result` (empty on entry): the buffer's front
@@ -2473,24 +2482,6 @@ private:
             return true;
         }
         return false;
-    }
-
-    // receive_ready() under `guard` (held): true with a value, the lock released and the
-    // sender woken; false with the lock still held. On a throw, as send_now().
-    bool receive_now(std::optional<T>& result, std::unique_lock<detail::SpinLock>& guard) {
-        detail::Waiter* wake = nullptr;
-        bool received = false;
-        try {
-            received = receive_ready(result, wake);
-        } catch (...) {
-            guard.unlock();
-            if (wake) detail::wake_waiter(*wake);
-            throw;
-        }
-        if (!received) return false;
-        guard.unlock();
-        if (wake) detail::wake_waiter(*wake);
-        return true;
     }
 
     bool send_until_steady(T& value, detail::TimePoint deadline) {
