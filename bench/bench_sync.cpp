@@ -280,35 +280,6 @@ struct Case {
     bool done = false;
 };
 
-#if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-// Runs cases[i] for each i in `which` in a child process and copies their results back
-// through a pipe. The caller has no other threads when it forks; the child _exit()s
-// without unwinding (Boost's work_stealing threads cannot be torn down safely).
-bool run_in_child(std::vector<Case>& cases, const std::vector<std::size_t>& which, const Options& opt,
-                  const std::function<void()>& child_setup) {
-    fsched_bench::ChildProcess child([&](int fd) {
-        alarm(300);  // a hung baseline must not hang the benchmark
-        child_setup();
-        for (std::size_t i : which) {
-            const Timing r = cases[i].run(opt);
-            if (!fsched_bench::write_all(fd, &r, sizeof r)) return 1;
-        }
-        return 0;
-    });
-    bool ok = true;
-    for (std::size_t i : which) {
-        Timing r;
-        if (!child.read(&r, sizeof r)) {
-            ok = false;
-            break;
-        }
-        cases[i].result = r;
-        cases[i].done = true;
-    }
-    return child.wait() && ok;
-}
-#endif
-
 std::vector<Case> make_cases() {
     std::vector<Case> c;
     auto add = [&](std::string group, std::string impl, bool ours, Where where,
@@ -680,7 +651,7 @@ int main(int argc, char** argv) {
         if (cases[i].where == Where::work_stealing_child && opt.selected(name(cases[i]))) ws.push_back(i);
     }
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-    if (!ws.empty() && !run_in_child(cases, ws, opt, fsched_bench::join_boost_work_stealing)) {
+    if (!ws.empty() && !fsched_bench::run_cases_in_child(cases, ws, opt, fsched_bench::join_boost_work_stealing)) {
         std::fprintf(stderr, "bench_sync: the Boost.Fiber work_stealing child failed\n");
     }
 #endif

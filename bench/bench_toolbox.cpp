@@ -463,31 +463,6 @@ struct Case {
     bool done = false;
 };
 
-// Runs cases[i] for each i in `which` in one child process (after `setup`) and reads their
-// results back. Forks only while this process has no other threads.
-bool run_in_child(std::vector<Case>& cases, const std::vector<std::size_t>& which, const Options& opt,
-                  const std::function<void()>& setup) {
-    fsched_bench::ChildProcess child([&](int fd) {
-        alarm(300);  // a hung baseline must not hang the benchmark
-        if (setup) setup();
-        for (std::size_t i : which) {
-            const Timing r = cases[i].run(opt);
-            if (!fsched_bench::write_all(fd, &r, sizeof r)) return 1;
-        }
-        return 0;
-    });
-    bool ok = true;
-    for (std::size_t i : which) {
-        Timing r;
-        if (!child.read(&r, sizeof r)) {
-            ok = false;
-            break;
-        }
-        cases[i].result = r;
-        cases[i].done = true;
-    }
-    return child.wait() && ok;
-}
 
 std::vector<Case> make_cases() {
     std::vector<Case> c;
@@ -581,13 +556,13 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
         if (!opt.selected(name(cases[i]))) continue;
         if (cases[i].where == Where::work_stealing_child) ws.push_back(i);
-        if (cases[i].where == Where::child && !run_in_child(cases, {i}, opt, nullptr)) {
+        if (cases[i].where == Where::child && !fsched_bench::run_cases_in_child(cases, {i}, opt, nullptr)) {
             std::fprintf(stderr, "bench_toolbox: %s: its child failed\n", name(cases[i]).c_str());
             any_failed = true;
         }
     }
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
-    if (!ws.empty() && !run_in_child(cases, ws, opt, fsched_bench::join_boost_work_stealing)) {
+    if (!ws.empty() && !fsched_bench::run_cases_in_child(cases, ws, opt, fsched_bench::join_boost_work_stealing)) {
         std::fprintf(stderr, "bench_toolbox: the Boost.Fiber work_stealing child failed\n");
         any_failed = true;
     }

@@ -14,7 +14,8 @@
 //   - build_line() and boost_note(): the first line of every benchmark's output;
 //   - the Boost macros, FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT and _FIBER, defined 0 or 1;
 //   - ChildProcess, write_all() and read_exact(): a forked child with a pipe back to the
-//     benchmark, for the baselines and the client that must not run in its process;
+//     benchmark, for the baselines and the client that must not run in its process, and
+//     run_cases_in_child(): a benchmark's rows run in one such child (bench_sync, bench_toolbox);
 //   - GoTwin, run_go_twin(), have_go(), go_version() and go_note(): the Go twins of
 //     bench/go/, run as a child process when the build made them (FIBER_SCHED_BENCH_GO_TWINS).
 // The benchmarks need a POSIX system (bench/CMakeLists.txt skips them elsewhere).
@@ -38,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -532,6 +534,36 @@ private:
     pid_t pid_ = -1;
     int fd_ = -1;  // the pipe's read end
 };
+
+// Runs cases[i].run(opt) for each i in `which` in one forked child (after `setup`, if set)
+// and copies each Timing back into cases[i].result, setting cases[i].done; false if the
+// child failed before it reported them all. A hung baseline ends the child after 300 s.
+// Fork only while this process has no other threads (ChildProcess). `Case`: a benchmark's
+// row, with run, result and done.
+template <class Case>
+bool run_cases_in_child(std::vector<Case>& cases, const std::vector<std::size_t>& which, const Options& opt,
+                        const std::function<void()>& setup) {
+    ChildProcess child([&](int fd) {
+        alarm(300);
+        if (setup) setup();
+        for (std::size_t i : which) {
+            const Timing r = cases[i].run(opt);
+            if (!write_all(fd, &r, sizeof r)) return 1;
+        }
+        return 0;
+    });
+    bool ok = true;
+    for (std::size_t i : which) {
+        Timing r;
+        if (!child.read(&r, sizeof r)) {
+            ok = false;
+            break;
+        }
+        cases[i].result = r;
+        cases[i].done = true;
+    }
+    return child.wait() && ok;
+}
 
 // ---------------------------------------------------------------------------------------
 // The Go twins
