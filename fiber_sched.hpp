@@ -15,6 +15,7 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     select             one ready Channel case of several (Go's), or a default, or a timeout
     Future, Promise, async, when_all, parallel_for, parallel_for_chunks
                        results and exceptions across tasks; an index range over the workers
+    FiberLocal<T>      a value per fiber, wherever the fiber runs (per thread outside fibers)
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -1094,6 +1095,11 @@ class Scheduler;
 
 namespace detail {
 
+class FiberLocalSlots;
+// Destroys every FiberLocal value in `slots`, newest first, until none is left (a value's
+// destructor may make another), then frees `slots` if `free_slots` (fiber_local.ipp).
+void clear_fiber_locals(FiberLocalSlots* slots, bool free_slots) noexcept;
+
 struct Worker;
 struct SchedulerCore;
 struct RegistrySegment;
@@ -1129,6 +1135,7 @@ struct ThreadState {
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
+    FiberLocalSlots* fiber_locals = nullptr;  // FiberLocal values outside fibers; freed at exit
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -1285,6 +1292,9 @@ private:
     // Interned (never freed); release/acquire: its characters are seen by whoever reads it.
     std::atomic<const char*> name_{nullptr};
     bool announced_ = false;  // Hooks::on_create was called for it and on_destroy not yet
+    // Its FiberLocal values (fiber_local.hpp): made on the first get(), destroyed when fn_
+    // returns (the slots are kept for the next run) or with the Fiber.
+    detail::FiberLocalSlots* locals_ = nullptr;
     // What it waits for while parked, for fiber_report() (wait_record.hpp).
     detail::WaitRecord wait_;
     // A report reads its stack and wait record: a wake-up that claims it waits (registry.ipp).
@@ -3588,6 +3598,98 @@ void parallel_for_chunks(Scheduler& scheduler, std::size_t first, std::size_t la
 
 }  // namespace fsched
 // ---- end src/parallel.hpp ----
+// ---- begin src/fiber_local.hpp ----
+// ---------------------------------------------------------------------------
+// FiberLocal<T>: a value per fiber (Boost.Fiber's fiber_specific_ptr, folly's local()).
+//
+// get() returns the running fiber's T, default-constructed on the fiber's first get();
+// outside fibers, the calling thread's. Fibers change threads at every wait, so a
+// thread_local read before a wait may be another thread's after it; a FiberLocal stays the
+// fiber's wherever it runs (the lookup starts from the running fiber each time, never from
+// a cached address). A fiber's values are destroyed, newest first, when its function
+// returns (on the fiber: a destructor may wait), or when the Fiber is destroyed before
+// that; a scheduler's callback task sees fresh values in each task, though the worker
+// reuses the fiber. A thread's values are destroyed when it exits. Values made by a
+// destructor during that clean-up are destroyed too (up to four rounds for a thread).
+//
+// Cost: get() is a look-up in the fiber's small vector (linear: a fiber has a few); the
+// first get() on a fiber allocates its T and, for its first value, the vector. The object
+// itself holds only its key: destroying a FiberLocal leaves the values fibers made with it
+// to be destroyed with those fibers.
+// ---------------------------------------------------------------------------
+
+
+// (src/fiber.hpp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+// The FiberLocal values of one fiber (or one thread outside fibers).
+class FiberLocalSlots {
+public:
+    FiberLocalSlots() = default;
+    FiberLocalSlots(const FiberLocalSlots&) = delete;
+    FiberLocalSlots& operator=(const FiberLocalSlots&) = delete;
+
+    void* find(std::uint64_t key) const noexcept {
+        for (const Slot& s : slots_) {
+            if (s.key == key) return s.value;
+        }
+        return nullptr;
+    }
+    // Takes `value`; throws std::bad_alloc without taking it.
+    void add(std::uint64_t key, void* value, void (*destroy)(void*)) { slots_.push_back(Slot{key, value, destroy}); }
+    // Destroys the newest value; false if there was none.
+    bool destroy_newest() noexcept {
+        if (slots_.empty()) return false;
+        const Slot s = slots_.back();
+        slots_.pop_back();  // first: its destructor may add or look up others
+        s.destroy(s.value);
+        return true;
+    }
+
+private:
+    struct Slot {
+        std::uint64_t key;
+        void* value;
+        void (*destroy)(void*);
+    };
+    std::vector<Slot> slots_;
+};
+
+// The running fiber's slots (made on first use), else the calling thread's.
+FiberLocalSlots& current_fiber_locals();
+// A key no other FiberLocal has had in this process.
+std::uint64_t new_fiber_local_key() noexcept;
+
+}  // namespace detail
+
+template <class T>
+class FiberLocal {
+public:
+    FiberLocal() : key_(detail::new_fiber_local_key()) {}
+    FiberLocal(const FiberLocal&) = delete;
+    FiberLocal& operator=(const FiberLocal&) = delete;
+
+    // The running fiber's value (outside fibers, the thread's), default-constructed on
+    // first use. Throws what T() throws (nothing is kept then; the next get() tries again)
+    // or std::bad_alloc.
+    T& get() {
+        detail::FiberLocalSlots& slots = detail::current_fiber_locals();
+        if (void* value = slots.find(key_)) return *static_cast<T*>(value);
+        std::unique_ptr<T> made(new T());
+        slots.add(key_, made.get(), [](void* p) { delete static_cast<T*>(p); });
+        return *made.release();
+    }
+    T* operator->() { return &get(); }
+    T& operator*() { return get(); }
+
+private:
+    const std::uint64_t key_;
+};
+
+}  // namespace fsched
+// ---- end src/fiber_local.hpp ----
 // ---- begin src/io.hpp ----
 // ---------------------------------------------------------------------------
 // fsched::io: fibers waiting for file descriptors, Linux.
@@ -4063,6 +4165,8 @@ struct FiberAccess {
     // it (shared_from_this(), weak_from_this(), current_ptr()): a pooled fiber reused for a
     // later task would make that reference lock onto another task's fiber.
     static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
+
+    static FiberLocalSlots*& locals(Fiber& f) noexcept { return f.locals_; }
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
@@ -6345,6 +6449,14 @@ namespace {
 struct ThreadExit {
     ~ThreadExit() {
         ThreadState* ts = thread_state();
+        // First: a value's destructor may still use fibers. Slots a destructor made again
+        // (a FiberLocal used in another's destructor) go the same way, four rounds at most,
+        // as POSIX's thread-specific data.
+        for (int round = 0; round < 4 && ts->fiber_locals; ++round) {
+            FiberLocalSlots* locals = ts->fiber_locals;
+            ts->fiber_locals = nullptr;
+            clear_fiber_locals(locals, true);
+        }
         stack_pool().unregister_thread(ts);
         release_registry_segment(ts);
         for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);
@@ -6571,6 +6683,7 @@ Fiber::~Fiber() {
         detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
     }
     if (announced_) detail::observe_destroy(*this);
+    if (locals_) detail::clear_fiber_locals(locals_, true);  // a fiber destroyed before it returned
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
 #endif
@@ -6673,6 +6786,8 @@ void Fiber::entry(void* arg) noexcept {
     }
     // Release what the function captured now, like std::thread does, not at reset().
     self->fn_ = nullptr;
+    // Then its FiberLocal values, still on the fiber (their destructors may wait).
+    if (self->locals_) detail::clear_fiber_locals(self->locals_, false);
     self->returned_ = true;
     self->switch_to_resumer(true);
     // No one resumes a returned fiber: resume() asserts on Term, reset() makes a new context.
@@ -13197,6 +13312,46 @@ void ParallelRun::describe_wait(const void* run, char* out, std::size_t size) no
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/parallel.ipp ----
+// ---- begin src/impl/fiber_local.ipp ----
+// ---------------------------------------------------------------------------
+// Implementation: FiberLocal's slots (the design is at the top of fiber_local.hpp).
+// ---------------------------------------------------------------------------
+
+
+// (src/fiber_local.hpp already inlined above)
+// (src/impl/common.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+void clear_fiber_locals(FiberLocalSlots* slots, bool free_slots) noexcept {
+    while (slots->destroy_newest()) {
+    }
+    if (free_slots) delete slots;
+}
+
+FiberLocalSlots& current_fiber_locals() {
+    ThreadState* ts = thread_state();
+    if (Fiber* fiber = ts->current) {
+        FiberLocalSlots*& slots = FiberAccess::locals(*fiber);
+        if (!slots) slots = new FiberLocalSlots();
+        return *slots;
+    }
+    if (!ts->fiber_locals) {
+        register_thread(ts);  // its exit frees them (stack_overflow.ipp)
+        ts->fiber_locals = new FiberLocalSlots();
+    }
+    return *ts->fiber_locals;
+}
+
+std::uint64_t new_fiber_local_key() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+}  // namespace fsched
+// ---- end src/impl/fiber_local.ipp ----
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 // ---- begin src/impl/io_registry.ipp ----

@@ -18,6 +18,11 @@ class Scheduler;
 
 namespace detail {
 
+class FiberLocalSlots;
+// Destroys every FiberLocal value in `slots`, newest first, until none is left (a value's
+// destructor may make another), then frees `slots` if `free_slots` (fiber_local.ipp).
+void clear_fiber_locals(FiberLocalSlots* slots, bool free_slots) noexcept;
+
 struct Worker;
 struct SchedulerCore;
 struct RegistrySegment;
@@ -53,6 +58,7 @@ struct ThreadState {
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
+    FiberLocalSlots* fiber_locals = nullptr;  // FiberLocal values outside fibers; freed at exit
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -209,6 +215,9 @@ private:
     // Interned (never freed); release/acquire: its characters are seen by whoever reads it.
     std::atomic<const char*> name_{nullptr};
     bool announced_ = false;  // Hooks::on_create was called for it and on_destroy not yet
+    // Its FiberLocal values (fiber_local.hpp): made on the first get(), destroyed when fn_
+    // returns (the slots are kept for the next run) or with the Fiber.
+    detail::FiberLocalSlots* locals_ = nullptr;
     // What it waits for while parked, for fiber_report() (wait_record.hpp).
     detail::WaitRecord wait_;
     // A report reads its stack and wait record: a wake-up that claims it waits (registry.ipp).

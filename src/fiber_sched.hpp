@@ -13,6 +13,7 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     select             one ready Channel case of several (Go's), or a default, or a timeout
     Future, Promise, async, when_all, parallel_for, parallel_for_chunks
                        results and exceptions across tasks; an index range over the workers
+    FiberLocal<T>      a value per fiber, wherever the fiber runs (per thread outside fibers)
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -151,6 +152,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "select.hpp"
 #include "future.hpp"
 #include "parallel.hpp"
+#include "fiber_local.hpp"
 #include "io.hpp"
 #include "inspect.hpp"
 #include "trace.hpp"
@@ -242,6 +244,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/select.ipp"
 #include "impl/future.ipp"
 #include "impl/parallel.ipp"
+#include "impl/fiber_local.ipp"
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 #include "impl/io_registry.ipp"

@@ -236,7 +236,7 @@ enum class Op {
     send, extra_consumer, select_channels, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
     future_parallel,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
-    io_cancel_close, io_low_water, io_full_backlog, toolbox,
+    io_cancel_close, io_low_water, io_full_backlog, toolbox, fiber_local,
 };
 
 struct OpWeight {
@@ -251,7 +251,7 @@ constexpr OpWeight op_weights[] = {
     {Op::send, 10}, {Op::extra_consumer, 1}, {Op::select_channels, 3}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
     {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u}, {Op::report, 1},
     {Op::toolbox, 2},
-    {Op::future_parallel, 2},
+    {Op::future_parallel, 2}, {Op::fiber_local, 2},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
     {Op::io_pinned_fresh, 1}, {Op::io_cancel_close, 1}, {Op::io_low_water, 1}, {Op::io_full_backlog, 1},
@@ -635,6 +635,7 @@ private:
     const std::uint64_t ops_;
     const std::size_t workers_;
     Violations violations_;
+    fsched::FiberLocal<std::uint64_t> local_;  // each actor's fiber (or thread) keeps its own
 
     Ledger tasks_;        // first: the task started (ran)
     Ledger messages_;     // first: send() returned true; second: received
@@ -671,6 +672,20 @@ private:
 
 std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
     switch (draw_op(a.rng)) {
+    case Op::fiber_local: {
+        // A FiberLocal value survives a wait, on whatever worker the fiber resumes; a fresh
+        // one (a new task's fiber) starts at zero.
+        const std::uint64_t mine = a.key | 1;
+        if (*local_ != 0 && *local_ != mine) violations_.add("a FiberLocal holds another fiber's value");
+        *local_ = mine;
+        if (a.rng.percent(50)) {
+            fsched::this_fiber::yield();
+        } else {
+            fsched::this_fiber::sleep_for(microseconds(a.rng.below(100)));
+        }
+        if (*local_ != mine) violations_.add("a FiberLocal changed across a wait");
+        return 1;
+    }
     case Op::yield: {
         const auto n = 1 + a.rng.below(3);
         for (std::uint64_t i = 0; i < n; ++i) fsched::this_fiber::yield();

@@ -161,6 +161,8 @@ struct FiberAccess {
     // later task would make that reference lock onto another task's fiber.
     static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
 
+    static FiberLocalSlots*& locals(Fiber& f) noexcept { return f.locals_; }
+
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
     // A Ready fiber for `fn` that lives at the top of its own stack (fiber.ipp): a parked

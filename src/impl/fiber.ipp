@@ -56,6 +56,7 @@ Fiber::~Fiber() {
         detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
     }
     if (announced_) detail::observe_destroy(*this);
+    if (locals_) detail::clear_fiber_locals(locals_, true);  // a fiber destroyed before it returned
 #if defined(FIBER_SCHED_TSAN)
     if (shadow_.tsan_fiber) __tsan_destroy_fiber(shadow_.tsan_fiber);  // none if its context failed
 #endif
@@ -158,6 +159,8 @@ void Fiber::entry(void* arg) noexcept {
     }
     // Release what the function captured now, like std::thread does, not at reset().
     self->fn_ = nullptr;
+    // Then its FiberLocal values, still on the fiber (their destructors may wait).
+    if (self->locals_) detail::clear_fiber_locals(self->locals_, false);
     self->returned_ = true;
     self->switch_to_resumer(true);
     // No one resumes a returned fiber: resume() asserts on Term, reset() makes a new context.

@@ -97,6 +97,14 @@ namespace {
 struct ThreadExit {
     ~ThreadExit() {
         ThreadState* ts = thread_state();
+        // First: a value's destructor may still use fibers. Slots a destructor made again
+        // (a FiberLocal used in another's destructor) go the same way, four rounds at most,
+        // as POSIX's thread-specific data.
+        for (int round = 0; round < 4 && ts->fiber_locals; ++round) {
+            FiberLocalSlots* locals = ts->fiber_locals;
+            ts->fiber_locals = nullptr;
+            clear_fiber_locals(locals, true);
+        }
         stack_pool().unregister_thread(ts);
         release_registry_segment(ts);
         for (unsigned i = 0; i < ts->cached_stack_count; ++i) stack_pool().release(ts->cached_stacks[i]);

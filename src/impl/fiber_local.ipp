@@ -1,0 +1,39 @@
+// ---------------------------------------------------------------------------
+// Implementation: FiberLocal's slots (the design is at the top of fiber_local.hpp).
+// ---------------------------------------------------------------------------
+
+#pragma once
+
+#include "fiber_local.hpp"
+#include "impl/common.ipp"
+
+namespace fsched {
+namespace detail {
+
+void clear_fiber_locals(FiberLocalSlots* slots, bool free_slots) noexcept {
+    while (slots->destroy_newest()) {
+    }
+    if (free_slots) delete slots;
+}
+
+FiberLocalSlots& current_fiber_locals() {
+    ThreadState* ts = thread_state();
+    if (Fiber* fiber = ts->current) {
+        FiberLocalSlots*& slots = FiberAccess::locals(*fiber);
+        if (!slots) slots = new FiberLocalSlots();
+        return *slots;
+    }
+    if (!ts->fiber_locals) {
+        register_thread(ts);  // its exit frees them (stack_overflow.ipp)
+        ts->fiber_locals = new FiberLocalSlots();
+    }
+    return *ts->fiber_locals;
+}
+
+std::uint64_t new_fiber_local_key() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+}  // namespace fsched
