@@ -1295,6 +1295,9 @@ private:
     // Its FiberLocal values (fiber_local.hpp): made on the first get(), destroyed when fn_
     // returns (the slots are kept for the next run) or with the Fiber.
     detail::FiberLocalSlots* locals_ = nullptr;
+    // The scheduler worker that ran it last (so, while it waits, the one it waited on):
+    // where SchedulerOptions::debug_migrate must not resume it.
+    const detail::Worker* last_worker_ = nullptr;
     // What it waits for while parked, for fiber_report() (wait_record.hpp).
     detail::WaitRecord wait_;
     // A report reads its stack and wait record: a wake-up that claims it waits (registry.ipp).
@@ -1574,6 +1577,15 @@ struct SchedulerOptions {
     // stop() prints fiber_report() to stderr, once, when it has waited this long for the
     // tasks to finish (0: as FIBER_SCHED_HANG_REPORT_S says, in seconds; unset: never).
     std::chrono::milliseconds hang_report_after{0};
+    // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
+    // (this_fiber::yield() too), on another worker than the one it waited on, when there is
+    // another that runs tasks by itself (the use_caller thread does not count), so code that
+    // keeps a thread_local, errno or std::this_thread::get_id() across a wait fails in CI
+    // rather than in production. Also on when the implementation's unit defines
+    // FIBER_SCHED_DEBUG_MIGRATE, or FIBER_SCHED_DEBUG_MIGRATE=1 is in the environment when
+    // the scheduler is made. Each wake then goes through a queue (no run-next slot, no
+    // direct yield).
+    bool debug_migrate = false;
 };
 
 // What a Scheduler's workers have done, since construction (Scheduler::stats()). Each
@@ -4167,6 +4179,7 @@ struct FiberAccess {
     static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
 
     static FiberLocalSlots*& locals(Fiber& f) noexcept { return f.locals_; }
+    static const Worker*& last_worker(Fiber& f) noexcept { return f.last_worker_; }
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 
@@ -10042,7 +10055,8 @@ namespace detail {
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
         : owner(owner_), options(options_), use_caller(options_.use_caller),
-          caller_thread(std::this_thread::get_id()), caller_fiber(running_fiber()) {
+          migrate(migration_checked(options_)), caller_thread(std::this_thread::get_id()),
+          caller_fiber(running_fiber()) {
         const std::size_t threads = options.threads;
         check_options();  // before anything is opened: it may throw
         // Before this scheduler can start a thread or link itself as its caller's: the fork
@@ -10094,6 +10108,31 @@ struct SchedulerCore {
     // As constructed; read-only from then on, by any thread.
     const SchedulerOptions options;
     const bool use_caller;
+    // SchedulerOptions::debug_migrate, or its macro or environment variable.
+    const bool migrate;
+    static bool migration_checked(const SchedulerOptions& o) noexcept {
+#if defined(FIBER_SCHED_DEBUG_MIGRATE)
+        (void)o;
+        return true;
+#else
+        const char* env = std::getenv("FIBER_SCHED_DEBUG_MIGRATE");
+        return o.debug_migrate || (env && env[0] == '1' && env[1] == 0);
+#endif
+    }
+    // With `migrate`: the worker a fiber that waited on `from` resumes on, another one that
+    // runs tasks by itself (taking turns among them); nullptr if there is none.
+    Worker* migration_target(const Worker* from) noexcept {
+        const std::size_t n = workers.size();
+        const std::size_t first = use_caller ? 1 : 0;
+        if (n <= first) return nullptr;
+        const std::size_t start = migration_turn.fetch_add(1, std::memory_order_relaxed);
+        for (std::size_t k = 0; k < n; ++k) {
+            Worker* w = workers[first + (start + k) % (n - first)].get();
+            if (w != from) return w;
+        }
+        return nullptr;
+    }
+    std::atomic<std::size_t> migration_turn{0};
     // Where stop() must be called from with use_caller: the constructing thread, or the
     // constructing fiber when the scheduler was made inside one (it may change threads).
     const std::thread::id caller_thread;
@@ -10724,6 +10763,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         ++runs;
         ts->task_fiber = fiber.get();
         ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
+        FiberAccess::last_worker(*fiber) = this;
         try {
             outcome = FiberAccess::run(*fiber);
         } catch (...) {
@@ -11008,10 +11048,25 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
 }
 }  // namespace
 
+namespace {
+// SchedulerOptions::debug_migrate: the yield is a park whose hook wakes the fiber at once,
+// so that wake_fiber() sends it to another worker (or back in line here, when there is none).
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_elsewhere() {
+    // A whole record: the report reads every field of a parked fiber's.
+    detail::note_wait(detail::WaitReason::Yield, nullptr);
+    detail::park([](Fiber*, void*) { detail::wake_fiber(detail::take_task_ref()); }, nullptr);
+}
+}  // namespace
+
 void yield() {
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->task_fiber || ts->current != ts->task_fiber) {
         yield_outside_task();
+        return;
+    }
+    if (FIBER_SCHED_UNLIKELY(ts->worker->core.migrate) &&
+        detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0) {
+        yield_elsewhere();
         return;
     }
     // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
@@ -11301,6 +11356,15 @@ void wake_for_io(SchedulerIdle& idle) noexcept {
 }
 #endif
 
+namespace {
+// SchedulerOptions::debug_migrate: an unpinned fiber's next run goes to another worker than
+// the one it waited on, as a task pinned there for this run only (no one steals it back);
+// the fiber itself stays unpinned.
+FIBER_SCHED_NOINLINE void pin_elsewhere(SchedulerCore& core, QueuedTask& task) noexcept {
+    if (Worker* w = core.migration_target(FiberAccess::last_worker(*task.fiber))) task.worker = w->index;
+}
+}  // namespace
+
 void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
     const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
@@ -11309,7 +11373,9 @@ void resume_deferred(Fiber& fiber) {
     task.fiber = fiber.shared_from_this();
     task.worker = target.worker;
     task.priority = target.priority;
-    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
+    SchedulerCore& core = SchedulerCore::of(*target.scheduler);
+    if (FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0) pin_elsewhere(core, task);
+    core.enqueue_fiber(std::move(task));
 }
 
 Fiber::ptr take_task_ref() noexcept {
@@ -11325,7 +11391,9 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 void wake_fiber(Fiber::ptr fiber) noexcept {
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
-    if (target.worker < 0 && target.priority == Priority::Normal) {
+    SchedulerCore& core = SchedulerCore::of(*target.scheduler);
+    const bool migrate = FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0;
+    if (target.worker < 0 && target.priority == Priority::Normal && !migrate) {
         // Woken by a task of its scheduler: into the waker's run-next slot.
         ThreadState* ts = thread_state();
         if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;
@@ -11335,7 +11403,8 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
     task.worker = target.worker;
     task.priority = target.priority;  // a woken fiber keeps its task's priority
     task.fiber = std::move(fiber);
-    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
+    if (migrate) pin_elsewhere(core, task);
+    core.enqueue_fiber(std::move(task));
 }
 
 bool in_scheduler_task() noexcept {

@@ -218,6 +218,9 @@ private:
     // Its FiberLocal values (fiber_local.hpp): made on the first get(), destroyed when fn_
     // returns (the slots are kept for the next run) or with the Fiber.
     detail::FiberLocalSlots* locals_ = nullptr;
+    // The scheduler worker that ran it last (so, while it waits, the one it waited on):
+    // where SchedulerOptions::debug_migrate must not resume it.
+    const detail::Worker* last_worker_ = nullptr;
     // What it waits for while parked, for fiber_report() (wait_record.hpp).
     detail::WaitRecord wait_;
     // A report reads its stack and wait record: a wake-up that claims it waits (registry.ipp).

@@ -77,6 +77,15 @@ struct SchedulerOptions {
     // stop() prints fiber_report() to stderr, once, when it has waited this long for the
     // tasks to finish (0: as FIBER_SCHED_HANG_REPORT_S says, in seconds; unset: never).
     std::chrono::milliseconds hang_report_after{0};
+    // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
+    // (this_fiber::yield() too), on another worker than the one it waited on, when there is
+    // another that runs tasks by itself (the use_caller thread does not count), so code that
+    // keeps a thread_local, errno or std::this_thread::get_id() across a wait fails in CI
+    // rather than in production. Also on when the implementation's unit defines
+    // FIBER_SCHED_DEBUG_MIGRATE, or FIBER_SCHED_DEBUG_MIGRATE=1 is in the environment when
+    // the scheduler is made. Each wake then goes through a queue (no run-next slot, no
+    // direct yield).
+    bool debug_migrate = false;
 };
 
 // What a Scheduler's workers have done, since construction (Scheduler::stats()). Each

@@ -1827,14 +1827,21 @@ const SoakSettings& soak_settings() {
 TEST_CASE("soak: every operation at once, seeded; every task, message and lock accounted for") {
     const SoakSettings& settings = soak_settings();
     FSCHED_FOR_EACH_CONFIG([&](const test::Config& config) {
+        // With 4 and 8 workers every wake also moves the fiber (SchedulerOptions::debug_migrate).
+        const bool migrate = config.threads >= 4;
         INFO("FIBER_SCHED_SOAK_SEED=" << settings.seed << ", " << settings.ops_per_run << " operations, "
-             << test::config_name(config));
+             << test::config_name(config) << (migrate ? ", debug_migrate" : ""));
         const std::size_t fds_before = open_fd_count();
         const std::size_t stacks_before = fsched::stack_stats().in_use;
         Clock::duration elapsed{};
         std::uint64_t ops = 0, tasks = 0, messages = 0, io_messages = 0;
         {
-            Scheduler scheduler(config.threads, config.use_caller, "soak");
+            fsched::SchedulerOptions options;
+            options.threads = config.threads;
+            options.use_caller = config.use_caller;
+            options.name = "soak";
+            options.debug_migrate = migrate;
+            Scheduler scheduler(options);
             Soak soak(scheduler, settings.seed, settings.ops_per_run);
             scheduler.set_exception_handler([&soak](std::exception_ptr e) { soak.on_exception(e); });
             const auto start = Clock::now();

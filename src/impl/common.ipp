@@ -162,6 +162,7 @@ struct FiberAccess {
     static bool handed_out(const Fiber& f) noexcept { return f.handed_out_; }
 
     static FiberLocalSlots*& locals(Fiber& f) noexcept { return f.locals_; }
+    static const Worker*& last_worker(Fiber& f) noexcept { return f.last_worker_; }
 
     FIBER_SCHED_ALWAYS_INLINE static SwitchOutcome run(Fiber& f) { return f.run_claimed(true); }
 

@@ -48,7 +48,8 @@ namespace detail {
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
         : owner(owner_), options(options_), use_caller(options_.use_caller),
-          caller_thread(std::this_thread::get_id()), caller_fiber(running_fiber()) {
+          migrate(migration_checked(options_)), caller_thread(std::this_thread::get_id()),
+          caller_fiber(running_fiber()) {
         const std::size_t threads = options.threads;
         check_options();  // before anything is opened: it may throw
         // Before this scheduler can start a thread or link itself as its caller's: the fork
@@ -100,6 +101,31 @@ struct SchedulerCore {
     // As constructed; read-only from then on, by any thread.
     const SchedulerOptions options;
     const bool use_caller;
+    // SchedulerOptions::debug_migrate, or its macro or environment variable.
+    const bool migrate;
+    static bool migration_checked(const SchedulerOptions& o) noexcept {
+#if defined(FIBER_SCHED_DEBUG_MIGRATE)
+        (void)o;
+        return true;
+#else
+        const char* env = std::getenv("FIBER_SCHED_DEBUG_MIGRATE");
+        return o.debug_migrate || (env && env[0] == '1' && env[1] == 0);
+#endif
+    }
+    // With `migrate`: the worker a fiber that waited on `from` resumes on, another one that
+    // runs tasks by itself (taking turns among them); nullptr if there is none.
+    Worker* migration_target(const Worker* from) noexcept {
+        const std::size_t n = workers.size();
+        const std::size_t first = use_caller ? 1 : 0;
+        if (n <= first) return nullptr;
+        const std::size_t start = migration_turn.fetch_add(1, std::memory_order_relaxed);
+        for (std::size_t k = 0; k < n; ++k) {
+            Worker* w = workers[first + (start + k) % (n - first)].get();
+            if (w != from) return w;
+        }
+        return nullptr;
+    }
+    std::atomic<std::size_t> migration_turn{0};
     // Where stop() must be called from with use_caller: the constructing thread, or the
     // constructing fiber when the scheduler was made inside one (it may change threads).
     const std::thread::id caller_thread;

@@ -21,6 +21,15 @@ void wake_for_io(SchedulerIdle& idle) noexcept {
 }
 #endif
 
+namespace {
+// SchedulerOptions::debug_migrate: an unpinned fiber's next run goes to another worker than
+// the one it waited on, as a task pinned there for this run only (no one steals it back);
+// the fiber itself stays unpinned.
+FIBER_SCHED_NOINLINE void pin_elsewhere(SchedulerCore& core, QueuedTask& task) noexcept {
+    if (Worker* w = core.migration_target(FiberAccess::last_worker(*task.fiber))) task.worker = w->index;
+}
+}  // namespace
+
 void resume_deferred(Fiber& fiber) {
     // The fiber has left the scheduler and is still claimed (Running) for this resume.
     const ResumeTarget target = FiberAccess::lifecycle(fiber).take_deferred();
@@ -29,7 +38,9 @@ void resume_deferred(Fiber& fiber) {
     task.fiber = fiber.shared_from_this();
     task.worker = target.worker;
     task.priority = target.priority;
-    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
+    SchedulerCore& core = SchedulerCore::of(*target.scheduler);
+    if (FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0) pin_elsewhere(core, task);
+    core.enqueue_fiber(std::move(task));
 }
 
 Fiber::ptr take_task_ref() noexcept {
@@ -45,7 +56,9 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 void wake_fiber(Fiber::ptr fiber) noexcept {
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
-    if (target.worker < 0 && target.priority == Priority::Normal) {
+    SchedulerCore& core = SchedulerCore::of(*target.scheduler);
+    const bool migrate = FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0;
+    if (target.worker < 0 && target.priority == Priority::Normal && !migrate) {
         // Woken by a task of its scheduler: into the waker's run-next slot.
         ThreadState* ts = thread_state();
         if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;
@@ -55,7 +68,8 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
     task.worker = target.worker;
     task.priority = target.priority;  // a woken fiber keeps its task's priority
     task.fiber = std::move(fiber);
-    SchedulerCore::of(*target.scheduler).enqueue_fiber(std::move(task));
+    if (migrate) pin_elsewhere(core, task);
+    core.enqueue_fiber(std::move(task));
 }
 
 bool in_scheduler_task() noexcept {

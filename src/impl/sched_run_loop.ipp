@@ -301,6 +301,7 @@ FIBER_SCHED_ALWAYS_INLINE inline SwitchOutcome Worker::run_task_fiber(Fiber::ptr
         ++runs;
         ts->task_fiber = fiber.get();
         ts->task_ref = &fiber;  // a park hook may take this reference (take_task_ref)
+        FiberAccess::last_worker(*fiber) = this;
         try {
             outcome = FiberAccess::run(*fiber);
         } catch (...) {

@@ -222,10 +222,25 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
 }
 }  // namespace
 
+namespace {
+// SchedulerOptions::debug_migrate: the yield is a park whose hook wakes the fiber at once,
+// so that wake_fiber() sends it to another worker (or back in line here, when there is none).
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_elsewhere() {
+    // A whole record: the report reads every field of a parked fiber's.
+    detail::note_wait(detail::WaitReason::Yield, nullptr);
+    detail::park([](Fiber*, void*) { detail::wake_fiber(detail::take_task_ref()); }, nullptr);
+}
+}  // namespace
+
 void yield() {
     detail::ThreadState* ts = detail::thread_state();
     if (!ts->task_fiber || ts->current != ts->task_fiber) {
         yield_outside_task();
+        return;
+    }
+    if (FIBER_SCHED_UNLIKELY(ts->worker->core.migrate) &&
+        detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0) {
+        yield_elsewhere();
         return;
     }
     // The worker takes the next fiber directly (Worker::direct_yield_next), or puts this one
