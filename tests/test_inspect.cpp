@@ -341,6 +341,29 @@ TEST_CASE("report: safe while fibers are woken, run, made and destroyed on other
     CHECK(every_parked_named);
 }
 
+namespace {
+
+// In a child whose fibers are deadlocked: gives the watch 1.5 s (about seventy looks, so a
+// report made more than once would show), prints fiber_report() after a line "REPORT", and
+// leaves without stopping the scheduler, which cannot stop.
+[[noreturn]] void report_deadlock_and_exit() {
+    std::this_thread::sleep_for(1500ms);
+    const std::string report = fsched::fiber_report();
+    std::fprintf(stderr, "REPORT\n%s", report.c_str());
+    std::fflush(stderr);
+    std::_Exit(0);
+}
+
+// The watch's sentence in such a child's stderr, which must be there once ("" if absent).
+std::string deadlock_sentence(const std::string& out) {
+    const std::size_t first = out.find("fiber_sched: lock-order deadlock: fiber ");
+    if (first == std::string::npos) return "";
+    CHECK(out.find("fiber_sched: lock-order deadlock:", first + 1) == std::string::npos);  // once
+    return out.substr(first, out.find('\n', first) - first);
+}
+
+}  // namespace
+
 TEST_CASE("deadlock: a lock-order cycle is reported once, naming both fibers and the mutexes") {
     if (qemu_user) return;  // (see qemu_user)
     test::ChildResult r = test::run_in_child([] {
@@ -360,19 +383,13 @@ TEST_CASE("deadlock: a lock-order cycle is reported once, naming both fibers and
         };
         s->schedule(fsched::ScheduleTask{nullptr, body(a, b), -1, fsched::Priority::Normal, "net-reader"});
         s->schedule(fsched::ScheduleTask{nullptr, body(b, a), -1, fsched::Priority::Normal, "db-writer"});
-        std::this_thread::sleep_for(1500ms);  // about seventy looks: reported once
-        const std::string report = fsched::fiber_report();
-        std::fprintf(stderr, "REPORT\n%s", report.c_str());
-        std::fflush(stderr);
-        std::_Exit(0);  // the deadlocked scheduler cannot stop
+        report_deadlock_and_exit();
     }, 60);
     INFO(r.err);
     CHECK(r.exited);
     const std::string& out = r.err;
-    const std::size_t first = out.find("fiber_sched: lock-order deadlock: fiber ");
-    REQUIRE(first != std::string::npos);
-    CHECK(out.find("fiber_sched: lock-order deadlock:", first + 1) == std::string::npos);  // once
-    const std::string sentence = out.substr(first, out.find('\n', first) - first);
+    const std::string sentence = deadlock_sentence(out);
+    REQUIRE(!sentence.empty());
     // It starts at the smaller id, either of the two.
     CHECK((contains(sentence, "(net-reader) waits for Mutex 0x") || contains(sentence, "(db-writer) waits for Mutex 0x")));
     CHECK(contains(sentence, "(net-reader)"));
@@ -420,19 +437,13 @@ TEST_CASE("deadlock: a cycle through a SharedMutex held exclusively is reported,
                                                  std::lock_guard<fsched::Mutex> two(*a);  // never
                                              },
                                              -1, fsched::Priority::Normal, "shared-holder"});
-            std::this_thread::sleep_for(1500ms);
-            const std::string report = fsched::fiber_report();
-            std::fprintf(stderr, "REPORT\n%s", report.c_str());
-            std::fflush(stderr);
-            std::_Exit(0);  // the deadlocked scheduler cannot stop
+            report_deadlock_and_exit();
         }, 60);
         INFO(r.err);
         CHECK(r.exited);
         const std::string& out = r.err;
-        const std::size_t first = out.find("fiber_sched: lock-order deadlock: fiber ");
-        REQUIRE(first != std::string::npos);
-        CHECK(out.find("fiber_sched: lock-order deadlock:", first + 1) == std::string::npos);  // once
-        const std::string sentence = out.substr(first, out.find('\n', first) - first);
+        const std::string sentence = deadlock_sentence(out);
+        REQUIRE(!sentence.empty());
         CHECK(contains(sentence, shared ? "waits for SharedMutex shared 0x" : "waits for SharedMutex 0x"));
         CHECK(contains(sentence, "waits for Mutex 0x"));
         CHECK(contains(sentence, "(mutex-holder)"));

@@ -261,6 +261,20 @@ struct Fragile {
     }
 };
 
+// Runs `op` with every move throwing; true if it threw the move's exception.
+template <class Op>
+bool throws_while_moves_fail(Op&& op) {
+    moves_throw = true;
+    bool threw = false;
+    try {
+        op();
+    } catch (const std::runtime_error&) {
+        threw = true;
+    }
+    moves_throw = false;
+    return threw;
+}
+
 }  // namespace
 
 TEST_CASE("a Channel stays usable, with no waiter lost, when moving a value throws") {
@@ -273,13 +287,7 @@ TEST_CASE("a Channel stays usable, with no waiter lost, when moving a value thro
         s.start();
         s.schedule([&] { received = ch.receive()->value; });
         s.schedule([&] {
-            moves_throw = true;
-            try {
-                ch.send(Fragile(1));
-            } catch (const std::runtime_error&) {
-                first_threw = true;
-            }
-            moves_throw = false;
+            first_threw = throws_while_moves_fail([&] { ch.send(Fragile(1)); });
             second_sent = ch.send(Fragile(2));  // the receiver is still there, and the lock free
         });
         s.stop();
@@ -295,13 +303,7 @@ TEST_CASE("a Channel stays usable, with no waiter lost, when moving a value thro
         s.start();
         s.schedule([&] { sent = ch.send(Fragile(7)); });
         s.schedule([&] {
-            moves_throw = true;
-            try {
-                ch.receive();
-            } catch (const std::runtime_error&) {
-                first_threw = true;
-            }
-            moves_throw = false;
+            first_threw = throws_while_moves_fail([&] { ch.receive(); });
             received = ch.receive()->value;  // the sender is still queued with its value
         });
         s.stop();
@@ -419,13 +421,8 @@ TEST_CASE("select: a claim whose value then fails to move wakes the select to tr
             }));
         });
         s.schedule([&] {
-            moves_throw = true;
-            try {
-                ch.send(Fragile(1));  // claims the select's waiter; the move into it throws
-            } catch (const std::runtime_error&) {
-                first_threw = true;
-            }
-            moves_throw = false;
+            // Claims the select's waiter; the move into it throws.
+            first_threw = throws_while_moves_fail([&] { ch.send(Fragile(1)); });
             second_sent = ch.send(Fragile(2));  // waits: the select is off the list, retrying
         });
         s.stop();
@@ -447,13 +444,7 @@ TEST_CASE("select: a claim whose value then fails to move wakes the select to tr
             }));
         });
         s.schedule([&] {
-            moves_throw = true;
-            try {
-                ch.receive();
-            } catch (const std::runtime_error&) {
-                first_threw = true;
-            }
-            moves_throw = false;
+            first_threw = throws_while_moves_fail([&] { ch.receive(); });
             got = ch.receive()->value;  // waits for the select's second try
         });
         s.stop();
