@@ -72,6 +72,11 @@ CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_NO_EPOLL             on Linux, idle on a condition variable instead of
                                      epoll; fsched::io is then left out (as on other
                                      POSIX systems, where it does not exist)
+    FIBER_SCHED_DEBUG_MIGRATE        (read where the implementation is built) every
+                                     Scheduler resumes each unpinned fiber on another
+                                     worker after each wait, to catch thread_locals kept
+                                     across waits (default off: SchedulerOptions::
+                                     debug_migrate, or the environment variable of that name)
     FIBER_SCHED_ASSERT(expr)         the check for API misuse (default: print the rule
                                      broken, the expression and where, then abort; stays
                                      on with NDEBUG)
@@ -90,7 +95,7 @@ PLATFORMS
 CAVEATS
     - Under a Scheduler a fiber may continue on another thread after it yields, sleeps or
       blocks: do not keep the address of a thread_local, or a value read from one, across
-      such a call.
+      such a call (a FiberLocal<T> stays the fiber's).
     - Fiber::yield() inside a task leaves the scheduler until schedule(fiber) puts it back;
       this_fiber::yield() is the one that comes back by itself.
     - Destroying a Suspended fiber frees its stack without running its frames' destructors.
