@@ -9579,7 +9579,8 @@ struct CallerWait {
 };
 
 struct alignas(64) Worker {
-    Worker(SchedulerCore& core_, int index_, bool single_) : core(core_), index(index_), single(single_) {
+    Worker(SchedulerCore& core_, int index_, bool single_, bool migrate_)
+        : core(core_), index(index_), single(single_), migrate(migrate_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
         spare_fibers.reserve(spare_fibers_max);  // so that pooling a fiber never allocates
@@ -9588,6 +9589,7 @@ struct alignas(64) Worker {
     SchedulerCore& core;
     const int index;
     const bool single;  // the scheduler's only worker (no thief, no other queue)
+    const bool migrate;  // SchedulerCore::migrate, one load away for this_fiber::yield()
     std::thread thread;
 
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
@@ -10072,7 +10074,7 @@ struct SchedulerCore {
 #endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
-        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1));
+        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1, migrate));
         for (auto& w : workers) w->runnext_looks.resize(threads);
         open_idle();  // releases what it opened before it throws
         if (use_caller && !caller_fiber) {
@@ -11069,7 +11071,7 @@ void yield() {
         yield_outside_task();
         return;
     }
-    if (FIBER_SCHED_UNLIKELY(ts->worker->core.migrate) &&
+    if (FIBER_SCHED_UNLIKELY(ts->worker->migrate) &&
         detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0) {
         yield_elsewhere();
         return;

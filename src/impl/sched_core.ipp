@@ -60,7 +60,7 @@ struct SchedulerCore {
 #endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
-        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1));
+        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1, migrate));
         for (auto& w : workers) w->runnext_looks.resize(threads);
         open_idle();  // releases what it opened before it throws
         if (use_caller && !caller_fiber) {

@@ -49,7 +49,8 @@ struct CallerWait {
 };
 
 struct alignas(64) Worker {
-    Worker(SchedulerCore& core_, int index_, bool single_) : core(core_), index(index_), single(single_) {
+    Worker(SchedulerCore& core_, int index_, bool single_, bool migrate_)
+        : core(core_), index(index_), single(single_), migrate(migrate_) {
         steal_buffer.reserve(32);  // a whole steal: see steal_into()
         overflow.reserve(32);
         spare_fibers.reserve(spare_fibers_max);  // so that pooling a fiber never allocates
@@ -58,6 +59,7 @@ struct alignas(64) Worker {
     SchedulerCore& core;
     const int index;
     const bool single;  // the scheduler's only worker (no thief, no other queue)
+    const bool migrate;  // SchedulerCore::migrate, one load away for this_fiber::yield()
     std::thread thread;
 
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.

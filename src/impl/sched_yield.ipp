@@ -238,7 +238,7 @@ void yield() {
         yield_outside_task();
         return;
     }
-    if (FIBER_SCHED_UNLIKELY(ts->worker->core.migrate) &&
+    if (FIBER_SCHED_UNLIKELY(ts->worker->migrate) &&
         detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0) {
         yield_elsewhere();
         return;
