@@ -9,7 +9,8 @@
 // returns (on the fiber: a destructor may wait), or when the Fiber is destroyed before
 // that; a scheduler's callback task sees fresh values in each task, though the worker
 // reuses the fiber. A thread's values are destroyed when it exits. Values made by a
-// destructor during that clean-up are destroyed too (up to four rounds for a thread).
+// destructor during a clean-up are destroyed in it too, in up to four rounds (as POSIX's
+// thread-specific data); destructors that still make more are a FIBER_SCHED_ASSERT.
 //
 // Cost: get() is a look-up in the fiber's small vector (linear: a fiber has a few); the
 // first get() on a fiber allocates its T and, for its first value, the vector. The object
@@ -31,6 +32,8 @@ public:
     FiberLocalSlots(const FiberLocalSlots&) = delete;
     FiberLocalSlots& operator=(const FiberLocalSlots&) = delete;
 
+    bool empty() const noexcept { return slots_.empty(); }
+    std::size_t size() const noexcept { return slots_.size(); }
     void* find(std::uint64_t key) const noexcept {
         for (const Slot& s : slots_) {
             if (s.key == key) return s.value;

@@ -218,6 +218,25 @@ TEST_CASE("FiberLocal: a destructor that makes another value, and a constructor 
     g.resume();
 }
 
+namespace {
+// Its destructor makes a value of its own FiberLocal again, every time: a loop.
+struct MakesItselfAgain {
+    ~MakesItselfAgain();
+};
+FiberLocal<MakesItselfAgain>* again = nullptr;
+MakesItselfAgain::~MakesItselfAgain() {
+    if (again) again->get();
+}
+}  // namespace
+
+TEST_CASE("FiberLocal: destructors that keep making values are a FIBER_SCHED_ASSERT naming the rule") {
+    FSCHED_CHECK_ABORTS_WITH([] {
+        again = new FiberLocal<MakesItselfAgain>;
+        Fiber f([] { again->get(); });
+        f.resume();
+    }, "FiberLocal: the values' destructors keep making new values (past four rounds)");
+}
+
 TEST_CASE("FiberLocal: the soak's use: values of parked fibers that change workers stay theirs (4 workers, plain threads)") {
     reset_counts();
     FiberLocal<Counted> local;

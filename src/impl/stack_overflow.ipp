@@ -97,13 +97,12 @@ namespace {
 struct ThreadExit {
     ~ThreadExit() {
         ThreadState* ts = thread_state();
-        // First: a value's destructor may still use fibers. Slots a destructor made again
-        // (a FiberLocal used in another's destructor) go the same way, four rounds at most,
-        // as POSIX's thread-specific data.
-        for (int round = 0; round < 4 && ts->fiber_locals; ++round) {
-            FiberLocalSlots* locals = ts->fiber_locals;
-            ts->fiber_locals = nullptr;
+        // First: a value's destructor may still use fibers. One that makes a value meanwhile
+        // finds these slots and is cleared with them. (A thread_local destroyed after this
+        // one that makes a value leaks it.)
+        if (FiberLocalSlots* locals = ts->fiber_locals) {
             clear_fiber_locals(locals, true);
+            ts->fiber_locals = nullptr;
         }
         stack_pool().unregister_thread(ts);
         release_registry_segment(ts);
