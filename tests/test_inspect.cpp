@@ -443,7 +443,10 @@ TEST_CASE("deadlock: a cycle through a SharedMutex held exclusively is reported,
         CHECK(r.exited);
         const std::string& out = r.err;
         const std::string sentence = deadlock_sentence(out);
-        REQUIRE(!sentence.empty());
+        // Not REQUIRE: on Windows the child runs this test case from its start, and an abort
+        // of it at the first call's (empty) result would never reach the second call.
+        CHECK(!sentence.empty());
+        if (sentence.empty()) continue;
         CHECK(contains(sentence, shared ? "waits for SharedMutex shared 0x" : "waits for SharedMutex 0x"));
         CHECK(contains(sentence, "waits for Mutex 0x"));
         CHECK(contains(sentence, "(mutex-holder)"));
@@ -451,7 +454,8 @@ TEST_CASE("deadlock: a cycle through a SharedMutex held exclusively is reported,
         // The report's line names the exclusive holder.
         const std::string report = out.substr(out.find("REPORT\n"));
         const std::size_t line_at = report.find("(mutex-holder): parked ");
-        REQUIRE(line_at != std::string::npos);
+        CHECK(line_at != std::string::npos);
+        if (line_at == std::string::npos) continue;
         const std::string line = report.substr(line_at, report.find('\n', line_at) - line_at);
         CHECK(contains(line, " held by fiber "));
         CHECK(contains(line, "(shared-holder)"));
