@@ -137,6 +137,7 @@ TEST_CASE("io: timeouts that fire and ones that do not") {
         ssize_t read_result = 0;
         int read_errno = 0;
         bool ready_in_time = false;
+        fsched::WaitGroup timed_out_both(1);  // the writer writes only after both timeouts
         s.start();
         s.schedule([&] {
             const auto start = std::chrono::steady_clock::now();
@@ -146,11 +147,13 @@ TEST_CASE("io: timeouts that fire and ones that do not") {
             char c;
             read_result = fsched::io::read(pair.a, &c, 1, 5ms);
             read_errno = fsched::io::last_error();
+            timed_out_both.done();
             // Now one that does not time out: data arrives after 10 ms, well within 5 s.
             ready_in_time = fsched::io::wait(pair.a, Ready::Read, 5s);
         });
         s.schedule([&] {
-            fsched::this_fiber::sleep_for(60ms);
+            timed_out_both.wait();
+            fsched::this_fiber::sleep_for(10ms);
             char c = 'x';
             CHECK(::write(pair.b, &c, 1) == 1);
         });

@@ -57,6 +57,9 @@ expect 'fsched::Channel<int>::receive'
 expect 'parked_on_mutex \(m='
 expect 'fsched::Mutex::lock_slow'
 expect 'fsched::Fiber::entry'
-expect '^done$'   # the program ran on to its end
+# The program ran on to its end: gdb saw it exit with 0, and its last line was printed (gdb
+# may write "[Thread ... exited]" around it, so not alone on its line).
+expect 'exited normally\]'
+expect 'done'
 [ "${rc}" -eq 0 ] || { echo "check.sh: gdb exited with ${rc}" >&2; fail=1; }
 exit "${fail}"
