@@ -409,9 +409,9 @@ public:
 
     // Sends `value`, blocking while the buffer is full (or, unbuffered, until a receiver
     // takes it). Returns false, dropping the value, once the channel is closed. If moving
-    // the value throws, send() throws it and the value was not sent; the channel and its
-    // waiters are as before (a blocked sender whose value throws on its way into the
-    // buffer is woken with that exception).
+    // the value throws in this call, send() throws it and the value was not sent; the
+    // channel and its waiters are as before (a receiver claimed for it waits again). While
+    // blocked, a move that throws in a receiver's call makes this send try again itself.
     bool send(T value) {
         for (;;) {
             std::unique_lock<detail::SpinLock> guard(lock_);
