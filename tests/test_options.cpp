@@ -371,7 +371,10 @@ TEST_CASE("thread hooks: on_thread_start(0) throwing leaves the constructor with
         CHECK(stops == 0);
         CHECK(Scheduler::current() == nullptr);
 #if defined(__linux__)
-        CHECK(thread_count_now() == threads_before);
+        // No thread left behind. At most as many as before: a watch thread that had ended by
+        // itself (detached) may still have been on its way out when threads_before was
+        // counted (seen under qemu).
+        CHECK(thread_count_now() <= threads_before);
 #endif
         // This thread helps the next use_caller scheduler as before (the failed one is not
         // linked as its caller's any more): a sleep here runs the new scheduler's task.
