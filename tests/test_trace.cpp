@@ -478,7 +478,28 @@ TEST_CASE("trace: a recording's cap drops events and counts them") {
 
 TEST_CASE("trace: the flight recorder keeps the newest n events per thread") {
     REQUIRE(fsched::trace::start_ring(16));
-    ping_pong_with_sleeps(2, false, 500);
+    {
+        // Only the two named fibers run here, so each worker's newest events are theirs
+        // (ping_pong_with_sleeps' unnamed yielders may run last on both workers).
+        Scheduler scheduler(2, false, "traced");
+        scheduler.start();
+        fsched::Channel<int> ping, pong;
+        fsched::WaitGroup done(2);
+        scheduler.schedule(named_task("pinger", [&] {
+            for (int i = 0; i < 500; ++i) {
+                ping.send(i);
+                pong.receive();
+            }
+            ping.close();
+            done.done();
+        }));
+        scheduler.schedule(named_task("ponger", [&] {
+            while (auto value = ping.receive()) pong.send(*value);
+            done.done();
+        }));
+        done.wait();
+        scheduler.stop();
+    }
     // The last thing recorded: a named task that runs once, after all the rest.
     {
         Scheduler scheduler(1, false, "last-sched");
