@@ -359,13 +359,14 @@ fsched::ScheduleTask named_task(std::string name, std::function<void()> fn) {
     return task;
 }
 
-// A channel ping-pong between two named tasks, a sleeper and a burst of short tasks, on
-// `workers` workers; returns once they have all finished and the scheduler has stopped.
-void ping_pong_with_sleeps(std::size_t workers, bool use_caller, int rounds) {
+// A channel ping-pong between two named tasks and, `with_others`, a sleeper and a burst of
+// short tasks, on `workers` workers; returns once they have all finished and the scheduler
+// has stopped.
+void ping_pong_with_sleeps(std::size_t workers, bool use_caller, int rounds, bool with_others = true) {
     Scheduler scheduler(workers, use_caller, "traced");
     scheduler.start();
     fsched::Channel<int> ping, pong;
-    fsched::WaitGroup done(3);
+    fsched::WaitGroup done(with_others ? 3 : 2);
     scheduler.schedule(named_task("pinger", [&] {
         for (int i = 0; i < rounds; ++i) {
             ping.send(i);
@@ -378,11 +379,13 @@ void ping_pong_with_sleeps(std::size_t workers, bool use_caller, int rounds) {
         while (auto value = ping.receive()) pong.send(*value);
         done.done();
     }));
-    scheduler.schedule(named_task("sleeper", [&] {
-        for (int i = 0; i < 3; ++i) fsched::this_fiber::sleep_for(std::chrono::milliseconds(1));
-        done.done();
-    }));
-    for (int i = 0; i < 8; ++i) scheduler.schedule([] { fsched::this_fiber::yield(); });
+    if (with_others) {
+        scheduler.schedule(named_task("sleeper", [&] {
+            for (int i = 0; i < 3; ++i) fsched::this_fiber::sleep_for(std::chrono::milliseconds(1));
+            done.done();
+        }));
+        for (int i = 0; i < 8; ++i) scheduler.schedule([] { fsched::this_fiber::yield(); });
+    }
     if (use_caller) {
         scheduler.stop();  // the caller runs tasks until every one has ended
     } else {
@@ -478,28 +481,9 @@ TEST_CASE("trace: a recording's cap drops events and counts them") {
 
 TEST_CASE("trace: the flight recorder keeps the newest n events per thread") {
     REQUIRE(fsched::trace::start_ring(16));
-    {
-        // Only the two named fibers run here, so each worker's newest events are theirs
-        // (ping_pong_with_sleeps' unnamed yielders may run last on both workers).
-        Scheduler scheduler(2, false, "traced");
-        scheduler.start();
-        fsched::Channel<int> ping, pong;
-        fsched::WaitGroup done(2);
-        scheduler.schedule(named_task("pinger", [&] {
-            for (int i = 0; i < 500; ++i) {
-                ping.send(i);
-                pong.receive();
-            }
-            ping.close();
-            done.done();
-        }));
-        scheduler.schedule(named_task("ponger", [&] {
-            while (auto value = ping.receive()) pong.send(*value);
-            done.done();
-        }));
-        done.wait();
-        scheduler.stop();
-    }
+    // Only the two named fibers: each worker's newest events are theirs (the unnamed
+    // yielders could otherwise run last on both workers).
+    ping_pong_with_sleeps(2, false, 500, false);
     // The last thing recorded: a named task that runs once, after all the rest.
     {
         Scheduler scheduler(1, false, "last-sched");
