@@ -127,6 +127,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <mutex>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1108,6 +1109,7 @@ void clear_fiber_locals(FiberLocalSlots* slots, bool free_slots) noexcept;
 struct Worker;
 struct SchedulerCore;
 struct RegistrySegment;
+struct Simulation;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -1141,6 +1143,9 @@ struct ThreadState {
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
     FiberLocalSlots* fiber_locals = nullptr;  // FiberLocal values outside fibers; freed at exit
+    // The testing::simulate() this thread runs, if any: its fibers run on this thread too,
+    // so this is what tells every clock read, queue and choice that it is inside one.
+    Simulation* simulation = nullptr;
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -1645,12 +1650,16 @@ struct NewTask {
 
 using TimePoint = std::chrono::steady_clock::time_point;
 
+// steady_clock::now(), or the virtual clock inside testing::simulate() (simulation.ipp):
+// every deadline and every look at one reads this.
+TimePoint clock_now() noexcept;
+
 // The steady_clock time `d` from now, saturated instead of overflowing for durations like
 // hours::max(); a duration of zero or less is now.
 template <class Rep, class Period>
 TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
     using std::chrono::steady_clock;
-    const auto now = steady_clock::now();
+    const TimePoint now = clock_now();
     if (d <= d.zero()) return now;
     // (TimePoint::max)(): <windows.h> without NOMINMAX defines a max() macro.
     const std::chrono::duration<double> room = (TimePoint::max)() - now;
@@ -1669,7 +1678,7 @@ TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
         using Seconds = std::chrono::duration<double>;
         const auto now = Clock::now();
         const Seconds left = Seconds(t.time_since_epoch()) - Seconds(now.time_since_epoch());
-        if (left <= Seconds::zero()) return std::chrono::steady_clock::now();
+        if (left <= Seconds::zero()) return clock_now();
         if (left > Seconds(100.0 * 365 * 24 * 3600)) return (TimePoint::max)();  // a century: never
         return deadline_after(t - now);
     }
@@ -2523,7 +2532,7 @@ private:
                 // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no
                 // lock held, then look again. A ready send never allocates.
                 guard.unlock();
-                if (!(std::chrono::steady_clock::now() < deadline)) {
+                if (!(detail::clock_now() < deadline)) {
                     detail::give_way_to_one_task();
                     return false;
                 }
@@ -2548,7 +2557,7 @@ private:
                 if (receive_now(result, guard)) return result;
                 if (closed_ || prepared) break;
                 guard.unlock();
-                if (!(std::chrono::steady_clock::now() < deadline)) {
+                if (!(detail::clock_now() < deadline)) {
                     detail::give_way_to_one_task();
                     return result;
                 }
@@ -3972,6 +3981,117 @@ void set_trace_max_events(std::size_t events);
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/trace.hpp ----
+// ---- begin src/testing.hpp ----
+// ---------------------------------------------------------------------------
+// fsched::testing: a user's concurrent code run in a deterministic simulation.
+//
+// simulate(seed, fn) runs fn as the first task of a scheduler whose workers are logical: all
+// of them take turns on the calling thread, and every choice a real scheduler leaves to
+// timing comes from a pseudo-random generator seeded with `seed`: which ready task runs next
+// (among every ready task of every scheduler in the simulation), on which worker an unpinned
+// task runs, which ready case a select() takes. So one seed is one interleaving, the same
+// every time; another seed is another. Time is virtual (now()): when nothing is ready the
+// clock jumps to the next deadline, so sleeps and timed waits cost no wall time. When
+// nothing is ready, no deadline is pending and fibers are still parked, the run ends as a
+// deadlock, with the fiber report; a run past its switch budget ends as a runaway.
+//
+// explore(fn, count) runs seeds until one fails (fn or a task threw, a FIBER_SCHED_ASSERT
+// failed, a deadlock, a runaway) and returns it; simulate() with that seed (and the same
+// options) replays the failing run switch for switch. Strategy::pct draws priorities
+// instead (probabilistic concurrency testing: the highest-priority ready task runs, and at
+// a few random switches the running one drops below all others), which finds bugs that
+// need a few specific preemptions much sooner than uniform choices.
+//
+// Inside a simulation everything works as usual: Scheduler::current(), schedule(),
+// schedulers the code makes (their workers join the simulation; start() starts no thread,
+// stop() waits in virtual time), every primitive, this_fiber::*, fsched::io (fds polled
+// without blocking). Plain threads started inside are outside it: they see real time, and
+// must not touch the simulation's schedulers or primitives (a FIBER_SCHED_ASSERT says so
+// where it can). Priorities are not honoured: any ready task may be chosen, which covers
+// every order a real scheduler could take and more. A task that loops without ever waiting
+// or yielding cannot be interrupted (fibers are cooperative), so the budget cannot end it.
+// A failed or abandoned run's fibers (a deadlock, a runaway) cannot be unwound safely: they
+// stay parked for good, with their stacks, and later reports list them.
+// ---------------------------------------------------------------------------
+
+
+// (src/config.hpp already inlined above)
+
+namespace fsched {
+namespace testing {
+
+// How simulate() chooses among the ready tasks.
+enum class Strategy {
+    uniform,  // each ready task equally likely
+    pct,      // priorities, with pct_depth - 1 change points (see the top comment)
+};
+
+struct SimulationOptions {
+    std::size_t workers = 4;  // logical workers of the simulation's own scheduler (at least 1)
+    Strategy strategy = Strategy::uniform;
+    // PCT: the bug depth looked for (d); d - 1 change points are drawn among the first
+    // pct_steps switches. 0: explore() measures it by a first uniform run (and returns the
+    // options it used, to replay with); simulate() takes 1000.
+    int pct_depth = 3;
+    std::uint64_t pct_steps = 0;
+    std::uint64_t max_switches = 1000000;  // the step budget: past it the run is a runaway
+};
+
+struct SimulationResult {
+    bool completed = false;   // every task finished
+    bool deadlock = false;    // nothing ready, no timer pending, fibers still parked
+    std::uint64_t switches = 0;  // scheduling decisions taken
+    std::string report;       // fiber_report() at the end when not completed or failed; else empty
+    // Beyond API.md:
+    bool runaway = false;               // the switch budget ran out
+    std::exception_ptr error;           // the first exception fn or a task threw (or a failed assert)
+    std::string error_message;          // its what(), when it had one
+    std::uint64_t seed = 0;
+    std::uint64_t trace_hash = 0;       // of every switch (which task, which worker): equal runs, equal hashes
+    std::chrono::nanoseconds virtual_time{0};  // how far the virtual clock went
+    bool failed() const noexcept { return !completed || error != nullptr; }
+};
+
+// A FIBER_SCHED_ASSERT that failed inside a simulation: thrown instead of aborting, so that
+// explore() can report the seed. One in a noexcept function still terminates.
+class AssertionFailed : public std::logic_error {
+public:
+    using std::logic_error::logic_error;
+};
+
+// Runs `fn` as the first task of a simulated scheduler of `workers` logical workers on this
+// thread; every scheduling choice comes from `seed`; time is virtual.
+SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, std::size_t workers = 4);
+SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, const SimulationOptions& options);
+
+// simulate() for seeds first_seed .. first_seed + count - 1: the first on which fn threw,
+// failed a FIBER_SCHED_ASSERT, deadlocked or ran away, or nullopt.
+std::optional<std::uint64_t> explore(std::function<void()> fn, std::uint64_t count, std::uint64_t first_seed = 0,
+                                     std::size_t workers = 4);
+
+struct ExploreResult {
+    std::optional<std::uint64_t> seed;  // the first failing seed, if any
+    SimulationResult result;            // that seed's run (else the last run's)
+    SimulationOptions options;          // what to pass simulate() to replay it
+    std::uint64_t runs = 0;             // seeds tried
+};
+ExploreResult explore(std::function<void()> fn, std::uint64_t count, std::uint64_t first_seed,
+                      const SimulationOptions& options);
+
+// The virtual clock inside simulate() (on its thread); steady_clock::now() elsewhere.
+std::chrono::steady_clock::time_point now();
+
+// Inside simulate(): returns once every other fiber of the simulation is parked on an
+// fsched primitive, a sleep or an io wait (Go's synctest.Wait), before the clock moves.
+// Outside: FIBER_SCHED_ASSERT.
+void wait_until_blocked();
+
+// True on the thread (and in the fibers) of a running simulate().
+bool in_simulation() noexcept;
+
+}  // namespace testing
+}  // namespace fsched
+// ---- end src/testing.hpp ----
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -4031,6 +4151,7 @@ void set_trace_max_events(std::size_t events);
 
 // (src/fiber_switch.hpp already inlined above)
 // (src/scheduler.hpp already inlined above)
+// (src/testing.hpp already inlined above)
 
 namespace fsched {
 
@@ -4078,6 +4199,11 @@ void assert_failed(const char* expr, const char* file, int line) {
         throw std::logic_error(rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr));
     }
 #endif
+    // Inside testing::simulate(): the run fails with this, and explore() reports its seed.
+    if (thread_state()->simulation) {
+        throw testing::AssertionFailed(std::string("FIBER_SCHED_ASSERT failed: ") +
+                                       (rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr)));
+    }
     if (rule && rule_end) {
         std::fprintf(stderr, "fiber_sched: %.*s\n", static_cast<int>(rule_end - rule - 1), rule + 1);
     }
@@ -9591,7 +9717,9 @@ struct alignas(64) Worker {
     SchedulerCore& core;
     const int index;
     const bool single;  // the scheduler's only worker (no thief, no other queue)
-    const bool migrate;  // SchedulerCore::migrate, one load away for this_fiber::yield()
+    // SchedulerCore::migrate or a simulation (SchedulerCore::sim), one load away for
+    // this_fiber::yield(): a yield is then a park and a wake (yield_elsewhere).
+    const bool migrate;
     std::thread thread;
 
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.
@@ -10061,11 +10189,17 @@ struct alignas(64) Worker {
 namespace fsched {
 namespace detail {
 
+// testing::simulate()'s side of a simulated scheduler (simulation.ipp).
+void sim_attach(Simulation& sim, SchedulerCore& core);
+void sim_detach(Simulation& sim, SchedulerCore& core) noexcept;
+void sim_enqueue(Simulation& sim, SchedulerCore& core, QueuedTask&& task);
+void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept;
+
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
         : owner(owner_), options(options_), use_caller(options_.use_caller),
-          migrate(migration_checked(options_)), caller_thread(std::this_thread::get_id()),
-          caller_fiber(running_fiber()) {
+          migrate(migration_checked(options_)), sim(thread_state()->simulation),
+          caller_thread(std::this_thread::get_id()), caller_fiber(running_fiber()) {
         const std::size_t threads = options.threads;
         check_options();  // before anything is opened: it may throw
         // Before this scheduler can start a thread or link itself as its caller's: the fork
@@ -10076,9 +10210,19 @@ struct SchedulerCore {
 #endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
-        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1, migrate));
+        for (std::size_t i = 0; i < threads; ++i) {
+            workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1, migrate || sim));
+        }
         for (auto& w : workers) w->runnext_looks.resize(threads);
         open_idle();  // releases what it opened before it throws
+        if (sim) {
+            try {
+                sim_attach(*sim, *this);
+            } catch (...) {
+                close_idle();
+                throw;
+            }
+        }
         if (use_caller && !caller_fiber) {
             // Constructed on a thread's own stack: that thread helps while it blocks.
             ThreadState* ts = thread_state();
@@ -10101,6 +10245,7 @@ struct SchedulerCore {
     SchedulerCore* previous_caller_core = nullptr;
     bool caller_linked = false;
     ~SchedulerCore() {
+        if (sim) sim_detach(*sim, *this);
         unlink_caller();
         close_idle();
     }
@@ -10142,6 +10287,10 @@ struct SchedulerCore {
         return nullptr;
     }
     std::atomic<std::size_t> migration_turn{0};
+    // The testing::simulate() this scheduler was made in (on its thread), or nullptr: its
+    // tasks then queue into the simulation, and start() starts no thread (simulation.ipp).
+    // Cleared when the simulation ends with this scheduler abandoned in it.
+    Simulation* sim;
     // Where stop() must be called from with use_caller: the constructing thread, or the
     // constructing fiber when the scheduler was made inside one (it may change threads).
     const std::thread::id caller_thread;
@@ -10230,6 +10379,9 @@ struct SchedulerCore {
     void pin_worker_thread(int worker) noexcept;
     // stop()'s work under lifecycle_mutex: false when the scheduler had stopped already.
     bool stop_and_close();
+    // stop_and_close() in a simulation: its tasks run on (the caller waits parked, in
+    // virtual time) until none is outstanding (simulation.ipp).
+    bool sim_stop();
     // launch_threads() for stop(), which must not throw (it runs in ~Scheduler): true if
     // every worker that needs a thread has one now.
     bool try_launch_threads() noexcept;
@@ -10270,6 +10422,10 @@ struct SchedulerCore {
 
     // Queues a task that is already counted in `outstanding`. Strong guarantee.
     void enqueue(QueuedTask&& task) {
+        if (FIBER_SCHED_UNLIKELY(sim != nullptr)) {
+            sim_enqueue(*sim, *this, std::move(task));
+            return;
+        }
         Worker* here = current_worker();
         const OutsideEnqueue guard(outside_enqueues, here == nullptr);
         Worker& target = task.worker >= 0 ? *workers[static_cast<std::size_t>(task.worker)]
@@ -10346,6 +10502,10 @@ struct SchedulerCore {
         {
             std::lock_guard<std::mutex> lock(handler_mutex);
             h = handler;
+        }
+        if (!(h && *h) && sim) {
+            sim_record_error(*sim, std::move(error));  // a simulation's failure, not the process's
+            return;
         }
         if (h && *h) {
             try {
@@ -11060,6 +11220,7 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
 namespace {
 // SchedulerOptions::debug_migrate: the yield is a park whose hook wakes the fiber at once,
 // so that wake_fiber() sends it to another worker (or back in line here, when there is none).
+// In a simulation, the same: the woken fiber goes to the simulation's ready tasks.
 FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_elsewhere() {
     // A whole record: the report reads every field of a parked fiber's.
     detail::note_wait(detail::WaitReason::Yield, nullptr);
@@ -11074,7 +11235,7 @@ void yield() {
         return;
     }
     if (FIBER_SCHED_UNLIKELY(ts->worker->migrate) &&
-        detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0) {
+        (detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0 || ts->worker->core.sim)) {
         yield_elsewhere();
         return;
     }
@@ -11154,7 +11315,7 @@ inline bool Worker::fire_due_timers(Worker& firer) {
     // No clock read while there are no timers: the yield and spawn paths pass here.
     const std::int64_t earliest = timers.earliest.load(std::memory_order_relaxed);
     if (earliest == no_deadline) return false;
-    const TimePoint now = std::chrono::steady_clock::now();
+    const TimePoint now = clock_now();
     if (earliest > to_ticks(now)) return false;
     bool any = false;
     for (;;) {
@@ -11402,7 +11563,7 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     SchedulerCore& core = SchedulerCore::of(*target.scheduler);
     const bool migrate = FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0;
-    if (target.worker < 0 && target.priority == Priority::Normal && !migrate) {
+    if (target.worker < 0 && target.priority == Priority::Normal && !migrate && !core.sim) {
         // Woken by a task of its scheduler: into the waker's run-next slot.
         ThreadState* ts = thread_state();
         if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;
@@ -11627,6 +11788,7 @@ void SchedulerCore::check_options() const {
 }
 
 void SchedulerCore::launch_threads() {
+    if (sim) return;  // a simulation's workers take turns on its thread
     // Only workers without a thread: after a failed start (out of threads) a later start()
     // or stop() starts the rest.
     for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
@@ -11772,6 +11934,7 @@ void Scheduler::stop() {
 namespace detail {
 
 bool SchedulerCore::stop_and_close() {
+    if (sim) return sim_stop();
     std::lock_guard<std::mutex> lock(lifecycle_mutex);
     if (closed()) return false;
     // The report, once, if the tasks take as long as the option or FIBER_SCHED_HANG_REPORT_S says.
@@ -11933,6 +12096,12 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
     for (const detail::NewTask& task : tasks) core.check_task(task);
+    if (core.sim) {
+        // One at a time into the simulation's ready tasks (no worker queues there). Those
+        // queued before a throw run; the rest are dropped, as with the queues.
+        for (detail::NewTask& task : tasks) submit(std::move(task));
+        return;
+    }
     detail::Worker* here = core.current_worker();
     detail::BatchShares shares = detail::deal_batch(core, here, tasks);  // may throw: nothing counted yet
     const auto total = static_cast<std::int64_t>(tasks.size());
@@ -12235,7 +12404,7 @@ void Mutex::lock() {
 
 bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
     using namespace std::chrono;
-    const auto start = steady_clock::now();
+    const auto start = detail::clock_now();
     bool woken_before = false;
     for (;;) {
         std::uint32_t s = state_.load(std::memory_order_relaxed);
@@ -12250,7 +12419,7 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // compete after its deadline has had its look above, so a lock that unlock_slow()
         // left free for it is taken, not left idle while other waiters sleep; one that a
         // newcomer took will wake the next waiter when it is unlocked.
-        if (deadline && steady_clock::now() >= *deadline) {
+        if (deadline && detail::clock_now() >= *deadline) {
             detail::give_way_to_one_task();
             return false;
         }
@@ -12259,7 +12428,7 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         if (deadline) detail::prepare_timed_wait(self);  // may throw: nothing is held or counted
         lock_.lock();
         // Join the waiters while the lock is held; if it came free meanwhile, compete again.
-        const bool starve = woken_before && steady_clock::now() - start > milliseconds(1);
+        const bool starve = woken_before && detail::clock_now() - start > milliseconds(1);
         bool joined = false;
         s = state_.load(std::memory_order_relaxed);
         while (s & locked_bit) {
@@ -12282,14 +12451,18 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
         detail::note_wait(detail::WaitReason::Mutex, this, &ops, deadline);
-        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // (see watch_loop)
-        detail::ensure_watchdog();
+        // (see watch_loop; a simulation finds its own deadlocks)
+        const bool watched = !detail::thread_state()->simulation;
+        if (watched) {
+            detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+            detail::ensure_watchdog();
+        }
         // The claim decides a timeout racing an unlock once: unlock_slow() won it (true:
         // handed over, or woken to compete and already uncounted) or the timeout did (false:
         // leave_timed_out() has uncounted us under lock_, whether or not unlock_slow()
         // popped us on its way to a live waiter).
         const bool woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
-        detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+        if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
         if (!woken) return false;
         if (self.ok) return true;  // handed over: unlock() made us the owner
         woken_before = true;
@@ -12516,7 +12689,7 @@ bool Semaphore::try_acquire_until_steady(detail::TimePoint deadline) {
         lock_.unlock();
         return true;
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (detail::clock_now() >= deadline) {
         lock_.unlock();
         detail::give_way_to_one_task();
         return false;
@@ -12721,11 +12894,14 @@ void SharedMutex::lock() {
     writers_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
-    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // the deadlock watch, as Mutex
-    detail::ensure_watchdog();
+    const bool watched = !detail::thread_state()->simulation;  // the deadlock watch, as Mutex
+    if (watched) {
+        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+        detail::ensure_watchdog();
+    }
     // Woken means handed over: the unlocker made us the exclusive owner.
     detail::block(lock_, writers_, self, nullptr);
-    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock() {
@@ -12780,11 +12956,14 @@ void SharedMutex::lock_shared() {
     readers_queue_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
-    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-    detail::ensure_watchdog();
+    const bool watched = !detail::thread_state()->simulation;
+    if (watched) {
+        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+        detail::ensure_watchdog();
+    }
     // Woken means handed over: the unlocker counted us among the readers.
     detail::block(lock_, readers_queue_, self, nullptr);
-    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock_shared() {
@@ -12880,7 +13059,7 @@ bool Event::wait_until_steady(detail::TimePoint deadline) {
         lock_.unlock();
         return true;
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (detail::clock_now() >= deadline) {
         lock_.unlock();
         detail::give_way_to_one_task();
         return false;
@@ -13025,7 +13204,11 @@ thread_local std::uint64_t select_rng = 0;
 
 // Not inlined: a fiber that parks in run_select() may resume on another thread, and must not
 // reuse the address of the thread_local it computed before (it draws only before parking).
+std::size_t sim_random_below(Simulation& sim, std::size_t n) noexcept;
+
 FIBER_SCHED_NOINLINE std::size_t select_pick(std::size_t n) noexcept {
+    // In a simulation, its generator: the seed decides the pick too.
+    if (Simulation* sim = thread_state()->simulation) return sim_random_below(*sim, n);
     std::uint64_t& state = select_rng;
     if (state == 0) {
         const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -13101,7 +13284,7 @@ std::size_t run_select(const SelectFrame& frame) {
             // Nothing ready: prepare the timed wait with no lock held (it may throw
             // std::bad_alloc: nothing is published yet), then look again.
             held.unlock();
-            if (!(std::chrono::steady_clock::now() < *deadline)) {
+            if (!(clock_now() < *deadline)) {
                 give_way_to_one_task();
                 frame.cases[timeout_case]->run(false);
                 return timeout_case;
@@ -13435,6 +13618,468 @@ std::uint64_t new_fiber_local_key() noexcept {
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/impl/fiber_local.ipp ----
+// ---- begin src/impl/simulation.ipp ----
+// ---------------------------------------------------------------------------
+// testing::simulate() (its contract: the top of testing.hpp). A Simulation is what every
+// SchedulerCore made on its thread queues into instead of its workers' queues
+// (SchedulerCore::enqueue): one list of ready tasks for all of them. Its driver loop, on
+// the calling thread, takes one step at a time:
+//   1. a ready task, chosen by the strategy (uniform, or PCT's priorities), runs once on a
+//      worker drawn at random (its own worker when pinned), through Worker::run_task as on
+//      a real worker, until it parks, yields (a park and a wake in a simulation:
+//      this_fiber::yield) or ends;
+//   2. with nothing ready, ready fds (polled without blocking), then the fibers in
+//      wait_until_blocked(), then the virtual clock jumps to the earliest timer of any
+//      worker, whose due timers fire;
+//   3. with none of that, the run is over: complete if no task is outstanding, else a
+//      deadlock, with the fiber report.
+// Each step mixes the task's ordinal (the order tasks were made in this run) and the
+// worker into trace_hash, so equal hashes mean equal schedules. A callback task gets its
+// own fiber when it is queued, so every ready task is a fiber known from its first step.
+// A run that ends in a deadlock or past its budget abandons its fibers: they are kept
+// (never destroyed, so no frame of theirs is freed under a primitive that lists it), their
+// wait records cleared and taken out of the registry, so a later report reads nothing of
+// the dead simulation.
+// Relies on: sched_core.ipp, sched_run_loop.ipp (run_task), sched_timers.ipp
+// (fire_due_timers), sched_park.ipp (park, wake_fiber), the idle wait (poll_io).
+// ---------------------------------------------------------------------------
+
+
+// (src/testing.hpp already inlined above)
+// (src/inspect.hpp already inlined above)
+// (src/impl/sched_core.ipp already inlined above)
+// (src/impl/sched_run_loop.ipp already inlined above)
+// (src/impl/sched_timers.ipp already inlined above)
+// (src/impl/sched_park.ipp already inlined above)
+// (src/impl/registry_slots.ipp already inlined above)
+
+namespace fsched {
+namespace detail {
+
+struct Simulation {
+    Simulation(std::uint64_t seed_, const testing::SimulationOptions& options_)
+        : options(options_), seed(seed_), rng(seed_ * 0x9e3779b97f4a7c15ull + 0x6a09e667f3bcc909ull),
+          thread(std::this_thread::get_id()) {}
+
+    const testing::SimulationOptions options;
+    const std::uint64_t seed;
+    std::uint64_t rng;
+    const std::thread::id thread;
+    // The virtual clock: starts at the same point in every run (an hour after steady_clock's
+    // epoch, so that a deadline computed as now() - d stays after the epoch).
+    const TimePoint start{std::chrono::hours(1)};
+    TimePoint now = start;
+
+    std::vector<SchedulerCore*> cores;  // every scheduler made on this thread meanwhile
+    struct Ready {
+        SchedulerCore* core;
+        QueuedTask task;
+    };
+    std::vector<Ready> ready;
+    // Every task fiber of the run: its ordinal (for the trace) and its PCT priority. Weak: a
+    // fiber ends as it would elsewhere; the entry goes when its task does.
+    struct Info {
+        std::uint64_t ordinal = 0;
+        std::uint64_t priority = 0;
+        std::weak_ptr<Fiber> fiber;
+    };
+    std::unordered_map<const Fiber*, Info> fibers;
+    std::uint64_t tasks_made = 0;
+    std::vector<std::uint64_t> change_points;  // PCT: the switches after which priority drops
+    std::size_t next_change = 0;
+
+    std::uint64_t switches = 0;
+    std::uint64_t hash = 0xcbf29ce484222325ull;
+    std::exception_ptr error;
+    bool runaway = false;
+    // Fibers in stop() of a simulated scheduler, until it has no task left; fibers in
+    // wait_until_blocked(), until nothing else can run.
+    std::vector<std::pair<SchedulerCore*, Fiber::ptr>> drains;
+    std::vector<Fiber::ptr> blocked;
+
+    std::uint64_t next_random() noexcept {
+        std::uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    std::size_t below(std::size_t n) noexcept { return n <= 1 ? 0 : static_cast<std::size_t>(next_random() % n); }
+    // A new task's PCT priority: above every lowered one (those are below pct_depth).
+    std::uint64_t fresh_priority() noexcept { return (next_random() >> 2) | (std::uint64_t{1} << 61); }
+
+    void mix(std::uint64_t v) noexcept {
+        for (int i = 0; i < 8; ++i) {
+            hash ^= (v >> (8 * i)) & 0xff;
+            hash *= 0x100000001b3ull;
+        }
+    }
+
+    void record_error(std::exception_ptr e) noexcept {
+        if (!error) error = std::move(e);
+    }
+
+    void push(SchedulerCore& core, QueuedTask&& task);
+    void run();
+    void step();
+    bool poll_io() noexcept;
+    bool advance_clock() noexcept;
+    bool io_waiting() const noexcept;
+    void wake_drained() noexcept;
+    std::int64_t outstanding() const noexcept;
+    void abandon() noexcept;
+};
+
+TimePoint clock_now() noexcept {
+    const Simulation* sim = thread_state()->simulation;
+    return sim ? sim->now : std::chrono::steady_clock::now();
+}
+
+void sim_attach(Simulation& sim, SchedulerCore& core) { sim.cores.push_back(&core); }
+
+void sim_detach(Simulation& sim, SchedulerCore& core) noexcept {
+    sim.cores.erase(std::remove(sim.cores.begin(), sim.cores.end(), &core), sim.cores.end());
+}
+
+void sim_enqueue(Simulation& sim, SchedulerCore& core, QueuedTask&& task) { sim.push(core, std::move(task)); }
+
+void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept { sim.record_error(std::move(error)); }
+
+std::size_t sim_random_below(Simulation& sim, std::size_t n) noexcept { return sim.below(n); }
+
+void Simulation::push(SchedulerCore& core, QueuedTask&& task) {
+    FIBER_SCHED_ASSERT(std::this_thread::get_id() == thread &&
+                       "testing::simulate(): a plain thread used a scheduler of the simulation (plain threads are "
+                       "outside it: they must not schedule or wake its tasks)");
+    ready.reserve(ready.size() + 1);  // first: from the push_back on nothing throws
+    if (!task.fiber) {
+        // A callback: its own fiber now, never a pooled one, so the run knows it from here.
+        task.fiber = FiberAccess::make_in_stack(std::move(task.cb), core.options.stack_size);
+    }
+    Info& info = fibers[task.fiber.get()];  // may throw std::bad_alloc
+    if (task.kind == TaskKind::Fresh || info.ordinal == 0) {
+        info.ordinal = ++tasks_made;
+        info.priority = fresh_priority();
+        info.fiber = task.fiber;
+    }
+    ready.push_back(Ready{&core, std::move(task)});
+}
+
+void Simulation::step() {
+    std::size_t i = 0;
+    if (options.strategy == testing::Strategy::pct) {
+        std::uint64_t best = 0;
+        for (std::size_t k = 0; k < ready.size(); ++k) {
+            const std::uint64_t p = fibers[ready[k].task.fiber.get()].priority;
+            if (k == 0 || p > best) {
+                best = p;
+                i = k;
+            }
+        }
+    } else {
+        i = below(ready.size());
+    }
+    Ready r = std::move(ready[i]);
+    if (i + 1 != ready.size()) ready[i] = std::move(ready.back());
+    ready.pop_back();
+    SchedulerCore& core = *r.core;
+    Worker& w = r.task.worker >= 0 ? *core.workers[static_cast<std::size_t>(r.task.worker)]
+                                   : *core.workers[below(core.workers.size())];
+    const Fiber::ptr fiber = r.task.fiber;  // to know, after the step, whether its task ended
+    const Fiber* key = fiber.get();
+    mix(fibers[key].ordinal);
+    mix((static_cast<std::uint64_t>(std::find(cores.begin(), cores.end(), &core) - cores.begin()) << 32) |
+        static_cast<std::uint64_t>(w.index));
+    ++switches;
+    ThreadState* ts = thread_state();
+    ts->scheduler = &core.owner;
+    ts->worker = &w;
+    w.run_task(r.task);
+    ts->scheduler = nullptr;
+    ts->worker = nullptr;
+    ts->task_fiber = nullptr;
+    ts->task_ref = nullptr;
+    // PCT: past a change point, the task that ran drops below every other.
+    if (next_change < change_points.size() && switches >= change_points[next_change]) {
+        auto it = fibers.find(key);
+        if (it != fibers.end()) it->second.priority = static_cast<std::uint64_t>(change_points.size() - next_change);
+        ++next_change;
+    }
+    if (fiber->state() == Fiber::State::Term) fibers.erase(key);
+}
+
+bool Simulation::poll_io() noexcept {
+    bool any = false;
+    for (SchedulerCore* core : cores) any = core->idle.poll_io(false) || any;
+    return any;
+}
+
+bool Simulation::io_waiting() const noexcept {
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+    for (SchedulerCore* core : cores) {
+        if (core->idle.io_waiters.load(std::memory_order_relaxed) > 0) return true;
+    }
+#endif
+    return false;
+}
+
+bool Simulation::advance_clock() noexcept {
+    std::int64_t earliest = no_deadline;
+    for (SchedulerCore* core : cores) {
+        for (auto& w : core->workers) earliest = std::min(earliest, w->timers.earliest.load(std::memory_order_relaxed));
+    }
+    if (earliest == no_deadline) return false;
+    const TimePoint due{std::chrono::steady_clock::duration(earliest)};
+    if (due > now) now = due;
+    ThreadState* ts = thread_state();
+    for (SchedulerCore* core : cores) {
+        for (auto& w : core->workers) {
+            ts->scheduler = &core->owner;
+            ts->worker = w.get();
+            w->fire_due_timers(*w);
+        }
+    }
+    ts->scheduler = nullptr;
+    ts->worker = nullptr;
+    return true;
+}
+
+std::int64_t Simulation::outstanding() const noexcept {
+    std::int64_t n = 0;
+    for (const SchedulerCore* core : cores) {
+        n += core->outstanding.load(std::memory_order_relaxed) & ~(SchedulerCore::exit_bit | SchedulerCore::closed_bit);
+    }
+    return n;
+}
+
+void Simulation::wake_drained() noexcept {
+    for (std::size_t i = 0; i < drains.size();) {
+        SchedulerCore& core = *drains[i].first;
+        if ((core.outstanding.load(std::memory_order_relaxed) & ~SchedulerCore::closed_bit) != 0) {
+            ++i;
+            continue;
+        }
+        Fiber::ptr fiber = std::move(drains[i].second);
+        drains.erase(drains.begin() + static_cast<std::ptrdiff_t>(i));
+        wake_fiber(std::move(fiber));
+    }
+}
+
+void Simulation::run() {
+    int io_naps = 0;
+    for (;;) {
+        if (!drains.empty()) wake_drained();
+        if (!ready.empty()) {
+            if (switches >= options.max_switches) {
+                runaway = true;
+                return;
+            }
+            step();
+            io_naps = 0;
+            continue;
+        }
+        if (poll_io()) continue;
+        if (!blocked.empty()) {
+            std::vector<Fiber::ptr> woken;
+            woken.swap(blocked);
+            for (Fiber::ptr& f : woken) wake_fiber(std::move(f));
+            continue;
+        }
+        if (advance_clock()) continue;
+        // Only fds outside the simulation can end these waits: real time, a little at a
+        // time, for at most two seconds with nothing else happening; then a deadlock.
+        if (io_waiting() && io_naps < 2000) {
+            ++io_naps;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            continue;
+        }
+        return;
+    }
+}
+
+// Keeps every fiber the run left (their frames may be listed by primitives that outlive
+// the run: freeing them would leave those lists pointing into freed stacks) and clears what
+// their wait records point to (the primitives and schedulers of the run go away).
+void Simulation::abandon() noexcept {
+    static std::vector<Fiber::ptr>* kept = new std::vector<Fiber::ptr>();  // never freed: see above
+    static std::mutex kept_lock;
+    std::lock_guard<std::mutex> lock(kept_lock);
+    auto keep = [&](Fiber::ptr f) {
+        if (!f || f->state() == Fiber::State::Term) return;
+        WaitRecord& w = FiberAccess::wait(*f);
+        w.word = "abandoned by testing::simulate() (a deadlock or a runaway)";
+        w.object = nullptr;
+        w.ops = nullptr;
+        w.scheduler = nullptr;
+        w.worker = nullptr;
+        w.deadline_ns = -1;
+        w.kind.store(WaitReason::Other, std::memory_order_relaxed);
+        // Out of the registry: a report after the run must not list what cannot run again.
+        registry_remove(*f, thread_state());
+        FiberAccess::registry_slot(*f) = nullptr;
+        try {
+            kept->push_back(std::move(f));
+        } catch (...) {
+            new Fiber::ptr(std::move(f));  // out of memory for the list: leak the handle itself
+        }
+    };
+    for (Ready& r : ready) keep(std::move(r.task.fiber));
+    ready.clear();
+    for (auto& d : drains) keep(std::move(d.second));
+    drains.clear();
+    for (Fiber::ptr& f : blocked) keep(std::move(f));
+    blocked.clear();
+    for (SchedulerCore* core : cores) {
+        for (auto& w : core->workers) {
+            std::lock_guard<SpinLock> timers_lock(w->timers.lock);
+            for (Timer& t : w->timers.heap) {
+                keep(std::move(t.fiber));
+                if (t.wait) keep(std::move(t.wait->fiber));
+            }
+            w->timers.heap.clear();
+            w->timers.earliest.store(no_deadline, std::memory_order_relaxed);
+        }
+    }
+    for (auto& entry : fibers) keep(entry.second.fiber.lock());
+    fibers.clear();
+}
+
+bool SchedulerCore::sim_stop() {
+    if (closed()) return false;
+    started.store(true, std::memory_order_release);  // start() after stop() does nothing
+    stopping.store(true, std::memory_order_seq_cst);
+    for (;;) {
+        std::int64_t idle = 0;
+        if (outstanding.compare_exchange_strong(idle, closed_bit, std::memory_order_seq_cst)) return true;
+        if (!in_scheduler_task()) {
+            // The simulation's own thread, once the run is over: what is left was abandoned.
+            outstanding.fetch_or(closed_bit, std::memory_order_seq_cst);
+            return true;
+        }
+        // Wait, parked, until the simulation has run this scheduler's tasks to their end.
+        sim->drains.reserve(sim->drains.size() + 1);  // the hook below cannot throw
+        note_wait(WaitReason::Other, this);
+        FiberAccess::wait(*running_fiber()).word = "Scheduler::stop() in a simulation";
+        park([](Fiber*, void* core) {
+            SchedulerCore* c = static_cast<SchedulerCore*>(core);
+            c->sim->drains.emplace_back(c, take_task_ref());
+        }, this);
+    }
+}
+
+}  // namespace detail
+
+namespace testing {
+
+bool in_simulation() noexcept { return detail::thread_state()->simulation != nullptr; }
+
+std::chrono::steady_clock::time_point now() { return detail::clock_now(); }
+
+void wait_until_blocked() {
+    detail::ThreadState* ts = detail::thread_state();
+    detail::Simulation* sim = ts->simulation;
+    FIBER_SCHED_ASSERT(sim && detail::in_scheduler_task() &&
+                       "testing::wait_until_blocked(): call it from a task inside testing::simulate()");
+    sim->blocked.reserve(sim->blocked.size() + 1);  // the hook below cannot throw
+    detail::note_wait(detail::WaitReason::Other, nullptr);
+    detail::FiberAccess::wait(*ts->current).word = "testing::wait_until_blocked()";
+    detail::park([](Fiber*, void* s) { static_cast<detail::Simulation*>(s)->blocked.push_back(detail::take_task_ref()); },
+                 sim);
+}
+
+SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, std::size_t workers) {
+    SimulationOptions options;
+    options.workers = workers;
+    return simulate(seed, std::move(fn), options);
+}
+
+SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, const SimulationOptions& options) {
+    FIBER_SCHED_ASSERT(fn && "testing::simulate(): fn is empty");
+    FIBER_SCHED_ASSERT(options.workers >= 1 && "testing::simulate(): workers must be at least 1");
+    FIBER_SCHED_ASSERT(options.pct_depth >= 1 && "testing::simulate(): pct_depth must be at least 1");
+    detail::ThreadState* ts = detail::thread_state();
+    FIBER_SCHED_ASSERT(!ts->simulation && "testing::simulate(): already inside a simulation (they do not nest)");
+    FIBER_SCHED_ASSERT(!ts->current && !ts->worker &&
+                       "testing::simulate(): call it from a plain thread, outside fibers and scheduler tasks");
+    detail::Simulation sim(seed, options);
+    if (options.strategy == Strategy::pct) {
+        const std::uint64_t steps = options.pct_steps ? options.pct_steps : 1000;
+        for (int j = 1; j < options.pct_depth; ++j) sim.change_points.push_back(1 + sim.next_random() % steps);
+        std::sort(sim.change_points.begin(), sim.change_points.end());
+    }
+    SimulationResult result;
+    result.seed = seed;
+    struct Scope {  // the thread leaves the simulation however this returns
+        detail::ThreadState* ts;
+        ~Scope() { ts->simulation = nullptr; }
+    } scope{ts};
+    ts->simulation = &sim;
+    {
+        SchedulerOptions so;
+        so.threads = options.workers;
+        so.name = "simulation";
+        Scheduler scheduler(so);
+        scheduler.set_exception_handler([&sim](std::exception_ptr e) { sim.record_error(std::move(e)); });
+        scheduler.start();
+        scheduler.schedule(ScheduleTask{nullptr, std::move(fn), -1, Priority::Normal, "simulate"});
+        sim.run();
+        result.switches = sim.switches;
+        result.trace_hash = sim.hash;
+        result.runaway = sim.runaway;
+        result.completed = !sim.runaway && sim.outstanding() == 0;
+        result.deadlock = !sim.runaway && !result.completed;
+        result.virtual_time = sim.now - sim.start;
+        if (!result.completed || sim.error) result.report = fiber_report();
+        if (!result.completed) sim.abandon();
+        scheduler.stop();
+    }
+    result.error = sim.error;
+    if (result.error) {
+        try {
+            std::rethrow_exception(result.error);
+        } catch (const std::exception& e) {
+            result.error_message = e.what();
+        } catch (...) {
+            result.error_message = "(an exception not derived from std::exception)";
+        }
+    }
+    // Schedulers made inside and abandoned with their tasks (on the kept fibers' stacks).
+    for (detail::SchedulerCore* core : sim.cores) core->sim = nullptr;
+    return result;
+}
+
+std::optional<std::uint64_t> explore(std::function<void()> fn, std::uint64_t count, std::uint64_t first_seed,
+                                     std::size_t workers) {
+    SimulationOptions options;
+    options.workers = workers;
+    return explore(std::move(fn), count, first_seed, options).seed;
+}
+
+ExploreResult explore(std::function<void()> fn, std::uint64_t count, std::uint64_t first_seed,
+                      const SimulationOptions& options) {
+    FIBER_SCHED_ASSERT(fn && "testing::explore(): fn is empty");
+    ExploreResult out;
+    out.options = options;
+    if (options.strategy == Strategy::pct && options.pct_steps == 0) {
+        // PCT draws its change points among a run's switches: measure how many there are.
+        SimulationOptions probe = options;
+        probe.strategy = Strategy::uniform;
+        const SimulationResult r = simulate(first_seed, fn, probe);
+        out.options.pct_steps = std::max<std::uint64_t>(1, r.switches);
+    }
+    for (std::uint64_t i = 0; i < count; ++i) {
+        out.result = simulate(first_seed + i, fn, out.options);
+        ++out.runs;
+        if (out.result.failed()) {
+            out.seed = first_seed + i;
+            return out;
+        }
+    }
+    return out;
+}
+
+}  // namespace testing
+}  // namespace fsched
+// ---- end src/impl/simulation.ipp ----
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 // ---- begin src/impl/io_registry.ipp ----
@@ -14657,7 +15302,7 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         set_errno(EBADF);
         return false;
     }
-    if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+    if (deadline && *deadline <= clock_now()) {
         // A zero timeout (or one a retry has used up): io::wait() asks, like poll(fd, 0),
         // without parking (a parked fiber's timer could fire before anyone asked epoll
         // whether the fd is ready); the other callers make their call once more.
@@ -14680,7 +15325,7 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         }
         if (ready_now(call.fd, what)) return true;
         if (current_errno() != ETIMEDOUT) return false;  // EBADF: closed meanwhile
-        if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+        if (deadline && *deadline <= clock_now()) {
             set_errno(ETIMEDOUT);
             return false;
         }
@@ -14799,7 +15444,7 @@ int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milli
         if (error != EAGAIN) return -1;
         // AF_UNIX: the listener's backlog is full, and no readiness event says when it has
         // room. Try again after a pause, or once the timeout has passed, fail.
-        const TimePoint now = std::chrono::steady_clock::now();
+        const TimePoint now = clock_now();
         if (deadline.has && deadline.at <= now) {
             set_errno(ETIMEDOUT);
             return -1;

@@ -26,6 +26,7 @@ void clear_fiber_locals(FiberLocalSlots* slots, bool free_slots) noexcept;
 struct Worker;
 struct SchedulerCore;
 struct RegistrySegment;
+struct Simulation;
 
 // The C++ runtime's per-thread exception state (the Itanium ABI's __cxa_eh_globals: the
 // stack of caught exceptions and the uncaught count). Each fiber keeps its own: a fiber
@@ -59,6 +60,9 @@ struct ThreadState {
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
     FiberLocalSlots* fiber_locals = nullptr;  // FiberLocal values outside fibers; freed at exit
+    // The testing::simulate() this thread runs, if any: its fibers run on this thread too,
+    // so this is what tells every clock read, queue and choice that it is inside one.
+    Simulation* simulation = nullptr;
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];

@@ -125,6 +125,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include <mutex>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -161,6 +162,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "io.hpp"
 #include "inspect.hpp"
 #include "trace.hpp"
+#include "testing.hpp"
 
 #endif  // FIBER_SCHED_HPP_INCLUDED
 
@@ -250,6 +252,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #include "impl/future.ipp"
 #include "impl/parallel.ipp"
 #include "impl/fiber_local.ipp"
+#include "impl/simulation.ipp"
 // fsched::io (Linux; each part is empty without epoll): the registry and a wait's record,
 // the fd table, one wait, the sweep, the calls.
 #include "impl/io_registry.ipp"

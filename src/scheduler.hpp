@@ -140,12 +140,16 @@ struct NewTask {
 
 using TimePoint = std::chrono::steady_clock::time_point;
 
+// steady_clock::now(), or the virtual clock inside testing::simulate() (simulation.ipp):
+// every deadline and every look at one reads this.
+TimePoint clock_now() noexcept;
+
 // The steady_clock time `d` from now, saturated instead of overflowing for durations like
 // hours::max(); a duration of zero or less is now.
 template <class Rep, class Period>
 TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
     using std::chrono::steady_clock;
-    const auto now = steady_clock::now();
+    const TimePoint now = clock_now();
     if (d <= d.zero()) return now;
     // (TimePoint::max)(): <windows.h> without NOMINMAX defines a max() macro.
     const std::chrono::duration<double> room = (TimePoint::max)() - now;
@@ -164,7 +168,7 @@ TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
         using Seconds = std::chrono::duration<double>;
         const auto now = Clock::now();
         const Seconds left = Seconds(t.time_since_epoch()) - Seconds(now.time_since_epoch());
-        if (left <= Seconds::zero()) return std::chrono::steady_clock::now();
+        if (left <= Seconds::zero()) return clock_now();
         if (left > Seconds(100.0 * 365 * 24 * 3600)) return (TimePoint::max)();  // a century: never
         return deadline_after(t - now);
     }

@@ -636,7 +636,7 @@ private:
                 // Not ready: prepare the timed wait (it may throw std::bad_alloc) with no
                 // lock held, then look again. A ready send never allocates.
                 guard.unlock();
-                if (!(std::chrono::steady_clock::now() < deadline)) {
+                if (!(detail::clock_now() < deadline)) {
                     detail::give_way_to_one_task();
                     return false;
                 }
@@ -661,7 +661,7 @@ private:
                 if (receive_now(result, guard)) return result;
                 if (closed_ || prepared) break;
                 guard.unlock();
-                if (!(std::chrono::steady_clock::now() < deadline)) {
+                if (!(detail::clock_now() < deadline)) {
                     detail::give_way_to_one_task();
                     return result;
                 }

@@ -2,7 +2,7 @@
 // from plain threads (callbacks, Fiber::ptr, batches; pinned and not), this_fiber::yield and
 // sleep_for, suspend-and-put with Fiber::yield, Mutex, ConditionVariable with timed waits,
 // WaitGroup, Channel<T> at capacities 0, 1 and N with close, select() over two channels
-// with a timeout, exceptions, fsched::io over
+// with a timeout, exceptions, testing::simulate() on a plain thread, fsched::io over
 // socketpairs with timeouts and cancel, and stop() while outside threads still feed the
 // scheduler; at 1, 2, 4 and 8 workers, with and without use_caller. At the end: every task
 // ran exactly once, every message a send accepted was received exactly once (and no other),
@@ -236,7 +236,7 @@ enum class Op {
     send, extra_consumer, select_channels, pipeline, throw_from_task, catch_across_yield, weak_ref, fork_child, report,
     future_parallel,
     io_echo, io_bulk, io_timeout, io_cancel, io_cancel_race, io_pinned_fresh,
-    io_cancel_close, io_low_water, io_full_backlog, toolbox, fiber_local,
+    io_cancel_close, io_low_water, io_full_backlog, toolbox, fiber_local, simulation,
 };
 
 struct OpWeight {
@@ -251,7 +251,7 @@ constexpr OpWeight op_weights[] = {
     {Op::send, 10}, {Op::extra_consumer, 1}, {Op::select_channels, 3}, {Op::pipeline, 3}, {Op::throw_from_task, 1},
     {Op::catch_across_yield, 1}, {Op::weak_ref, 2}, {Op::fork_child, soak_forks ? 1u : 0u}, {Op::report, 1},
     {Op::toolbox, 2},
-    {Op::future_parallel, 2}, {Op::fiber_local, 2},
+    {Op::future_parallel, 2}, {Op::fiber_local, 2}, {Op::simulation, 1},
 #if defined(FIBER_SCHED_HAVE_EPOLL)
     {Op::io_echo, 2}, {Op::io_bulk, 1}, {Op::io_timeout, 1}, {Op::io_cancel, 1}, {Op::io_cancel_race, 1},
     {Op::io_pinned_fresh, 1}, {Op::io_cancel_close, 1}, {Op::io_low_water, 1}, {Op::io_full_backlog, 1},
@@ -684,6 +684,42 @@ std::uint64_t Soak::run_op(Actor& a, std::uint64_t budget) {
             fsched::this_fiber::sleep_for(microseconds(a.rng.below(100)));
         }
         if (*local_ != mine) violations_.add("a FiberLocal changed across a wait");
+        return 1;
+    }
+    case Op::simulation: {
+        // testing::simulate() on a plain thread beside the real schedulers: one seed, run
+        // twice, is one schedule twice, and the run's own checks hold.
+        const std::uint64_t seed = a.rng.next();
+        std::uint64_t hashes[2] = {0, 0};
+        bool ok[2] = {false, false};
+        std::thread simulator([&] {
+            for (int i = 0; i < 2; ++i) {
+                const fsched::testing::SimulationResult r = fsched::testing::simulate(seed, [] {
+                    fsched::Mutex m;
+                    fsched::Channel<int> ch(1);
+                    fsched::WaitGroup wg;
+                    int sum = 0;
+                    for (int k = 0; k < 3; ++k) {
+                        wg.add(1);
+                        Scheduler::current()->schedule([&, k] {
+                            ch.send(k);
+                            fsched::this_fiber::sleep_for(std::chrono::milliseconds(k));
+                            const int got = *ch.receive();
+                            std::lock_guard<fsched::Mutex> lock(m);
+                            sum += got;
+                            wg.done();
+                        });
+                    }
+                    wg.wait();
+                    if (sum != 3) throw std::logic_error("a value was lost or doubled");
+                }, 2);
+                hashes[i] = r.trace_hash;
+                ok[i] = !r.failed();
+            }
+        });
+        simulator.join();
+        if (!ok[0] || !ok[1]) violations_.add("a simulation beside the schedulers failed");
+        if (hashes[0] != hashes[1]) violations_.add("one simulation seed gave two schedules");
         return 1;
     }
     case Op::yield: {

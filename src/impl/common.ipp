@@ -6,6 +6,7 @@
 
 #include "fiber_switch.hpp"
 #include "scheduler.hpp"
+#include "testing.hpp"
 
 namespace fsched {
 
@@ -53,6 +54,11 @@ void assert_failed(const char* expr, const char* file, int line) {
         throw std::logic_error(rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr));
     }
 #endif
+    // Inside testing::simulate(): the run fails with this, and explore() reports its seed.
+    if (thread_state()->simulation) {
+        throw testing::AssertionFailed(std::string("FIBER_SCHED_ASSERT failed: ") +
+                                       (rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr)));
+    }
     if (rule && rule_end) {
         std::fprintf(stderr, "fiber_sched: %.*s\n", static_cast<int>(rule_end - rule - 1), rule + 1);
     }

@@ -83,7 +83,7 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         set_errno(EBADF);
         return false;
     }
-    if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+    if (deadline && *deadline <= clock_now()) {
         // A zero timeout (or one a retry has used up): io::wait() asks, like poll(fd, 0),
         // without parking (a parked fiber's timer could fire before anyone asked epoll
         // whether the fd is ready); the other callers make their call once more.
@@ -106,7 +106,7 @@ bool wait_until(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKin
         }
         if (ready_now(call.fd, what)) return true;
         if (current_errno() != ETIMEDOUT) return false;  // EBADF: closed meanwhile
-        if (deadline && *deadline <= std::chrono::steady_clock::now()) {
+        if (deadline && *deadline <= clock_now()) {
             set_errno(ETIMEDOUT);
             return false;
         }
@@ -225,7 +225,7 @@ int connect_call(int fd, const sockaddr* addr, socklen_t len, std::chrono::milli
         if (error != EAGAIN) return -1;
         // AF_UNIX: the listener's backlog is full, and no readiness event says when it has
         // room. Try again after a pause, or once the timeout has passed, fail.
-        const TimePoint now = std::chrono::steady_clock::now();
+        const TimePoint now = clock_now();
         if (deadline.has && deadline.at <= now) {
             set_errno(ETIMEDOUT);
             return -1;

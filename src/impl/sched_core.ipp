@@ -45,11 +45,17 @@
 namespace fsched {
 namespace detail {
 
+// testing::simulate()'s side of a simulated scheduler (simulation.ipp).
+void sim_attach(Simulation& sim, SchedulerCore& core);
+void sim_detach(Simulation& sim, SchedulerCore& core) noexcept;
+void sim_enqueue(Simulation& sim, SchedulerCore& core, QueuedTask&& task);
+void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept;
+
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
         : owner(owner_), options(options_), use_caller(options_.use_caller),
-          migrate(migration_checked(options_)), caller_thread(std::this_thread::get_id()),
-          caller_fiber(running_fiber()) {
+          migrate(migration_checked(options_)), sim(thread_state()->simulation),
+          caller_thread(std::this_thread::get_id()), caller_fiber(running_fiber()) {
         const std::size_t threads = options.threads;
         check_options();  // before anything is opened: it may throw
         // Before this scheduler can start a thread or link itself as its caller's: the fork
@@ -60,9 +66,19 @@ struct SchedulerCore {
 #endif
         FIBER_SCHED_ASSERT(threads > 0 && "Scheduler(): threads must be at least 1");
         FIBER_SCHED_ASSERT(threads < 65536 && "Scheduler(): threads must be below 65536");
-        for (std::size_t i = 0; i < threads; ++i) workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1, migrate));
+        for (std::size_t i = 0; i < threads; ++i) {
+            workers.push_back(std::make_unique<Worker>(*this, static_cast<int>(i), threads == 1, migrate || sim));
+        }
         for (auto& w : workers) w->runnext_looks.resize(threads);
         open_idle();  // releases what it opened before it throws
+        if (sim) {
+            try {
+                sim_attach(*sim, *this);
+            } catch (...) {
+                close_idle();
+                throw;
+            }
+        }
         if (use_caller && !caller_fiber) {
             // Constructed on a thread's own stack: that thread helps while it blocks.
             ThreadState* ts = thread_state();
@@ -85,6 +101,7 @@ struct SchedulerCore {
     SchedulerCore* previous_caller_core = nullptr;
     bool caller_linked = false;
     ~SchedulerCore() {
+        if (sim) sim_detach(*sim, *this);
         unlink_caller();
         close_idle();
     }
@@ -126,6 +143,10 @@ struct SchedulerCore {
         return nullptr;
     }
     std::atomic<std::size_t> migration_turn{0};
+    // The testing::simulate() this scheduler was made in (on its thread), or nullptr: its
+    // tasks then queue into the simulation, and start() starts no thread (simulation.ipp).
+    // Cleared when the simulation ends with this scheduler abandoned in it.
+    Simulation* sim;
     // Where stop() must be called from with use_caller: the constructing thread, or the
     // constructing fiber when the scheduler was made inside one (it may change threads).
     const std::thread::id caller_thread;
@@ -214,6 +235,9 @@ struct SchedulerCore {
     void pin_worker_thread(int worker) noexcept;
     // stop()'s work under lifecycle_mutex: false when the scheduler had stopped already.
     bool stop_and_close();
+    // stop_and_close() in a simulation: its tasks run on (the caller waits parked, in
+    // virtual time) until none is outstanding (simulation.ipp).
+    bool sim_stop();
     // launch_threads() for stop(), which must not throw (it runs in ~Scheduler): true if
     // every worker that needs a thread has one now.
     bool try_launch_threads() noexcept;
@@ -254,6 +278,10 @@ struct SchedulerCore {
 
     // Queues a task that is already counted in `outstanding`. Strong guarantee.
     void enqueue(QueuedTask&& task) {
+        if (FIBER_SCHED_UNLIKELY(sim != nullptr)) {
+            sim_enqueue(*sim, *this, std::move(task));
+            return;
+        }
         Worker* here = current_worker();
         const OutsideEnqueue guard(outside_enqueues, here == nullptr);
         Worker& target = task.worker >= 0 ? *workers[static_cast<std::size_t>(task.worker)]
@@ -330,6 +358,10 @@ struct SchedulerCore {
         {
             std::lock_guard<std::mutex> lock(handler_mutex);
             h = handler;
+        }
+        if (!(h && *h) && sim) {
+            sim_record_error(*sim, std::move(error));  // a simulation's failure, not the process's
+            return;
         }
         if (h && *h) {
             try {

@@ -52,6 +52,7 @@ void SchedulerCore::check_options() const {
 }
 
 void SchedulerCore::launch_threads() {
+    if (sim) return;  // a simulation's workers take turns on its thread
     // Only workers without a thread: after a failed start (out of threads) a later start()
     // or stop() starts the rest.
     for (std::size_t i = use_caller ? 1 : 0; i < workers.size(); ++i) {
@@ -197,6 +198,7 @@ void Scheduler::stop() {
 namespace detail {
 
 bool SchedulerCore::stop_and_close() {
+    if (sim) return sim_stop();
     std::lock_guard<std::mutex> lock(lifecycle_mutex);
     if (closed()) return false;
     // The report, once, if the tasks take as long as the option or FIBER_SCHED_HANG_REPORT_S says.

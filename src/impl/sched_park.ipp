@@ -58,7 +58,7 @@ void wake_fiber(Fiber::ptr fiber) noexcept {
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     SchedulerCore& core = SchedulerCore::of(*target.scheduler);
     const bool migrate = FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0;
-    if (target.worker < 0 && target.priority == Priority::Normal && !migrate) {
+    if (target.worker < 0 && target.priority == Priority::Normal && !migrate && !core.sim) {
         // Woken by a task of its scheduler: into the waker's run-next slot.
         ThreadState* ts = thread_state();
         if (ts->scheduler == target.scheduler && ts->worker && ts->task_fiber && ts->worker->put_runnext(fiber)) return;

@@ -100,6 +100,12 @@ void Scheduler::submit_batch(std::vector<detail::NewTask>& tasks) {
     detail::SchedulerCore& core = *core_;
     if (tasks.empty()) return;
     for (const detail::NewTask& task : tasks) core.check_task(task);
+    if (core.sim) {
+        // One at a time into the simulation's ready tasks (no worker queues there). Those
+        // queued before a throw run; the rest are dropped, as with the queues.
+        for (detail::NewTask& task : tasks) submit(std::move(task));
+        return;
+    }
     detail::Worker* here = core.current_worker();
     detail::BatchShares shares = detail::deal_batch(core, here, tasks);  // may throw: nothing counted yet
     const auto total = static_cast<std::int64_t>(tasks.size());

@@ -61,7 +61,7 @@ inline bool Worker::fire_due_timers(Worker& firer) {
     // No clock read while there are no timers: the yield and spawn paths pass here.
     const std::int64_t earliest = timers.earliest.load(std::memory_order_relaxed);
     if (earliest == no_deadline) return false;
-    const TimePoint now = std::chrono::steady_clock::now();
+    const TimePoint now = clock_now();
     if (earliest > to_ticks(now)) return false;
     bool any = false;
     for (;;) {

@@ -59,7 +59,9 @@ struct alignas(64) Worker {
     SchedulerCore& core;
     const int index;
     const bool single;  // the scheduler's only worker (no thief, no other queue)
-    const bool migrate;  // SchedulerCore::migrate, one load away for this_fiber::yield()
+    // SchedulerCore::migrate or a simulation (SchedulerCore::sim), one load away for
+    // this_fiber::yield(): a yield is then a park and a wake (yield_elsewhere).
+    const bool migrate;
     std::thread thread;
 
     // The ready tasks of one priority level: stealable ones, and ones pinned to this worker.

@@ -225,6 +225,7 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_outside_task() {
 namespace {
 // SchedulerOptions::debug_migrate: the yield is a park whose hook wakes the fiber at once,
 // so that wake_fiber() sends it to another worker (or back in line here, when there is none).
+// In a simulation, the same: the woken fiber goes to the simulation's ready tasks.
 FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void yield_elsewhere() {
     // A whole record: the report reads every field of a parked fiber's.
     detail::note_wait(detail::WaitReason::Yield, nullptr);
@@ -239,7 +240,7 @@ void yield() {
         return;
     }
     if (FIBER_SCHED_UNLIKELY(ts->worker->migrate) &&
-        detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0) {
+        (detail::FiberAccess::lifecycle(*ts->current).resume_target().worker < 0 || ts->worker->core.sim)) {
         yield_elsewhere();
         return;
     }

@@ -72,7 +72,11 @@ thread_local std::uint64_t select_rng = 0;
 
 // Not inlined: a fiber that parks in run_select() may resume on another thread, and must not
 // reuse the address of the thread_local it computed before (it draws only before parking).
+std::size_t sim_random_below(Simulation& sim, std::size_t n) noexcept;
+
 FIBER_SCHED_NOINLINE std::size_t select_pick(std::size_t n) noexcept {
+    // In a simulation, its generator: the seed decides the pick too.
+    if (Simulation* sim = thread_state()->simulation) return sim_random_below(*sim, n);
     std::uint64_t& state = select_rng;
     if (state == 0) {
         const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -148,7 +152,7 @@ std::size_t run_select(const SelectFrame& frame) {
             // Nothing ready: prepare the timed wait with no lock held (it may throw
             // std::bad_alloc: nothing is published yet), then look again.
             held.unlock();
-            if (!(std::chrono::steady_clock::now() < *deadline)) {
+            if (!(clock_now() < *deadline)) {
                 give_way_to_one_task();
                 frame.cases[timeout_case]->run(false);
                 return timeout_case;

@@ -161,7 +161,7 @@ void Mutex::lock() {
 
 bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
     using namespace std::chrono;
-    const auto start = steady_clock::now();
+    const auto start = detail::clock_now();
     bool woken_before = false;
     for (;;) {
         std::uint32_t s = state_.load(std::memory_order_relaxed);
@@ -176,7 +176,7 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // compete after its deadline has had its look above, so a lock that unlock_slow()
         // left free for it is taken, not left idle while other waiters sleep; one that a
         // newcomer took will wake the next waiter when it is unlocked.
-        if (deadline && steady_clock::now() >= *deadline) {
+        if (deadline && detail::clock_now() >= *deadline) {
             detail::give_way_to_one_task();
             return false;
         }
@@ -185,7 +185,7 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         if (deadline) detail::prepare_timed_wait(self);  // may throw: nothing is held or counted
         lock_.lock();
         // Join the waiters while the lock is held; if it came free meanwhile, compete again.
-        const bool starve = woken_before && steady_clock::now() - start > milliseconds(1);
+        const bool starve = woken_before && detail::clock_now() - start > milliseconds(1);
         bool joined = false;
         s = state_.load(std::memory_order_relaxed);
         while (s & locked_bit) {
@@ -208,14 +208,18 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
         detail::note_wait(detail::WaitReason::Mutex, this, &ops, deadline);
-        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // (see watch_loop)
-        detail::ensure_watchdog();
+        // (see watch_loop; a simulation finds its own deadlocks)
+        const bool watched = !detail::thread_state()->simulation;
+        if (watched) {
+            detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+            detail::ensure_watchdog();
+        }
         // The claim decides a timeout racing an unlock once: unlock_slow() won it (true:
         // handed over, or woken to compete and already uncounted) or the timeout did (false:
         // leave_timed_out() has uncounted us under lock_, whether or not unlock_slow()
         // popped us on its way to a live waiter).
         const bool woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
-        detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+        if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
         if (!woken) return false;
         if (self.ok) return true;  // handed over: unlock() made us the owner
         woken_before = true;

@@ -57,7 +57,7 @@ bool Semaphore::try_acquire_until_steady(detail::TimePoint deadline) {
         lock_.unlock();
         return true;
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (detail::clock_now() >= deadline) {
         lock_.unlock();
         detail::give_way_to_one_task();
         return false;
@@ -262,11 +262,14 @@ void SharedMutex::lock() {
     writers_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
-    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);  // the deadlock watch, as Mutex
-    detail::ensure_watchdog();
+    const bool watched = !detail::thread_state()->simulation;  // the deadlock watch, as Mutex
+    if (watched) {
+        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+        detail::ensure_watchdog();
+    }
     // Woken means handed over: the unlocker made us the exclusive owner.
     detail::block(lock_, writers_, self, nullptr);
-    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock() {
@@ -321,11 +324,14 @@ void SharedMutex::lock_shared() {
     readers_queue_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
-    detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-    detail::ensure_watchdog();
+    const bool watched = !detail::thread_state()->simulation;
+    if (watched) {
+        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+        detail::ensure_watchdog();
+    }
     // Woken means handed over: the unlocker counted us among the readers.
     detail::block(lock_, readers_queue_, self, nullptr);
-    detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock_shared() {
@@ -421,7 +427,7 @@ bool Event::wait_until_steady(detail::TimePoint deadline) {
         lock_.unlock();
         return true;
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (detail::clock_now() >= deadline) {
         lock_.unlock();
         detail::give_way_to_one_task();
         return false;
