@@ -16,6 +16,9 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     Future, Promise, async, when_all, parallel_for, parallel_for_chunks
                        results and exceptions across tasks; an index range over the workers
     FiberLocal<T>      a value per fiber, wherever the fiber runs (per thread outside fibers)
+    testing::simulate  fn under a seeded, deterministic schedule on this thread, in virtual
+                       time; explore(fn, n) returns the first failing seed (a throw, an
+                       assert, a deadlock, a runaway), which simulate() replays exactly
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,
@@ -4041,11 +4044,14 @@ struct SimulationResult {
     bool completed = false;   // every task finished
     bool deadlock = false;    // nothing ready, no timer pending, fibers still parked
     std::uint64_t switches = 0;  // scheduling decisions taken
-    std::string report;       // fiber_report() at the end when not completed or failed; else empty
+    // fiber_report() at the end when not completed; when every task finished but one threw,
+    // as the fibers were when the first exception left its task; else empty.
+    std::string report;
     // Beyond API.md:
     bool runaway = false;               // the switch budget ran out
     std::exception_ptr error;           // the first exception fn or a task threw (or a failed assert)
     std::string error_message;          // its what(), when it had one
+    std::string error_task;             // the task it came from: "fiber 12 (name)"
     std::uint64_t seed = 0;
     std::uint64_t trace_hash = 0;       // of every switch (which task, which worker): equal runs, equal hashes
     std::chrono::nanoseconds virtual_time{0};  // how far the virtual clock went
@@ -13714,8 +13720,18 @@ struct Simulation {
         }
     }
 
+    // The first failure, and the fibers as they were when it came (the report at the end
+    // would show only what was left).
+    std::string error_report;
+    std::string error_task;  // "fiber N (name)" of the task the first failure came from
     void record_error(std::exception_ptr e) noexcept {
-        if (!error) error = std::move(e);
+        if (error) return;
+        error = std::move(e);
+        try {
+            error_report = fiber_report();
+        } catch (...) {
+            error_report.clear();  // no memory for it: the run's end report stands in
+        }
     }
 
     void push(SchedulerCore& core, QueuedTask&& task);
@@ -13790,10 +13806,15 @@ void Simulation::step() {
     mix((static_cast<std::uint64_t>(std::find(cores.begin(), cores.end(), &core) - cores.begin()) << 32) |
         static_cast<std::uint64_t>(w.index));
     ++switches;
+    const bool failed_before = error != nullptr;
     ThreadState* ts = thread_state();
     ts->scheduler = &core.owner;
     ts->worker = &w;
     w.run_task(r.task);
+    if (!failed_before && error) {
+        const char* name = fiber->name_c_str();
+        error_task = "fiber " + std::to_string(fiber->id()) + (name && *name ? std::string(" (") + name + ")" : "");
+    }
     ts->scheduler = nullptr;
     ts->worker = nullptr;
     ts->task_fiber = nullptr;
@@ -14028,11 +14049,16 @@ SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, const Si
         result.completed = !sim.runaway && sim.outstanding() == 0;
         result.deadlock = !sim.runaway && !result.completed;
         result.virtual_time = sim.now - sim.start;
-        if (!result.completed || sim.error) result.report = fiber_report();
+        if (!result.completed) {
+            result.report = fiber_report();
+        } else if (sim.error) {
+            result.report = sim.error_report.empty() ? fiber_report() : sim.error_report;
+        }
         if (!result.completed) sim.abandon();
         scheduler.stop();
     }
     result.error = sim.error;
+    result.error_task = sim.error_task;
     if (result.error) {
         try {
             std::rethrow_exception(result.error);

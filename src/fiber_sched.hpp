@@ -14,6 +14,9 @@ fiber_sched: stackful fibers and an N:M fiber scheduler for C++17, in one header
     Future, Promise, async, when_all, parallel_for, parallel_for_chunks
                        results and exceptions across tasks; an index range over the workers
     FiberLocal<T>      a value per fiber, wherever the fiber runs (per thread outside fibers)
+    testing::simulate  fn under a seeded, deterministic schedule on this thread, in virtual
+                       time; explore(fn, n) returns the first failing seed (a throw, an
+                       assert, a deadlock, a runaway), which simulate() replays exactly
     set_hooks          profiler hooks (create, destroy, switch in/out, wake); fibers
                        and tasks carry names (Fiber::set_name, ScheduleTask::name)
     fiber_report       every live fiber: state, what a parked one waits for and since when,

@@ -58,11 +58,14 @@ struct SimulationResult {
     bool completed = false;   // every task finished
     bool deadlock = false;    // nothing ready, no timer pending, fibers still parked
     std::uint64_t switches = 0;  // scheduling decisions taken
-    std::string report;       // fiber_report() at the end when not completed or failed; else empty
+    // fiber_report() at the end when not completed; when every task finished but one threw,
+    // as the fibers were when the first exception left its task; else empty.
+    std::string report;
     // Beyond API.md:
     bool runaway = false;               // the switch budget ran out
     std::exception_ptr error;           // the first exception fn or a task threw (or a failed assert)
     std::string error_message;          // its what(), when it had one
+    std::string error_task;             // the task it came from: "fiber 12 (name)"
     std::uint64_t seed = 0;
     std::uint64_t trace_hash = 0;       // of every switch (which task, which worker): equal runs, equal hashes
     std::chrono::nanoseconds virtual_time{0};  // how far the virtual clock went

@@ -530,6 +530,8 @@ TEST_CASE("simulate: exceptions, failed asserts, a runaway and misuse make a fai
         CHECK(r.completed);
         CHECK(ran == 3);
         CHECK(r.error_message == "task 1");
+        CHECK(test::contains(r.error_task, " (t)"));
+        CHECK(test::contains(r.report, "(simulate)"));  // as it was when task 1 threw
     }
     SUBCASE("a failed FIBER_SCHED_ASSERT") {
         const SimulationResult r = fsched::testing::simulate(0, [] {

@@ -94,8 +94,18 @@ struct Simulation {
         }
     }
 
+    // The first failure, and the fibers as they were when it came (the report at the end
+    // would show only what was left).
+    std::string error_report;
+    std::string error_task;  // "fiber N (name)" of the task the first failure came from
     void record_error(std::exception_ptr e) noexcept {
-        if (!error) error = std::move(e);
+        if (error) return;
+        error = std::move(e);
+        try {
+            error_report = fiber_report();
+        } catch (...) {
+            error_report.clear();  // no memory for it: the run's end report stands in
+        }
     }
 
     void push(SchedulerCore& core, QueuedTask&& task);
@@ -170,10 +180,15 @@ void Simulation::step() {
     mix((static_cast<std::uint64_t>(std::find(cores.begin(), cores.end(), &core) - cores.begin()) << 32) |
         static_cast<std::uint64_t>(w.index));
     ++switches;
+    const bool failed_before = error != nullptr;
     ThreadState* ts = thread_state();
     ts->scheduler = &core.owner;
     ts->worker = &w;
     w.run_task(r.task);
+    if (!failed_before && error) {
+        const char* name = fiber->name_c_str();
+        error_task = "fiber " + std::to_string(fiber->id()) + (name && *name ? std::string(" (") + name + ")" : "");
+    }
     ts->scheduler = nullptr;
     ts->worker = nullptr;
     ts->task_fiber = nullptr;
@@ -408,11 +423,16 @@ SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, const Si
         result.completed = !sim.runaway && sim.outstanding() == 0;
         result.deadlock = !sim.runaway && !result.completed;
         result.virtual_time = sim.now - sim.start;
-        if (!result.completed || sim.error) result.report = fiber_report();
+        if (!result.completed) {
+            result.report = fiber_report();
+        } else if (sim.error) {
+            result.report = sim.error_report.empty() ? fiber_report() : sim.error_report;
+        }
         if (!result.completed) sim.abandon();
         scheduler.stop();
     }
     result.error = sim.error;
+    result.error_task = sim.error_task;
     if (result.error) {
         try {
             std::rethrow_exception(result.error);
