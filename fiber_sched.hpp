@@ -13769,6 +13769,8 @@ void Simulation::push(SchedulerCore& core, QueuedTask&& task) {
     ready.reserve(ready.size() + 1);  // first: from the push_back on nothing throws
     if (!task.fiber) {
         // A callback: its own fiber now, never a pooled one, so the run knows it from here.
+        // Out of memory or stacks, schedule() throws (a worker would report it instead).
+        if (FIBER_SCHED_FAULT(FiberAlloc)) throw std::bad_alloc();
         task.fiber = FiberAccess::make_in_stack(std::move(task.cb), core.options.stack_size);
     }
     Info& info = fibers[task.fiber.get()];  // may throw std::bad_alloc
@@ -13926,6 +13928,10 @@ void Simulation::abandon() noexcept {
     std::lock_guard<std::mutex> lock(kept_lock);
     auto keep = [&](Fiber::ptr f) {
         if (!f || f->state() == Fiber::State::Term) return;
+        // Out of the registry first (it returns once no report reads the fiber): a report
+        // must not list what cannot run again, nor read the record while it changes.
+        registry_remove(*f, thread_state());
+        FiberAccess::registry_slot(*f) = nullptr;
         WaitRecord& w = FiberAccess::wait(*f);
         w.word = "abandoned by testing::simulate() (a deadlock or a runaway)";
         w.object = nullptr;
@@ -13934,9 +13940,6 @@ void Simulation::abandon() noexcept {
         w.worker = nullptr;
         w.deadline_ns = -1;
         w.kind.store(WaitReason::Other, std::memory_order_relaxed);
-        // Out of the registry: a report after the run must not list what cannot run again.
-        registry_remove(*f, thread_state());
-        FiberAccess::registry_slot(*f) = nullptr;
         try {
             kept->push_back(std::move(f));
         } catch (...) {

@@ -663,3 +663,74 @@ TEST_CASE("simulate: io on real fds is polled without blocking; its timeouts are
     CHECK(waited == std::chrono::steady_clock::duration(30s));
 }
 #endif
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+TEST_CASE("simulate: out of memory at every site a run meets: the failure reaches its caller, nothing is lost") {
+    using fsched::detail::FaultSite;
+    // fn's own fiber cannot be made: simulate() throws, and the thread is left as it was.
+    {
+        const test::Fault fault(FaultSite::FiberAlloc, 1);
+        CHECK_THROWS_AS(fsched::testing::simulate(0, [] {}), std::bad_alloc);
+    }
+    CHECK_FALSE(fsched::testing::in_simulation());
+    CHECK(fsched::testing::simulate(0, [] {}).completed);
+    // Each site fails from its second hit on (the first may be fn's own); the run is the
+    // same each time. (Whether a stack is mapped at all depends on the stack pool, which
+    // the process keeps between runs: StackMap only has to be survived.)
+    const auto body = [](std::string& log) {
+        return [&log] {
+            fsched::WaitGroup wg;
+            int ran = 0;
+            for (int i = 0; i < 3; ++i) {
+                wg.add(1);
+                try {
+                    spawn("child", [&] {
+                        ++ran;
+                        try {
+                            fsched::this_fiber::sleep_for(1s);
+                        } catch (const std::bad_alloc&) {
+                            log += "sleep:bad_alloc ";
+                        }
+                        fsched::Channel<int> ch;
+                        try {
+                            (void)ch.receive_for(1s);
+                        } catch (const std::bad_alloc&) {
+                            log += "receive_for:bad_alloc ";
+                        }
+                        wg.done();
+                    });
+                } catch (const std::bad_alloc&) {
+                    log += "schedule:bad_alloc ";
+                    wg.done();
+                }
+            }
+            wg.wait();
+            log += "ran:" + std::to_string(ran);
+        };
+    };
+    const std::size_t stacks_before = fsched::stack_stats().in_use;
+    for (const FaultSite site : {FaultSite::FiberAlloc, FaultSite::StackMap, FaultSite::TaskQueue, FaultSite::TimerAlloc,
+                                 FaultSite::WaitAlloc}) {
+        CAPTURE(static_cast<int>(site));
+        std::string first, second;
+        SimulationResult a, b;
+        {
+            const test::Fault fault(site, 2);
+            a = fsched::testing::simulate(9, body(first));
+        }
+        {
+            const test::Fault fault(site, 2);
+            b = fsched::testing::simulate(9, body(second));
+        }
+        CHECK(a.completed);
+        CHECK_FALSE(a.failed());
+        CHECK(b.completed);
+        CHECK_FALSE(b.failed());
+        if (site == FaultSite::StackMap) continue;
+        CHECK(first == second);
+        CHECK(a.trace_hash == b.trace_hash);
+        CHECK(test::contains(first, "bad_alloc"));  // the fault was met, and caught where it should be
+    }
+    CHECK(fsched::stack_stats().in_use == stacks_before);
+}
+#endif
