@@ -890,6 +890,10 @@ public:
         return ResumeTarget{resume_scheduler_, resume_worker_, resume_priority_};
     }
 
+    // A parked fiber a failed testing::simulate() run abandoned: it belongs to no scheduler
+    // any more, and wake_fiber() drops a wake that still reaches it (simulation.ipp).
+    void abandon() noexcept { set_resume(ResumeTarget{nullptr, -1, Priority::Normal}); }
+
 private:
     // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
     FIBER_SCHED_NOINLINE FIBER_SCHED_COLD static void misused_resume(FiberState state) {
@@ -4014,7 +4018,11 @@ void set_trace_max_events(std::size_t events);
 // every order a real scheduler could take and more. A task that loops without ever waiting
 // or yielding cannot be interrupted (fibers are cooperative), so the budget cannot end it.
 // A failed or abandoned run's fibers (a deadlock, a runaway) cannot be unwound safely: they
-// stay parked for good, with their stacks, and later reports list them.
+// stay parked for good, with their stacks, out of later reports; a primitive that outlives
+// the run and wakes one later has that wake dropped (said on stderr). A Fiber resumed by
+// hand inside a task may not wait or sleep. Deadlines on clocks other than steady_clock go
+// through the real clock and do not replay exactly. Fiber ids are process-wide counters:
+// a replay's differ (its schedule does not).
 // ---------------------------------------------------------------------------
 
 
@@ -4033,8 +4041,9 @@ struct SimulationOptions {
     std::size_t workers = 4;  // logical workers of the simulation's own scheduler (at least 1)
     Strategy strategy = Strategy::uniform;
     // PCT: the bug depth looked for (d); d - 1 change points are drawn among the first
-    // pct_steps switches. 0: explore() measures it by a first uniform run (and returns the
-    // options it used, to replay with); simulate() takes 1000.
+    // pct_steps switches, and past pct_steps the choices are uniform (so that a task spinning
+    // on yield() cannot starve the rest for good). 0: explore() measures it by a first
+    // uniform run (and returns the options it used, to replay with); simulate() takes 1000.
     int pct_depth = 3;
     std::uint64_t pct_steps = 0;
     std::uint64_t max_switches = 1000000;  // the step budget: past it the run is a runaway
@@ -4207,6 +4216,13 @@ void assert_failed(const char* expr, const char* file, int line) {
 #endif
     // Inside testing::simulate(): the run fails with this, and explore() reports its seed.
     if (thread_state()->simulation) {
+        // One during an unwinding is likely in a noexcept destructor, where the throw
+        // ends the process: say what failed first.
+        if (std::uncaught_exceptions() > 0 && rule && rule_end) {
+            std::fprintf(stderr, "fiber_sched: %.*s (inside testing::simulate(), while an exception unwinds)\n",
+                         static_cast<int>(rule_end - rule - 1), rule + 1);
+            std::fflush(stderr);
+        }
         throw testing::AssertionFailed(std::string("FIBER_SCHED_ASSERT failed: ") +
                                        (rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr)));
     }
@@ -10200,6 +10216,8 @@ void sim_attach(Simulation& sim, SchedulerCore& core);
 void sim_detach(Simulation& sim, SchedulerCore& core) noexcept;
 void sim_enqueue(Simulation& sim, SchedulerCore& core, QueuedTask&& task);
 void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept;
+// Says `rule` on stderr and aborts: a misuse inside a simulation that cannot be undone.
+[[noreturn]] void sim_fatal(const char* rule) noexcept;
 
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)
@@ -11366,6 +11384,9 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
+        FIBER_SCHED_ASSERT(!thread_state()->simulation &&
+                           "testing::simulate(): a Fiber resumed by hand (not a scheduler task) slept; inside a "
+                           "simulation only tasks can sleep: schedule() the fiber instead");
         if (SchedulerCore* core = caller_may_help()) {
             help_until(*core, nullptr, &deadline);
         } else {
@@ -11523,6 +11544,10 @@ std::uint64_t runnext_stuck_taken(Scheduler& scheduler) noexcept {
 namespace fsched {
 namespace detail {
 
+// A fiber a failed testing::simulate() run abandoned, woken by a primitive that outlived
+// the run: says so on stderr (simulation.ipp).
+void drop_abandoned_wake(Fiber& fiber) noexcept;
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 void wake_for_io(SchedulerIdle& idle) noexcept {
     SchedulerCore& core = *idle.core;
@@ -11567,6 +11592,10 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 void wake_fiber(Fiber::ptr fiber) noexcept {
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
+    if (FIBER_SCHED_UNLIKELY(!target.scheduler)) {
+        drop_abandoned_wake(*fiber);  // the kept list holds it still: this drops a reference only
+        return;
+    }
     SchedulerCore& core = SchedulerCore::of(*target.scheduler);
     const bool migrate = FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0;
     if (target.worker < 0 && target.priority == Priority::Normal && !migrate && !core.sim) {
@@ -12334,6 +12363,12 @@ bool block_all(SpinLock* const* locks, std::size_t count, Waiter& w,
         ParkArgs args{w.state, locks, count, deadline, &w.shared};
         park(&release_after_park, &args);
         return w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified;
+    }
+    if (FIBER_SCHED_UNLIKELY(thread_state()->simulation != nullptr)) {
+        // A Fiber resumed by hand inside a simulated task: nothing would ever wake this
+        // thread (the simulation runs on it), and the waiter is listed already.
+        sim_fatal("testing::simulate(): a Fiber resumed by hand (not a scheduler task) waited on a primitive; "
+                  "inside a simulation only tasks can wait: schedule() the fiber instead");
     }
     ThreadSignal signal;
     w.state->thread = &signal;
@@ -13691,6 +13726,7 @@ struct Simulation {
     };
     std::unordered_map<const Fiber*, Info> fibers;
     std::uint64_t tasks_made = 0;
+    std::uint64_t pct_steps = 0;               // PCT: the switches its change points are drawn among
     std::vector<std::uint64_t> change_points;  // PCT: the switches after which priority drops
     std::size_t next_change = 0;
 
@@ -13762,6 +13798,23 @@ void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept { sim.
 
 std::size_t sim_random_below(Simulation& sim, std::size_t n) noexcept { return sim.below(n); }
 
+[[noreturn]] void sim_fatal(const char* rule) noexcept {
+    std::fprintf(stderr, "fiber_sched: %s\n", rule);
+    std::fflush(stderr);
+    std::abort();
+}
+
+void drop_abandoned_wake(Fiber& fiber) noexcept {
+    const char* name = fiber.name_c_str();
+    std::fprintf(stderr,
+                 "fiber_sched: a primitive woke fiber %llu%s%s%s, which a failed testing::simulate() run abandoned: "
+                 "the wake is dropped, and what it handed over stays with that fiber (make the primitives a "
+                 "simulated run waits on inside its fn)\n",
+                 static_cast<unsigned long long>(fiber.id()), name && *name ? " (" : "", name && *name ? name : "",
+                 name && *name ? ")" : "");
+    std::fflush(stderr);
+}
+
 void Simulation::push(SchedulerCore& core, QueuedTask&& task) {
     FIBER_SCHED_ASSERT(std::this_thread::get_id() == thread &&
                        "testing::simulate(): a plain thread used a scheduler of the simulation (plain threads are "
@@ -13784,7 +13837,9 @@ void Simulation::push(SchedulerCore& core, QueuedTask&& task) {
 
 void Simulation::step() {
     std::size_t i = 0;
-    if (options.strategy == testing::Strategy::pct) {
+    // PCT past its pct_steps switches (a run longer than it was sized for: a task spinning on
+    // yield() at the highest priority would starve the one it waits for): uniform choices.
+    if (options.strategy == testing::Strategy::pct && switches < pct_steps) {
         std::uint64_t best = 0;
         for (std::size_t k = 0; k < ready.size(); ++k) {
             const std::uint64_t p = fibers[ready[k].task.fiber.get()].priority;
@@ -13932,6 +13987,9 @@ void Simulation::abandon() noexcept {
         // must not list what cannot run again, nor read the record while it changes.
         registry_remove(*f, thread_state());
         FiberAccess::registry_slot(*f) = nullptr;
+        // No scheduler to go back to: a primitive that outlived the run and wakes it now
+        // finds that in wake_fiber(), which drops the wake.
+        FiberAccess::lifecycle(*f).abandon();
         WaitRecord& w = FiberAccess::wait(*f);
         w.word = "abandoned by testing::simulate() (a deadlock or a runaway)";
         w.object = nullptr;
@@ -14027,6 +14085,7 @@ SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, const Si
     detail::Simulation sim(seed, options);
     if (options.strategy == Strategy::pct) {
         const std::uint64_t steps = options.pct_steps ? options.pct_steps : 1000;
+        sim.pct_steps = steps;
         for (int j = 1; j < options.pct_depth; ++j) sim.change_points.push_back(1 + sim.next_random() % steps);
         std::sort(sim.change_points.begin(), sim.change_points.end());
     }

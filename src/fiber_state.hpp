@@ -194,6 +194,10 @@ public:
         return ResumeTarget{resume_scheduler_, resume_worker_, resume_priority_};
     }
 
+    // A parked fiber a failed testing::simulate() run abandoned: it belongs to no scheduler
+    // any more, and wake_fiber() drops a wake that still reaches it (simulation.ipp).
+    void abandon() noexcept { set_resume(ResumeTarget{nullptr, -1, Priority::Normal}); }
+
 private:
     // resume() of a fiber that is not Ready or Suspended: out of line, off the switch path.
     FIBER_SCHED_NOINLINE FIBER_SCHED_COLD static void misused_resume(FiberState state) {

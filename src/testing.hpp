@@ -27,7 +27,11 @@
 // every order a real scheduler could take and more. A task that loops without ever waiting
 // or yielding cannot be interrupted (fibers are cooperative), so the budget cannot end it.
 // A failed or abandoned run's fibers (a deadlock, a runaway) cannot be unwound safely: they
-// stay parked for good, with their stacks, and later reports list them.
+// stay parked for good, with their stacks, out of later reports; a primitive that outlives
+// the run and wakes one later has that wake dropped (said on stderr). A Fiber resumed by
+// hand inside a task may not wait or sleep. Deadlines on clocks other than steady_clock go
+// through the real clock and do not replay exactly. Fiber ids are process-wide counters:
+// a replay's differ (its schedule does not).
 // ---------------------------------------------------------------------------
 
 #pragma once
@@ -47,8 +51,9 @@ struct SimulationOptions {
     std::size_t workers = 4;  // logical workers of the simulation's own scheduler (at least 1)
     Strategy strategy = Strategy::uniform;
     // PCT: the bug depth looked for (d); d - 1 change points are drawn among the first
-    // pct_steps switches. 0: explore() measures it by a first uniform run (and returns the
-    // options it used, to replay with); simulate() takes 1000.
+    // pct_steps switches, and past pct_steps the choices are uniform (so that a task spinning
+    // on yield() cannot starve the rest for good). 0: explore() measures it by a first
+    // uniform run (and returns the options it used, to replay with); simulate() takes 1000.
     int pct_depth = 3;
     std::uint64_t pct_steps = 0;
     std::uint64_t max_switches = 1000000;  // the step budget: past it the run is a runaway

@@ -734,3 +734,70 @@ TEST_CASE("simulate: out of memory at every site a run meets: the failure reache
     CHECK(fsched::stack_stats().in_use == stacks_before);
 }
 #endif
+
+namespace {
+fsched::Channel<int>& outliving_channel() {
+    static fsched::Channel<int>* ch = new fsched::Channel<int>();  // outlives every run (never freed)
+    return *ch;
+}
+}  // namespace
+
+TEST_CASE("simulate: a primitive that outlives a deadlocked run does not bring its fibers back") {
+    const SimulationResult first = fsched::testing::simulate(0, [] { (void)outliving_channel().receive(); });
+    REQUIRE(first.deadlock);
+    // A later run hands a value to the abandoned receiver: the wake is dropped (and said on
+    // stderr); the run goes on, and no fiber of the first run runs again.
+    bool sent = false;
+    const SimulationResult second = fsched::testing::simulate(0, [&] { sent = outliving_channel().send(7); });
+    CHECK(second.completed);
+    CHECK_FALSE(second.failed());
+    CHECK(sent);
+    // And so does a plain thread that closes it.
+    outliving_channel().close();
+    CHECK_FALSE(test::contains(fsched::fiber_report(), "(simulate)"));
+}
+
+TEST_CASE("simulate: pct lets a task that spins on yield() give way to the ones it waits for") {
+    SimulationOptions o;
+    o.strategy = Strategy::pct;
+    o.max_switches = 20000;
+    const auto spinners = [] {
+        bool flags[6] = {false, false, false, false, false, false};
+        fsched::WaitGroup wg;
+        for (int i = 0; i < 5; ++i) {
+            wg.add(1);
+            spawn("spinner", [&, i] {
+                while (!flags[i]) fsched::this_fiber::yield();
+                flags[i + 1] = true;
+                wg.done();
+            });
+        }
+        spawn("starter", [&] { flags[0] = true; });
+        wg.wait();
+    };
+    const fsched::testing::ExploreResult e = fsched::testing::explore(spinners, 100, 0, o);
+    CHECK_FALSE(e.seed.has_value());
+    CHECK(e.runs == 100);
+}
+
+TEST_CASE("simulate: a Fiber resumed by hand inside a task may not wait: it fails clearly, never hangs") {
+    SUBCASE("a sleep") {
+        const SimulationResult r = fsched::testing::simulate(0, [] {
+            fsched::Fiber hand([] { fsched::this_fiber::sleep_for(2s); });
+            hand.resume();
+        });
+        CHECK(r.failed());
+        CHECK(test::contains(r.error_message, "a Fiber resumed by hand (not a scheduler task) slept"));
+    }
+    SUBCASE("a wait on a primitive") {
+        const test::ChildResult child = test::run_in_child([] {
+            fsched::testing::simulate(0, [] {
+                fsched::Mutex m;
+                m.lock();
+                fsched::Fiber hand([&] { m.lock(); });
+                hand.resume();
+            });
+        });
+        CHECK(test::aborted_with(child, "a Fiber resumed by hand (not a scheduler task) waited on a primitive"));
+    }
+}

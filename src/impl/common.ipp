@@ -56,6 +56,13 @@ void assert_failed(const char* expr, const char* file, int line) {
 #endif
     // Inside testing::simulate(): the run fails with this, and explore() reports its seed.
     if (thread_state()->simulation) {
+        // One during an unwinding is likely in a noexcept destructor, where the throw
+        // ends the process: say what failed first.
+        if (std::uncaught_exceptions() > 0 && rule && rule_end) {
+            std::fprintf(stderr, "fiber_sched: %.*s (inside testing::simulate(), while an exception unwinds)\n",
+                         static_cast<int>(rule_end - rule - 1), rule + 1);
+            std::fflush(stderr);
+        }
         throw testing::AssertionFailed(std::string("FIBER_SCHED_ASSERT failed: ") +
                                        (rule && rule_end ? std::string(rule + 1, rule_end) : std::string(expr)));
     }

@@ -50,6 +50,8 @@ void sim_attach(Simulation& sim, SchedulerCore& core);
 void sim_detach(Simulation& sim, SchedulerCore& core) noexcept;
 void sim_enqueue(Simulation& sim, SchedulerCore& core, QueuedTask&& task);
 void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept;
+// Says `rule` on stderr and aborts: a misuse inside a simulation that cannot be undone.
+[[noreturn]] void sim_fatal(const char* rule) noexcept;
 
 struct SchedulerCore {
     SchedulerCore(Scheduler& owner_, const SchedulerOptions& options_)

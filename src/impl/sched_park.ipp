@@ -12,6 +12,10 @@
 namespace fsched {
 namespace detail {
 
+// A fiber a failed testing::simulate() run abandoned, woken by a primitive that outlived
+// the run: says so on stderr (simulation.ipp).
+void drop_abandoned_wake(Fiber& fiber) noexcept;
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 void wake_for_io(SchedulerIdle& idle) noexcept {
     SchedulerCore& core = *idle.core;
@@ -56,6 +60,10 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 void wake_fiber(Fiber::ptr fiber) noexcept {
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
+    if (FIBER_SCHED_UNLIKELY(!target.scheduler)) {
+        drop_abandoned_wake(*fiber);  // the kept list holds it still: this drops a reference only
+        return;
+    }
     SchedulerCore& core = SchedulerCore::of(*target.scheduler);
     const bool migrate = FIBER_SCHED_UNLIKELY(core.migrate) && target.worker < 0;
     if (target.worker < 0 && target.priority == Priority::Normal && !migrate && !core.sim) {

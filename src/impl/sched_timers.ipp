@@ -106,6 +106,9 @@ std::size_t pending_timers(Scheduler& scheduler) noexcept {
 
 void sleep_until_steady(std::chrono::steady_clock::time_point deadline) {
     if (!in_scheduler_task()) {
+        FIBER_SCHED_ASSERT(!thread_state()->simulation &&
+                           "testing::simulate(): a Fiber resumed by hand (not a scheduler task) slept; inside a "
+                           "simulation only tasks can sleep: schedule() the fiber instead");
         if (SchedulerCore* core = caller_may_help()) {
             help_until(*core, nullptr, &deadline);
         } else {

@@ -65,6 +65,7 @@ struct Simulation {
     };
     std::unordered_map<const Fiber*, Info> fibers;
     std::uint64_t tasks_made = 0;
+    std::uint64_t pct_steps = 0;               // PCT: the switches its change points are drawn among
     std::vector<std::uint64_t> change_points;  // PCT: the switches after which priority drops
     std::size_t next_change = 0;
 
@@ -136,6 +137,23 @@ void sim_record_error(Simulation& sim, std::exception_ptr error) noexcept { sim.
 
 std::size_t sim_random_below(Simulation& sim, std::size_t n) noexcept { return sim.below(n); }
 
+[[noreturn]] void sim_fatal(const char* rule) noexcept {
+    std::fprintf(stderr, "fiber_sched: %s\n", rule);
+    std::fflush(stderr);
+    std::abort();
+}
+
+void drop_abandoned_wake(Fiber& fiber) noexcept {
+    const char* name = fiber.name_c_str();
+    std::fprintf(stderr,
+                 "fiber_sched: a primitive woke fiber %llu%s%s%s, which a failed testing::simulate() run abandoned: "
+                 "the wake is dropped, and what it handed over stays with that fiber (make the primitives a "
+                 "simulated run waits on inside its fn)\n",
+                 static_cast<unsigned long long>(fiber.id()), name && *name ? " (" : "", name && *name ? name : "",
+                 name && *name ? ")" : "");
+    std::fflush(stderr);
+}
+
 void Simulation::push(SchedulerCore& core, QueuedTask&& task) {
     FIBER_SCHED_ASSERT(std::this_thread::get_id() == thread &&
                        "testing::simulate(): a plain thread used a scheduler of the simulation (plain threads are "
@@ -158,7 +176,9 @@ void Simulation::push(SchedulerCore& core, QueuedTask&& task) {
 
 void Simulation::step() {
     std::size_t i = 0;
-    if (options.strategy == testing::Strategy::pct) {
+    // PCT past its pct_steps switches (a run longer than it was sized for: a task spinning on
+    // yield() at the highest priority would starve the one it waits for): uniform choices.
+    if (options.strategy == testing::Strategy::pct && switches < pct_steps) {
         std::uint64_t best = 0;
         for (std::size_t k = 0; k < ready.size(); ++k) {
             const std::uint64_t p = fibers[ready[k].task.fiber.get()].priority;
@@ -306,6 +326,9 @@ void Simulation::abandon() noexcept {
         // must not list what cannot run again, nor read the record while it changes.
         registry_remove(*f, thread_state());
         FiberAccess::registry_slot(*f) = nullptr;
+        // No scheduler to go back to: a primitive that outlived the run and wakes it now
+        // finds that in wake_fiber(), which drops the wake.
+        FiberAccess::lifecycle(*f).abandon();
         WaitRecord& w = FiberAccess::wait(*f);
         w.word = "abandoned by testing::simulate() (a deadlock or a runaway)";
         w.object = nullptr;
@@ -401,6 +424,7 @@ SimulationResult simulate(std::uint64_t seed, std::function<void()> fn, const Si
     detail::Simulation sim(seed, options);
     if (options.strategy == Strategy::pct) {
         const std::uint64_t steps = options.pct_steps ? options.pct_steps : 1000;
+        sim.pct_steps = steps;
         for (int j = 1; j < options.pct_depth; ++j) sim.change_points.push_back(1 + sim.next_random() % steps);
         std::sort(sim.change_points.begin(), sim.change_points.end());
     }

@@ -86,6 +86,12 @@ bool block_all(SpinLock* const* locks, std::size_t count, Waiter& w,
         park(&release_after_park, &args);
         return w.state->status.load(std::memory_order_acquire) == WaitStatus::Notified;
     }
+    if (FIBER_SCHED_UNLIKELY(thread_state()->simulation != nullptr)) {
+        // A Fiber resumed by hand inside a simulated task: nothing would ever wake this
+        // thread (the simulation runs on it), and the waiter is listed already.
+        sim_fatal("testing::simulate(): a Fiber resumed by hand (not a scheduler task) waited on a primitive; "
+                  "inside a simulation only tasks can wait: schedule() the fiber instead");
+    }
     ThreadSignal signal;
     w.state->thread = &signal;
     if (SchedulerCore* core = caller_may_help()) {
