@@ -324,6 +324,7 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 #if defined(FIBER_SCHED_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#include <sanitizer/lsan_interface.h>
 #endif
 #if defined(FIBER_SCHED_TSAN)
 #include <sanitizer/tsan_interface.h>
@@ -13990,6 +13991,11 @@ void Simulation::abandon() noexcept {
         // No scheduler to go back to: a primitive that outlived the run and wakes it now
         // finds that in wake_fiber(), which drops the wake.
         FiberAccess::lifecycle(*f).abandon();
+#if defined(FIBER_SCHED_ASAN)
+        // What its frames own is reachable from them, not lost: LeakSanitizer looks there too.
+        const Stack& stack = FiberAccess::stack(*f);
+        __lsan_register_root_region(stack.base, stack.size);
+#endif
         WaitRecord& w = FiberAccess::wait(*f);
         w.word = "abandoned by testing::simulate() (a deadlock or a runaway)";
         w.object = nullptr;

@@ -141,6 +141,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #if defined(FIBER_SCHED_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#include <sanitizer/lsan_interface.h>
 #endif
 #if defined(FIBER_SCHED_TSAN)
 #include <sanitizer/tsan_interface.h>
