@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__linux__)
+#if defined(FIBER_SCHED_HAVE_EPOLL)
 #include <fcntl.h>
 #include <unistd.h>
 #endif
@@ -629,7 +629,7 @@ TEST_CASE("simulate: FiberLocal values and select stay deterministic") {
     CHECK(picks_a.size() == 8);
 }
 
-#if defined(__linux__)
+#if defined(FIBER_SCHED_HAVE_EPOLL)
 TEST_CASE("simulate: io on real fds is polled without blocking; its timeouts are virtual") {
     int fds[2];
     REQUIRE(pipe(fds) == 0);
