@@ -2153,6 +2153,26 @@ inline std::uint64_t caller_identity() noexcept {
     return thread_identity();
 }
 
+// A Mutex or SharedMutex wait, counted for the deadlock watch while this lives
+// (mutex_waiters: see watch_loop), which it starts; not inside testing::simulate(), which
+// finds its own deadlocks.
+class WatchedMutexWait {
+public:
+    WatchedMutexWait() noexcept : watched_(!thread_state()->simulation) {
+        if (!watched_) return;
+        mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+        ensure_watchdog();
+    }
+    ~WatchedMutexWait() {
+        if (watched_) mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+    }
+    WatchedMutexWait(const WatchedMutexWait&) = delete;
+    WatchedMutexWait& operator=(const WatchedMutexWait&) = delete;
+
+private:
+    const bool watched_;
+};
+
 }  // namespace detail
 
 // A mutual-exclusion lock for fibers and threads; works with std::lock_guard/unique_lock.
@@ -12493,18 +12513,15 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
         detail::note_wait(detail::WaitReason::Mutex, this, &ops, deadline);
-        // (see watch_loop; a simulation finds its own deadlocks)
-        const bool watched = !detail::thread_state()->simulation;
-        if (watched) {
-            detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-            detail::ensure_watchdog();
-        }
         // The claim decides a timeout racing an unlock once: unlock_slow() won it (true:
         // handed over, or woken to compete and already uncounted) or the timeout did (false:
         // leave_timed_out() has uncounted us under lock_, whether or not unlock_slow()
         // popped us on its way to a live waiter).
-        const bool woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
-        if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+        bool woken;
+        {
+            const detail::WatchedMutexWait watched;
+            woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
+        }
         if (!woken) return false;
         if (self.ok) return true;  // handed over: unlock() made us the owner
         woken_before = true;
@@ -12936,14 +12953,9 @@ void SharedMutex::lock() {
     writers_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
-    const bool watched = !detail::thread_state()->simulation;  // the deadlock watch, as Mutex
-    if (watched) {
-        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-        detail::ensure_watchdog();
-    }
+    const detail::WatchedMutexWait watched;  // the deadlock watch, as Mutex
     // Woken means handed over: the unlocker made us the exclusive owner.
     detail::block(lock_, writers_, self, nullptr);
-    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock() {
@@ -12998,14 +13010,9 @@ void SharedMutex::lock_shared() {
     readers_queue_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
-    const bool watched = !detail::thread_state()->simulation;
-    if (watched) {
-        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-        detail::ensure_watchdog();
-    }
+    const detail::WatchedMutexWait watched;  // the deadlock watch, as Mutex
     // Woken means handed over: the unlocker counted us among the readers.
     detail::block(lock_, readers_queue_, self, nullptr);
-    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock_shared() {

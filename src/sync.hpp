@@ -249,6 +249,26 @@ inline std::uint64_t caller_identity() noexcept {
     return thread_identity();
 }
 
+// A Mutex or SharedMutex wait, counted for the deadlock watch while this lives
+// (mutex_waiters: see watch_loop), which it starts; not inside testing::simulate(), which
+// finds its own deadlocks.
+class WatchedMutexWait {
+public:
+    WatchedMutexWait() noexcept : watched_(!thread_state()->simulation) {
+        if (!watched_) return;
+        mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
+        ensure_watchdog();
+    }
+    ~WatchedMutexWait() {
+        if (watched_) mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+    }
+    WatchedMutexWait(const WatchedMutexWait&) = delete;
+    WatchedMutexWait& operator=(const WatchedMutexWait&) = delete;
+
+private:
+    const bool watched_;
+};
+
 }  // namespace detail
 
 // A mutual-exclusion lock for fibers and threads; works with std::lock_guard/unique_lock.

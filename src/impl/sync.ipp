@@ -214,18 +214,15 @@ bool Mutex::lock_slow(std::uint64_t me, const detail::TimePoint* deadline) {
         // The report shows who holds it, and the watch follows holders to find lock cycles.
         static constexpr detail::WaitOps ops{nullptr, &Mutex::holder_of};
         detail::note_wait(detail::WaitReason::Mutex, this, &ops, deadline);
-        // (see watch_loop; a simulation finds its own deadlocks)
-        const bool watched = !detail::thread_state()->simulation;
-        if (watched) {
-            detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-            detail::ensure_watchdog();
-        }
         // The claim decides a timeout racing an unlock once: unlock_slow() won it (true:
         // handed over, or woken to compete and already uncounted) or the timeout did (false:
         // leave_timed_out() has uncounted us under lock_, whether or not unlock_slow()
         // popped us on its way to a live waiter).
-        const bool woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
-        if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
+        bool woken;
+        {
+            const detail::WatchedMutexWait watched;
+            woken = detail::block(lock_, self, deadline, &Mutex::leave_timed_out, this);
+        }
         if (!woken) return false;
         if (self.ok) return true;  // handed over: unlock() made us the owner
         woken_before = true;

@@ -262,14 +262,9 @@ void SharedMutex::lock() {
     writers_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutex, this, &ops);
-    const bool watched = !detail::thread_state()->simulation;  // the deadlock watch, as Mutex
-    if (watched) {
-        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-        detail::ensure_watchdog();
-    }
+    const detail::WatchedMutexWait watched;  // the deadlock watch, as Mutex
     // Woken means handed over: the unlocker made us the exclusive owner.
     detail::block(lock_, writers_, self, nullptr);
-    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock() {
@@ -324,14 +319,9 @@ void SharedMutex::lock_shared() {
     readers_queue_.push_back(&self);
     static constexpr detail::WaitOps ops{&SharedMutex::describe_wait, &SharedMutex::holder_of};
     detail::note_wait(detail::WaitReason::SharedMutexShared, this, &ops);
-    const bool watched = !detail::thread_state()->simulation;
-    if (watched) {
-        detail::mutex_waiters.fetch_add(1, std::memory_order_seq_cst);
-        detail::ensure_watchdog();
-    }
+    const detail::WatchedMutexWait watched;  // the deadlock watch, as Mutex
     // Woken means handed over: the unlocker counted us among the readers.
     detail::block(lock_, readers_queue_, self, nullptr);
-    if (watched) detail::mutex_waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool SharedMutex::try_lock_shared() {
