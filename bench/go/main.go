@@ -9,11 +9,12 @@
 //	go_twins chan    -cap C -iters N -reps N -rep-ms MS -procs P   ping-pong over two channels
 //	go_twins select  -iters N -reps N -rep-ms MS -procs P   selects over two channels fed by two goroutines
 //	go_twins timedrecv -iters N -reps N -rep-ms MS -procs P ping-pong whose receives wait at most 1 s
+//	go_twins sleep   -us D -n N [-busy] -procs P   lateness of N time.Sleep(D us), samples in us
 //	go_twins echo    -connections C -procs P      echo server on the listening socket at fd 3
 //	go_twins http    -procs P                     HTTP/1.1 keep-alive server on fd 3, raw bufio
 //	go_twins nethttp -procs P                     the same on net/http
 //
-// bench_scheduler, bench_sync, bench_toolbox, bench_io and bench_http run it (CMake builds it when it finds `go`) and
+// bench_scheduler, bench_sync, bench_toolbox, bench_latency, bench_io and bench_http run it (CMake builds it when it finds `go`) and
 // print its figures as rows of their own tables, so each case here is shaped like the C++
 // case it sits beside, with the same repetition rule: warm up, then -reps timed
 // repetitions. A measuring case prints one line the C++ side parses:
@@ -31,10 +32,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: go_twins version|spawn|skynet|gosched|chan|select|timedrecv|echo|http|nethttp [flags]  (go_twins CASE -h for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: go_twins version|spawn|skynet|gosched|chan|select|timedrecv|sleep|echo|http|nethttp [flags]  (go_twins CASE -h for the flags)")
 	os.Exit(2)
 }
 
@@ -52,6 +54,8 @@ func main() {
 	iters := fs.Int("iters", 0, "chan, select, timedrecv: operations per repetition; 0: calibrate")
 	repMs := fs.Float64("rep-ms", 30, "chan, select, timedrecv: calibration target per repetition, ms")
 	connections := fs.Int("connections", 100, "echo: connections to accept")
+	sleepUs := fs.Float64("us", 100, "sleep: the sleep, microseconds")
+	busy := fs.Bool("busy", false, "sleep: keep every P busy meanwhile")
 	fs.Parse(os.Args[2:])
 	// Set here, not through the environment, so the C++ side names the value it compares.
 	runtime.GOMAXPROCS(*procs)
@@ -77,6 +81,9 @@ func main() {
 	case "timedrecv":
 		work, samples := repTimes(timedRecvOnce, uint64(*iters), *reps, *repMs)
 		report("timedrecv", "ns", work, false, samples)
+	case "sleep":
+		samples := sleepLateness(time.Duration(*sleepUs*1e3), *n, *busy, *procs)
+		report("sleep", "us", uint64(len(samples)), false, samples)
 	case "echo":
 		if err := serveEcho(*connections); err != nil {
 			fmt.Fprintln(os.Stderr, "go_twins echo:", err)
