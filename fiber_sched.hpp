@@ -195,17 +195,23 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define FIBER_SCHED_SWITCH_FP_CONTROL 1
 #endif
 
-// Switch the C++ runtime's exception state with each fiber where the runtime exposes it
-// (the Itanium C++ ABI's __cxa_get_globals: libstdc++, libc++abi).
-#if !defined(FIBER_SCHED_SWITCH_EH_STATE)
+// The Itanium C++ ABI's runtime interface (<cxxabi.h>: libstdc++, libc++abi): the exception
+// state switched below, and the demangler the fiber report's backtraces use.
 #if defined(__has_include)
 #if __has_include(<cxxabi.h>)
-#define FIBER_SCHED_SWITCH_EH_STATE 1
+#define FIBER_SCHED_HAVE_CXXABI 1
 #endif
 #endif
+#if !defined(FIBER_SCHED_HAVE_CXXABI)
+#define FIBER_SCHED_HAVE_CXXABI 0
 #endif
+
+// Switch the C++ runtime's exception state with each fiber where the runtime exposes it
+// (the Itanium C++ ABI's __cxa_get_globals). Define 0 to keep one per thread (as marl and
+// Boost.Context do): an exception in flight or caught in a fiber that switches out inside
+// its handler is then seen by whatever runs next on the thread.
 #if !defined(FIBER_SCHED_SWITCH_EH_STATE)
-#define FIBER_SCHED_SWITCH_EH_STATE 0
+#define FIBER_SCHED_SWITCH_EH_STATE FIBER_SCHED_HAVE_CXXABI
 #endif
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -289,6 +295,8 @@ enum class FaultSite : int {
     ThreadStart,   // starting a worker thread
     CpuPin,        // pinning a worker thread to its CPU (SchedulerOptions::cpu_affinity)
     RegistryAlloc, // a chunk of the fiber registry's slots (the fiber goes unlisted)
+    TimeoutSyscall,// the idle wait's epoll_pwait2, refused as by a kernel without it (ENOSYS):
+                   // from then on the process's idle waits use epoll_wait's milliseconds
     EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
                    // worker, to widen that race in tests
     Count
@@ -303,6 +311,9 @@ void inject_fault(FaultSite site, long nth) noexcept;
 void set_assert_throws(bool on) noexcept;
 // Overrides FIBER_SCHED_STACK_TRIM_MS from now on.
 void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
+// The resolution of the idle waits' timeouts now: 1 ns where the kernel takes a timespec
+// (epoll_pwait2, the condition variable's wait_until), 1 ms on epoll_wait's fallback.
+std::chrono::nanoseconds idle_wait_resolution() noexcept;
 // When set, called by a worker in the middle of announcing its sleep (counted in the
 // scheduler's sleepers, `sleeping` not yet set) with its index: a test holds it there.
 void set_sleep_announce_hook(void (*hook)(int worker)) noexcept;
@@ -4136,7 +4147,7 @@ bool in_simulation() noexcept;
 
 #include <algorithm>
 #include <cerrno>
-#if FIBER_SCHED_SWITCH_EH_STATE
+#if FIBER_SCHED_HAVE_CXXABI
 #include <cxxabi.h>
 #endif
 #include <condition_variable>
@@ -8509,9 +8520,14 @@ void append_frames(std::string& out, const FiberSnapshot& f) {
         }
 #if !defined(_WIN32)  // (no symbol names there: locate_code gives the module only)
         if (where.symbol[0]) {
+#if FIBER_SCHED_HAVE_CXXABI
             int status = -1;
             char* demangled = abi::__cxa_demangle(where.symbol, nullptr, nullptr, &status);
             const char* name = status == 0 && demangled ? demangled : where.symbol;
+#else
+            char* demangled = nullptr;
+            const char* name = where.symbol;
+#endif
             std::string shown(name);
             if (shown.size() > 160) shown = shown.substr(0, 157) + "...";
             append(out, " %s+0x%llx", shown.c_str(), static_cast<unsigned long long>(where.symbol_offset + 1));
@@ -9073,6 +9089,9 @@ void install_fiber_dump_handler(int signo) {
 // (src/sync.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
 
+#include <sys/syscall.h>
+#include <time.h>
+
 namespace fsched {
 namespace detail {
 
@@ -9180,6 +9199,49 @@ inline int timeout_ms(const TimePoint* deadline) noexcept {
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
     return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
 }
+
+// Turned on by the first refusal of epoll_pwait2: the idle waits' timeouts are milliseconds.
+inline std::atomic<bool> no_pwait2{false};
+
+// epoll_wait until `deadline` (nullptr: none). Where the kernel has epoll_pwait2 (Linux
+// 5.11) the timeout is a timespec, so a sleep of 100 us wakes after about 100 us plus the
+// timer slack (50 us by default), not after a whole millisecond; elsewhere (an older kernel,
+// qemu-user without it, a seccomp filter that refuses it) the first ENOSYS or EPERM turns it
+// off for the process and epoll_wait's milliseconds, rounded up, are used. -1 with errno on
+// failure (EINTR), as epoll_wait.
+inline int epoll_wait_until(int epfd, epoll_event* events, int max_events, const TimePoint* deadline) noexcept {
+#if defined(SYS_epoll_pwait2)
+    if (deadline && !no_pwait2.load(std::memory_order_relaxed)) {
+        auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - std::chrono::steady_clock::now());
+        if (left.count() < 0) left = left.zero();
+        constexpr std::int64_t longest_s = std::int64_t{1} << 31;  // 68 years: past any deadline we make
+        const std::int64_t seconds = std::min<std::int64_t>(left.count() / 1000000000, longest_s);
+        timespec timeout{};
+        timeout.tv_sec = static_cast<time_t>(seconds);
+        timeout.tv_nsec = static_cast<long>(seconds == longest_s ? 0 : left.count() % 1000000000);
+        long rc;
+        if (FIBER_SCHED_FAULT(TimeoutSyscall)) {
+            rc = -1;
+            errno = ENOSYS;
+        } else {
+            rc = ::syscall(SYS_epoll_pwait2, epfd, events, max_events, &timeout, nullptr, 0);
+        }
+        if (rc >= 0 || (errno != ENOSYS && errno != EPERM)) return static_cast<int>(rc);
+        no_pwait2.store(true, std::memory_order_relaxed);
+    }
+#endif
+    return epoll_wait(epfd, events, max_events, timeout_ms(deadline));
+}
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// 1 ns with epoll_pwait2 (until it is refused), 1 ms without it.
+std::chrono::nanoseconds idle_wait_resolution() noexcept {
+#if defined(SYS_epoll_pwait2)
+    if (!no_pwait2.load(std::memory_order_relaxed)) return std::chrono::nanoseconds(1);
+#endif
+    return std::chrono::milliseconds(1);
+}
+#endif
 
 struct WorkerIdle;
 struct SchedulerCore;
@@ -9304,7 +9366,7 @@ struct WorkerIdle {
             poller_wait(shared, deadline, events);
             return;
         }
-        if (epoll_wait(epoll_fd, events, 1, timeout_ms(deadline)) > 0) drain(wake_fd);
+        if (epoll_wait_until(epoll_fd, events, 1, deadline) > 0) drain(wake_fd);
     }
     // The poller's sleep: until an fd is ready, notify() or `deadline`, waking meanwhile for
     // each due sweep of unverified waiters (and sleeping on if the sweep woke no one).
@@ -9317,7 +9379,7 @@ struct WorkerIdle {
                 sweep_at = TimePoint{std::chrono::steady_clock::duration(shared.next_sweep.load(std::memory_order_relaxed))};
                 if (!deadline || sweep_at < *deadline) bound = &sweep_at;
             }
-            const int n = epoll_wait(shared.io_epoll_fd, events, 64, timeout_ms(bound));
+            const int n = epoll_wait_until(shared.io_epoll_fd, events, 64, bound);
             shared.poller_unbounded.store(false, std::memory_order_relaxed);
             if (n > 0) dispatch_io_events(shared, events, n, true);
             if (n != 0 || bound == deadline) return;
@@ -9358,6 +9420,11 @@ struct WorkerIdle {
 
 namespace fsched {
 namespace detail {
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// wait_until() takes the deadline as it is.
+std::chrono::nanoseconds idle_wait_resolution() noexcept { return std::chrono::nanoseconds(1); }
+#endif
 
 struct SchedulerIdle {
     const char* open() noexcept { return nullptr; }

@@ -55,17 +55,23 @@
 #define FIBER_SCHED_SWITCH_FP_CONTROL 1
 #endif
 
-// Switch the C++ runtime's exception state with each fiber where the runtime exposes it
-// (the Itanium C++ ABI's __cxa_get_globals: libstdc++, libc++abi).
-#if !defined(FIBER_SCHED_SWITCH_EH_STATE)
+// The Itanium C++ ABI's runtime interface (<cxxabi.h>: libstdc++, libc++abi): the exception
+// state switched below, and the demangler the fiber report's backtraces use.
 #if defined(__has_include)
 #if __has_include(<cxxabi.h>)
-#define FIBER_SCHED_SWITCH_EH_STATE 1
+#define FIBER_SCHED_HAVE_CXXABI 1
 #endif
 #endif
+#if !defined(FIBER_SCHED_HAVE_CXXABI)
+#define FIBER_SCHED_HAVE_CXXABI 0
 #endif
+
+// Switch the C++ runtime's exception state with each fiber where the runtime exposes it
+// (the Itanium C++ ABI's __cxa_get_globals). Define 0 to keep one per thread (as marl and
+// Boost.Context do): an exception in flight or caught in a fiber that switches out inside
+// its handler is then seen by whatever runs next on the thread.
 #if !defined(FIBER_SCHED_SWITCH_EH_STATE)
-#define FIBER_SCHED_SWITCH_EH_STATE 0
+#define FIBER_SCHED_SWITCH_EH_STATE FIBER_SCHED_HAVE_CXXABI
 #endif
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -149,6 +155,8 @@ enum class FaultSite : int {
     ThreadStart,   // starting a worker thread
     CpuPin,        // pinning a worker thread to its CPU (SchedulerOptions::cpu_affinity)
     RegistryAlloc, // a chunk of the fiber registry's slots (the fiber goes unlisted)
+    TimeoutSyscall,// the idle wait's epoll_pwait2, refused as by a kernel without it (ENOSYS):
+                   // from then on the process's idle waits use epoll_wait's milliseconds
     EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
                    // worker, to widen that race in tests
     Count
@@ -163,6 +171,9 @@ void inject_fault(FaultSite site, long nth) noexcept;
 void set_assert_throws(bool on) noexcept;
 // Overrides FIBER_SCHED_STACK_TRIM_MS from now on.
 void set_stack_trim_delay(std::chrono::milliseconds delay) noexcept;
+// The resolution of the idle waits' timeouts now: 1 ns where the kernel takes a timespec
+// (epoll_pwait2, the condition variable's wait_until), 1 ms on epoll_wait's fallback.
+std::chrono::nanoseconds idle_wait_resolution() noexcept;
 // When set, called by a worker in the middle of announcing its sleep (counted in the
 // scheduler's sleepers, `sleeping` not yet set) with its index: a test holds it there.
 void set_sleep_announce_hook(void (*hook)(int worker)) noexcept;

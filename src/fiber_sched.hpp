@@ -175,7 +175,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 #include <algorithm>
 #include <cerrno>
-#if FIBER_SCHED_SWITCH_EH_STATE
+#if FIBER_SCHED_HAVE_CXXABI
 #include <cxxabi.h>
 #endif
 #include <condition_variable>

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <mutex>
 #include <new>
@@ -190,6 +191,46 @@ TEST_CASE("a Scheduler that cannot open its fds throws std::system_error and lea
     works.schedule([&] { ran = true; });
     works.stop();
     CHECK(ran);
+}
+
+TEST_CASE("an idle wait whose epoll_pwait2 is refused falls back to epoll_wait's milliseconds, never early") {
+    // In a child: the fallback, once taken, is the process's.
+    const test::ChildResult r = test::run_in_child([] {
+        auto fail = [](const char* what) {
+            std::fprintf(stderr, "%s\n", what);
+            std::fflush(stderr);
+            _exit(1);
+        };
+        Scheduler s(1, false);
+        s.start();
+        std::atomic<int> early{0}, short_fallback{0};
+        std::atomic<bool> done{false};
+        s.schedule([&] {
+            for (int i = 0; i < 20; ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                fsched::this_fiber::sleep_for(300us);
+                if (std::chrono::steady_clock::now() - t0 < 300us) ++early;
+            }
+            Fault fault(FaultSite::TimeoutSyscall, 1);
+            for (int i = 0; i < 10; ++i) {
+                // 1.5 ms: epoll_wait's timeout is whole milliseconds, rounded up, so the
+                // worker sleeps at least 2 ms; the spin before it is far shorter than 0.1 ms.
+                const auto t0 = std::chrono::steady_clock::now();
+                fsched::this_fiber::sleep_for(1500us);
+                const auto took = std::chrono::steady_clock::now() - t0;
+                if (took < 1500us) ++early;
+                if (took < 1900us) ++short_fallback;
+            }
+            done = true;
+        });
+        s.stop();
+        if (!done) fail("the sleeping fiber did not finish");
+        if (early) fail("a sleep returned early");
+        if (short_fallback) fail("a sleep of 1.5 ms on the fallback took under 1.9 ms: not epoll_wait's milliseconds");
+        if (fsched::detail::idle_wait_resolution() != std::chrono::milliseconds(1)) fail("no fallback after ENOSYS");
+    });
+    CHECK_MESSAGE(r.exited, r.err);
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
 }
 
 TEST_CASE("an io wait that cannot record itself fails with ENOMEM and leaves the fd usable") {

@@ -12,6 +12,11 @@
 namespace fsched {
 namespace detail {
 
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// wait_until() takes the deadline as it is.
+std::chrono::nanoseconds idle_wait_resolution() noexcept { return std::chrono::nanoseconds(1); }
+#endif
+
 struct SchedulerIdle {
     const char* open() noexcept { return nullptr; }
     void register_for_cancel() noexcept {}

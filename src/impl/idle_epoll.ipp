@@ -30,6 +30,9 @@
 #include "sync.hpp"
 #include "impl/common.ipp"
 
+#include <sys/syscall.h>
+#include <time.h>
+
 namespace fsched {
 namespace detail {
 
@@ -137,6 +140,49 @@ inline int timeout_ms(const TimePoint* deadline) noexcept {
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
     return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
 }
+
+// Turned on by the first refusal of epoll_pwait2: the idle waits' timeouts are milliseconds.
+inline std::atomic<bool> no_pwait2{false};
+
+// epoll_wait until `deadline` (nullptr: none). Where the kernel has epoll_pwait2 (Linux
+// 5.11) the timeout is a timespec, so a sleep of 100 us wakes after about 100 us plus the
+// timer slack (50 us by default), not after a whole millisecond; elsewhere (an older kernel,
+// qemu-user without it, a seccomp filter that refuses it) the first ENOSYS or EPERM turns it
+// off for the process and epoll_wait's milliseconds, rounded up, are used. -1 with errno on
+// failure (EINTR), as epoll_wait.
+inline int epoll_wait_until(int epfd, epoll_event* events, int max_events, const TimePoint* deadline) noexcept {
+#if defined(SYS_epoll_pwait2)
+    if (deadline && !no_pwait2.load(std::memory_order_relaxed)) {
+        auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - std::chrono::steady_clock::now());
+        if (left.count() < 0) left = left.zero();
+        constexpr std::int64_t longest_s = std::int64_t{1} << 31;  // 68 years: past any deadline we make
+        const std::int64_t seconds = std::min<std::int64_t>(left.count() / 1000000000, longest_s);
+        timespec timeout{};
+        timeout.tv_sec = static_cast<time_t>(seconds);
+        timeout.tv_nsec = static_cast<long>(seconds == longest_s ? 0 : left.count() % 1000000000);
+        long rc;
+        if (FIBER_SCHED_FAULT(TimeoutSyscall)) {
+            rc = -1;
+            errno = ENOSYS;
+        } else {
+            rc = ::syscall(SYS_epoll_pwait2, epfd, events, max_events, &timeout, nullptr, 0);
+        }
+        if (rc >= 0 || (errno != ENOSYS && errno != EPERM)) return static_cast<int>(rc);
+        no_pwait2.store(true, std::memory_order_relaxed);
+    }
+#endif
+    return epoll_wait(epfd, events, max_events, timeout_ms(deadline));
+}
+
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+// 1 ns with epoll_pwait2 (until it is refused), 1 ms without it.
+std::chrono::nanoseconds idle_wait_resolution() noexcept {
+#if defined(SYS_epoll_pwait2)
+    if (!no_pwait2.load(std::memory_order_relaxed)) return std::chrono::nanoseconds(1);
+#endif
+    return std::chrono::milliseconds(1);
+}
+#endif
 
 struct WorkerIdle;
 struct SchedulerCore;
@@ -261,7 +307,7 @@ struct WorkerIdle {
             poller_wait(shared, deadline, events);
             return;
         }
-        if (epoll_wait(epoll_fd, events, 1, timeout_ms(deadline)) > 0) drain(wake_fd);
+        if (epoll_wait_until(epoll_fd, events, 1, deadline) > 0) drain(wake_fd);
     }
     // The poller's sleep: until an fd is ready, notify() or `deadline`, waking meanwhile for
     // each due sweep of unverified waiters (and sleeping on if the sweep woke no one).
@@ -274,7 +320,7 @@ struct WorkerIdle {
                 sweep_at = TimePoint{std::chrono::steady_clock::duration(shared.next_sweep.load(std::memory_order_relaxed))};
                 if (!deadline || sweep_at < *deadline) bound = &sweep_at;
             }
-            const int n = epoll_wait(shared.io_epoll_fd, events, 64, timeout_ms(bound));
+            const int n = epoll_wait_until(shared.io_epoll_fd, events, 64, bound);
             shared.poller_unbounded.store(false, std::memory_order_relaxed);
             if (n > 0) dispatch_io_events(shared, events, n, true);
             if (n != 0 || bound == deadline) return;

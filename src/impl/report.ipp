@@ -281,9 +281,14 @@ void append_frames(std::string& out, const FiberSnapshot& f) {
         }
 #if !defined(_WIN32)  // (no symbol names there: locate_code gives the module only)
         if (where.symbol[0]) {
+#if FIBER_SCHED_HAVE_CXXABI
             int status = -1;
             char* demangled = abi::__cxa_demangle(where.symbol, nullptr, nullptr, &status);
             const char* name = status == 0 && demangled ? demangled : where.symbol;
+#else
+            char* demangled = nullptr;
+            const char* name = where.symbol;
+#endif
             std::string shown(name);
             if (shown.size() > 160) shown = shown.substr(0, 157) + "...";
             append(out, " %s+0x%llx", shown.c_str(), static_cast<unsigned long long>(where.symbol_offset + 1));
