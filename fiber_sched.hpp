@@ -108,7 +108,7 @@ CAVEATS
       GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
       fiber per run of a Fiber (slower to create; see README.md).
 
-VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
+VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 */
 
 #ifndef FIBER_SCHED_HPP_INCLUDED
@@ -145,7 +145,7 @@ VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 
 
 #define FIBER_SCHED_VERSION_MAJOR 0
-#define FIBER_SCHED_VERSION_MINOR 1
+#define FIBER_SCHED_VERSION_MINOR 2
 #define FIBER_SCHED_VERSION_PATCH 0
 
 #ifndef FIBER_SCHED_DEFAULT_STACK_SIZE

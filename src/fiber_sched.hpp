@@ -106,7 +106,7 @@ CAVEATS
       GetCurrentFiber() and fiber-local storage are the thread's. winfiber makes an OS
       fiber per run of a Fiber (slower to create; see README.md).
 
-VERSION 0.1.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
+VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 */
 
 #ifndef FIBER_SCHED_HPP_INCLUDED
