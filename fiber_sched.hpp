@@ -712,7 +712,8 @@ void decay_stack_pool() noexcept;
 // FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/sched_*.ipp)
 // only call the transitions below, each named after the event that causes it.
 //
-// Fiber::State is what users see; the scheduler needs three more internal states:
+// Fiber::State is what users see; the scheduler needs three more internal states (drawn in
+// docs/diagrams/fiber_states.dot, shown in docs/design.md):
 //
 //   state                  public     meaning
 //   Ready                  Ready      made or reset(), never run since
@@ -10260,7 +10261,8 @@ struct alignas(64) Worker {
 // wake-up takes (enqueue, after_push, wake_worker).
 // Relies on: sched_worker.ipp (Worker), the idle wait's shared part (SchedulerIdle).
 //
-// The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them):
+// The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them;
+// docs/design.md draws the run loop, the fiber states and the lost-wake-up argument):
 //
 // Each worker owns a run queue (a TaskQueue under the worker's ready.lock) and a queue
 // of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its
@@ -10841,9 +10843,10 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 
 // Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
 //
-// The lost-wake-up argument: a worker going to sleep increments `sleepers`, sets `sleeping`,
-// then looks at every queue once more, taking each queue's lock (not trusting the size
-// hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
+// The lost-wake-up argument (drawn in docs/diagrams/lost_wakeup.dot, the run loop's steps
+// in run_loop.dot; both in docs/design.md): a worker going to sleep increments `sleepers`,
+// sets `sleeping`, then looks at every queue once more, taking each queue's lock (not
+// trusting the size hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
 // (SchedulerCore::after_push). The two lock the same queue in some order: if the
 // submitter's lock comes second, the sleeper's increment happens-before the submitter's
 // load, which sees the sleeper and wakes it; if the sleeper's lock comes second, the push

@@ -3,7 +3,8 @@
 // FiberLifecycle; the switch paths (fiber_switch.hpp) and the scheduler (impl/sched_*.ipp)
 // only call the transitions below, each named after the event that causes it.
 //
-// Fiber::State is what users see; the scheduler needs three more internal states:
+// Fiber::State is what users see; the scheduler needs three more internal states (drawn in
+// docs/diagrams/fiber_states.dot, shown in docs/design.md):
 //
 //   state                  public     meaning
 //   Ready                  Ready      made or reset(), never run since

@@ -5,7 +5,8 @@
 // wake-up takes (enqueue, after_push, wake_worker).
 // Relies on: sched_worker.ipp (Worker), the idle wait's shared part (SchedulerIdle).
 //
-// The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them):
+// The scheduler, overall (its parts are the sched_*.ipp files; src/README.md maps them;
+// docs/design.md draws the run loop, the fiber states and the lost-wake-up argument):
 //
 // Each worker owns a run queue (a TaskQueue under the worker's ready.lock) and a queue
 // of tasks pinned to it, one pair per priority level (High, Normal, Low). A worker takes from its

@@ -98,9 +98,10 @@ inline bool Worker::spin_for_work(QueuedTask& task) {
 
 // Sleeps until there may be work; true with a task to run; `finished` once stop() may end.
 //
-// The lost-wake-up argument: a worker going to sleep increments `sleepers`, sets `sleeping`,
-// then looks at every queue once more, taking each queue's lock (not trusting the size
-// hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
+// The lost-wake-up argument (drawn in docs/diagrams/lost_wakeup.dot, the run loop's steps
+// in run_loop.dot; both in docs/design.md): a worker going to sleep increments `sleepers`,
+// sets `sleeping`, then looks at every queue once more, taking each queue's lock (not
+// trusting the size hints). A submitter pushes under the queue's lock, then loads `sleepers`/`spinning`
 // (SchedulerCore::after_push). The two lock the same queue in some order: if the
 // submitter's lock comes second, the sleeper's increment happens-before the submitter's
 // load, which sees the sleeper and wakes it; if the sleeper's lock comes second, the push
