@@ -15,7 +15,7 @@
 // rejects any frame outside [StackLimit, StackBase], so these follow the fiber (under wine,
 // a thread's ExceptionList frames would otherwise be taken for frames of the fiber); the
 // fiber-local storage and fiber data fields (gs:0x20, gs:0x17c8) are not switched: these
-// fibers are not OS fibers, so the thread's stay the thread's (docs/things-to-know.md, Windows caveats).
+// fibers are not OS fibers, so the thread's stay the thread's (docs/things-to-know.md).
 //
 // fsched_switch_context(void** save_sp, void* load_sp), with save_sp in rcx and load_sp in
 // rdx, pushes that state onto the running stack, stores rsp to *save_sp, loads load_sp and
