@@ -75,6 +75,20 @@ void spin_for(std::chrono::nanoseconds d) {
     while (Clock::now() < end) fsched::detail::cpu_relax();
 }
 
+// A fiber that computes in ~20 us slices and yields between them until `stop`.
+void schedule_busy_fiber(fsched::Scheduler& sched, fsched::WaitGroup& wg, const std::atomic<bool>& stop) {
+    wg.add(1);
+    sched.schedule([&wg, &stop] {
+        std::uint64_t x = 1;
+        while (!stop.load(std::memory_order_relaxed)) {
+            x = compute_slice(x);
+            fsched::this_fiber::yield();
+        }
+        fsched_bench::sink = x;
+        wg.done();
+    });
+}
+
 // ---- sleep ----------------------------------------------------------------------------
 
 std::vector<double> sleep_fsched(int samples, std::chrono::microseconds d, bool busy) {
@@ -85,18 +99,7 @@ std::vector<double> sleep_fsched(int samples, std::chrono::microseconds d, bool 
     sched.start();
     fsched::WaitGroup wg;
     if (busy) {
-        for (int i = 0; i < 2; ++i) {
-            wg.add(1);
-            sched.schedule([&] {
-                std::uint64_t x = 1;
-                while (!stop.load(std::memory_order_relaxed)) {
-                    x = compute_slice(x);
-                    fsched::this_fiber::yield();
-                }
-                fsched_bench::sink = x;
-                wg.done();
-            });
-        }
+        for (int i = 0; i < 2; ++i) schedule_busy_fiber(sched, wg, stop);
     }
     wg.add(1);
     sched.schedule([&] {
@@ -177,16 +180,7 @@ std::vector<double> schedule_fsched(int n, Load load, std::size_t workers) {
     fsched::WaitGroup wg;
     fsched::Channel<int> ping, pong;
     if (load == Load::Busy) {
-        wg.add(1);
-        sched.schedule([&] {
-            std::uint64_t x = 1;
-            while (!stop.load(std::memory_order_relaxed)) {
-                x = compute_slice(x);
-                fsched::this_fiber::yield();
-            }
-            fsched_bench::sink = x;
-            wg.done();
-        });
+        schedule_busy_fiber(sched, wg, stop);
     } else if (load == Load::HandOff) {
         wg.add(2);
         sched.schedule([&] {
@@ -211,48 +205,6 @@ std::vector<double> schedule_fsched(int n, Load load, std::size_t workers) {
     return took;
 }
 
-// The baseline: a pool of `threads` threads on one mutex, condition variable and deque.
-class ThreadPool {
-public:
-    explicit ThreadPool(std::size_t threads) {
-        for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-    }
-    ~ThreadPool() {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            done_ = true;
-        }
-        cv_.notify_all();
-        for (std::thread& t : threads_) t.join();
-    }
-    void submit(std::function<void()> f) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.push_back(std::move(f));
-        }
-        cv_.notify_one();
-    }
-
-private:
-    void run() {
-        for (;;) {
-            std::function<void()> f;
-            {
-                std::unique_lock<std::mutex> lock(mutex_);
-                cv_.wait(lock, [this] { return done_ || !queue_.empty(); });
-                if (queue_.empty()) return;
-                f = std::move(queue_.front());
-                queue_.pop_front();
-            }
-            f();
-        }
-    }
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> queue_;
-    bool done_ = false;
-    std::vector<std::thread> threads_;
-};
 
 std::vector<double> schedule_pool(int n, Load load, std::size_t threads) {
     std::atomic<bool> stop{false};
@@ -260,7 +212,7 @@ std::vector<double> schedule_pool(int n, Load load, std::size_t threads) {
     std::vector<double> took;
     {
         std::function<void()> slice, hop;  // before the pool: its thread runs them until it is joined
-        ThreadPool pool(threads);
+        fsched_bench::ThreadPool pool(static_cast<int>(threads));
         slice = [&] {
             fsched_bench::sink = compute_slice(fsched_bench::sink);
             if (!stop.load(std::memory_order_relaxed)) pool.submit(slice);

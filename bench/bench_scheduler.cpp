@@ -275,58 +275,7 @@ struct SkynetChild {
 // Baseline: a plain thread pool
 // ---------------------------------------------------------------------------------------
 
-class ThreadPool {
-public:
-    explicit ThreadPool(int threads) {
-        for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
-    }
-    ~ThreadPool() {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        for (std::thread& t : threads_) t.join();
-    }
-
-    void submit(std::function<void()> task) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.push_back(std::move(task));
-        }
-        cv_.notify_one();
-    }
-
-    template <class It>
-    void submit(It first, It last) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            for (; first != last; ++first) queue_.push_back(std::move(*first));
-        }
-        cv_.notify_all();
-    }
-
-private:
-    void loop() {
-        for (;;) {
-            std::function<void()> task;
-            {
-                std::unique_lock<std::mutex> lock(mutex_);
-                cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-                if (queue_.empty()) return;
-                task = std::move(queue_.front());
-                queue_.pop_front();
-            }
-            task();
-        }
-    }
-
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> queue_;
-    bool stop_ = false;
-    std::vector<std::thread> threads_;
-};
+using fsched_bench::ThreadPool;  // bench_util.hpp
 
 // ---------------------------------------------------------------------------------------
 // Baseline: the seed design (sylar's Scheduler, as described in the seed notes)

@@ -6,6 +6,7 @@
 //   - measure(): warm up, calibrate an iteration count, time several repetitions, and
 //     return the best (min) and median nanoseconds per operation;
 //   - median(): the median of a benchmark's samples;
+//   - ThreadPool: the std::thread pool the baselines use (bench_scheduler, bench_latency);
 //   - Timing and timed(): measure() that one slow call cannot spoil (bench_sync, bench_toolbox);
 //   - join_boost_work_stealing(): a process's two threads on Boost.Fiber's work_stealing;
 //   - TextTable: the aligned table every benchmark prints its results in, format() for its
@@ -39,6 +40,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -133,6 +136,62 @@ struct Result {
 };
 
 using Clock = std::chrono::steady_clock;
+
+// The plain thread pool the baselines use: `threads` std::threads on one std::mutex,
+// std::condition_variable and std::deque of std::function; FIFO; the destructor runs what is
+// queued, then joins.
+class ThreadPool {
+public:
+    explicit ThreadPool(int threads) {
+        for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
+    }
+    ~ThreadPool() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        for (std::thread& t : threads_) t.join();
+    }
+
+    void submit(std::function<void()> task) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            queue_.push_back(std::move(task));
+        }
+        cv_.notify_one();
+    }
+
+    template <class It>
+    void submit(It first, It last) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            for (; first != last; ++first) queue_.push_back(std::move(*first));
+        }
+        cv_.notify_all();
+    }
+
+private:
+    void loop() {
+        for (;;) {
+            std::function<void()> task;
+            {
+                std::unique_lock<std::mutex> lock(mutex_);
+                cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+                if (queue_.empty()) return;
+                task = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            task();
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> queue_;
+    bool stop_ = false;
+    std::vector<std::thread> threads_;
+};
 
 // The median of `samples` (the mean of the middle two for an even count); 0 when empty.
 inline double median(std::vector<double> samples) {
