@@ -57,9 +57,11 @@
 
 // The Itanium C++ ABI's runtime interface (<cxxabi.h>: libstdc++, libc++abi): the exception
 // state switched below, and the demangler the fiber report's backtraces use.
+#if !defined(FIBER_SCHED_HAVE_CXXABI)
 #if defined(__has_include)
 #if __has_include(<cxxabi.h>)
 #define FIBER_SCHED_HAVE_CXXABI 1
+#endif
 #endif
 #endif
 #if !defined(FIBER_SCHED_HAVE_CXXABI)
@@ -155,7 +157,7 @@ enum class FaultSite : int {
     ThreadStart,   // starting a worker thread
     CpuPin,        // pinning a worker thread to its CPU (SchedulerOptions::cpu_affinity)
     RegistryAlloc, // a chunk of the fiber registry's slots (the fiber goes unlisted)
-    TimeoutSyscall,// the idle wait's epoll_pwait2, refused as by a kernel without it (ENOSYS):
+    TimeoutSyscall,// the idle wait's epoll_pwait2 fails (EINVAL; a kernel without it says ENOSYS):
                    // from then on the process's idle waits use epoll_wait's milliseconds
     EnqueuePause,  // not a failure: a 2 ms pause between queueing a task and waking a
                    // worker, to widen that race in tests

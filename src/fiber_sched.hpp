@@ -112,6 +112,15 @@ VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #ifndef FIBER_SCHED_HPP_INCLUDED
 #define FIBER_SCHED_HPP_INCLUDED
 
+// MSVC keeps __cplusplus at 199711L unless /Zc:__cplusplus; _MSVC_LANG has its /std.
+#if defined(_MSVC_LANG) && _MSVC_LANG > __cplusplus
+#if _MSVC_LANG < 201703L
+#error "fiber_sched.hpp needs C++17 or later: compile with /std:c++17"
+#endif
+#elif __cplusplus < 201703L
+#error "fiber_sched.hpp needs C++17 or later: compile with -std=c++17 (or a Meson project's cpp_std=c++17)"
+#endif
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

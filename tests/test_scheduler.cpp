@@ -1129,3 +1129,32 @@ TEST_CASE("Scheduler: start() from a task while stop() runs it returns at once")
         CHECK(returned);
     }
 }
+
+TEST_CASE("sleeps until the clock's minimum return at once, beside short sleeps on idle workers") {
+    // Workers go in and out of the idle wait with such a deadline about. Its timeout was
+    // computed as deadline - now, which overflows for time_point::min() (clang's UBSan saw
+    // it; gcc's, in the asan-ubsan variant, does not): the idle wait now compares first.
+    Scheduler s(4, false, "min-deadline");
+    s.start();
+    std::atomic<int> rounds{0};
+    std::atomic<int> slow{0};
+    fsched::WaitGroup wg;
+    for (int f = 0; f < 3; ++f) {
+        wg.add(1);
+        s.schedule([&] {
+            for (int i = 0; i < 200; ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                fsched::this_fiber::sleep_until(std::chrono::steady_clock::time_point::min());
+                // Returns without waiting for any timer: far under a second even on a loaded machine.
+                if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) ++slow;
+                fsched::this_fiber::sleep_for(std::chrono::microseconds(20));
+                ++rounds;
+            }
+            wg.done();
+        });
+    }
+    wg.wait();
+    s.stop();
+    CHECK(rounds.load() == 600);
+    CHECK(slow.load() == 0);
+}

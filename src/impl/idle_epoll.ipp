@@ -135,8 +135,9 @@ inline void close_fd(int& fd) noexcept {
 // little late is fine, waking early means another wait).
 inline int timeout_ms(const TimePoint* deadline) noexcept {
     if (!deadline) return -1;
-    const auto left = *deadline - std::chrono::steady_clock::now();
-    if (left <= left.zero()) return 0;
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (*deadline <= now) return 0;  // before subtracting: a deadline near min() would overflow
+    const auto left = *deadline - now;
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
     return ms > 0x7fffffff ? 0x7fffffff : static_cast<int>(ms);
 }
@@ -144,30 +145,40 @@ inline int timeout_ms(const TimePoint* deadline) noexcept {
 // Turned on by the first refusal of epoll_pwait2: the idle waits' timeouts are milliseconds.
 inline std::atomic<bool> no_pwait2{false};
 
+// The kernel's timespec (__kernel_timespec): 64-bit fields on every ABI, also where the C
+// library's timespec has a 32-bit time_t (i386, armhf), which the raw system call would
+// misread.
+struct KernelTimespec {
+    std::int64_t tv_sec;
+    std::int64_t tv_nsec;
+};
+
 // epoll_wait until `deadline` (nullptr: none). Where the kernel has epoll_pwait2 (Linux
 // 5.11) the timeout is a timespec, so a sleep of 100 us wakes after about 100 us plus the
-// timer slack (50 us by default), not after a whole millisecond; elsewhere (an older kernel,
-// qemu-user without it, a seccomp filter that refuses it) the first ENOSYS or EPERM turns it
-// off for the process and epoll_wait's milliseconds, rounded up, are used. -1 with errno on
-// failure (EINTR), as epoll_wait.
+// timer slack (50 us by default), not after a whole millisecond. Any failure of it but
+// EINTR (ENOSYS on an older kernel or some qemu-user builds, EPERM or another errno from a
+// seccomp filter) turns it off for the process, and epoll_wait's milliseconds, rounded up,
+// are used from then on: a wait that fails at once would make every idle worker spin. -1
+// with errno on failure (EINTR), as epoll_wait.
 inline int epoll_wait_until(int epfd, epoll_event* events, int max_events, const TimePoint* deadline) noexcept {
 #if defined(SYS_epoll_pwait2)
     if (deadline && !no_pwait2.load(std::memory_order_relaxed)) {
-        auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - std::chrono::steady_clock::now());
-        if (left.count() < 0) left = left.zero();
-        constexpr std::int64_t longest_s = std::int64_t{1} << 31;  // 68 years: past any deadline we make
-        const std::int64_t seconds = std::min<std::int64_t>(left.count() / 1000000000, longest_s);
-        timespec timeout{};
-        timeout.tv_sec = static_cast<time_t>(seconds);
-        timeout.tv_nsec = static_cast<long>(seconds == longest_s ? 0 : left.count() % 1000000000);
+        KernelTimespec timeout{0, 0};
+        const TimePoint now = std::chrono::steady_clock::now();
+        if (*deadline > now) {  // compared first: a deadline near min() would overflow the subtraction
+            const std::int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - now).count();
+            constexpr std::int64_t longest_s = std::int64_t{1} << 31;  // 68 years: past any deadline we make
+            timeout.tv_sec = std::min<std::int64_t>(left / 1000000000, longest_s);
+            timeout.tv_nsec = timeout.tv_sec == longest_s ? 0 : left % 1000000000;
+        }
         long rc;
         if (FIBER_SCHED_FAULT(TimeoutSyscall)) {
             rc = -1;
-            errno = ENOSYS;
+            errno = EINVAL;
         } else {
             rc = ::syscall(SYS_epoll_pwait2, epfd, events, max_events, &timeout, nullptr, 0);
         }
-        if (rc >= 0 || (errno != ENOSYS && errno != EPERM)) return static_cast<int>(rc);
+        if (rc >= 0 || errno == EINTR) return static_cast<int>(rc);
         no_pwait2.store(true, std::memory_order_relaxed);
     }
 #endif
