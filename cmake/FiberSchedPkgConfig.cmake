@@ -1,0 +1,35 @@
+# Writes and installs fiber_sched.pc at install time (install(SCRIPT) in CMakeLists.txt, after
+# an install(CODE) that sets FIBER_SCHED_PC_TEMPLATE, _OUTPUT, _VERSION, _DIR and _HEADER_DIR).
+# CMAKE_INSTALL_PREFIX is then the prefix really used (`cmake --install --prefix` included).
+# When the .pc file and the header both land under the prefix, the file names the prefix
+# from its own place (${pcfiledir}), so the tree can be moved; otherwise it names absolute
+# directories.
+get_filename_component(_prefix "${CMAKE_INSTALL_PREFIX}" ABSOLUTE)
+foreach(_kind DIR HEADER_DIR)
+  set(_dir "${FIBER_SCHED_PC_${_kind}}")
+  if(NOT IS_ABSOLUTE "${_dir}")
+    set(_dir "${_prefix}/${_dir}")
+  endif()
+  get_filename_component(_abs_${_kind} "${_dir}" ABSOLUTE)
+endforeach()
+string(FIND "${_abs_DIR}/" "${_prefix}/" _pc_under)
+string(FIND "${_abs_HEADER_DIR}/" "${_prefix}/" _header_under)
+if(_pc_under EQUAL 0 AND _header_under EQUAL 0)
+  file(RELATIVE_PATH _up "${_abs_DIR}" "${_prefix}")
+  string(REGEX REPLACE "/$" "" _up "${_up}")
+  set(FIBER_SCHED_PC_PREFIX "\${pcfiledir}")
+  if(_up)
+    string(APPEND FIBER_SCHED_PC_PREFIX "/${_up}")
+  endif()
+  file(RELATIVE_PATH _down "${_prefix}" "${_abs_HEADER_DIR}")
+  set(FIBER_SCHED_PC_INCLUDEDIR "\${prefix}")
+  if(_down)
+    string(APPEND FIBER_SCHED_PC_INCLUDEDIR "/${_down}")
+  endif()
+else()
+  set(FIBER_SCHED_PC_PREFIX "${_prefix}")
+  set(FIBER_SCHED_PC_INCLUDEDIR "${_abs_HEADER_DIR}")
+endif()
+set(PROJECT_VERSION "${FIBER_SCHED_PC_VERSION}")
+configure_file("${FIBER_SCHED_PC_TEMPLATE}" "${FIBER_SCHED_PC_OUTPUT}" @ONLY)
+file(INSTALL DESTINATION "${_abs_DIR}" TYPE FILE FILES "${FIBER_SCHED_PC_OUTPUT}")
