@@ -9,7 +9,7 @@
 //	go_twins chan    -cap C -iters N -reps N -rep-ms MS -procs P   ping-pong over two channels
 //	go_twins select  -iters N -reps N -rep-ms MS -procs P   selects over two channels fed by two goroutines
 //	go_twins timedrecv -iters N -reps N -rep-ms MS -procs P ping-pong whose receives wait at most 1 s
-//	go_twins sleep   -us D -n N [-busy] -procs P   lateness of N time.Sleep(D us), samples in us
+//	go_twins sleep   -us D -n N [-busy] -procs P   lateness of N (default 2000) time.Sleep(D us), samples in us
 //	go_twins echo    -connections C -procs P      echo server on the listening socket at fd 3
 //	go_twins http    -procs P                     HTTP/1.1 keep-alive server on fd 3, raw bufio
 //	go_twins nethttp -procs P                     the same on net/http
@@ -82,7 +82,13 @@ func main() {
 		work, samples := repTimes(timedRecvOnce, uint64(*iters), *reps, *repMs)
 		report("timedrecv", "ns", work, false, samples)
 	case "sleep":
-		samples := sleepLateness(time.Duration(*sleepUs*1e3), *n, *busy, *procs)
+		sleeps := 2000 // -n's default is spawn's million: 17 minutes of 1 ms sleeps
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "n" {
+				sleeps = *n
+			}
+		})
+		samples := sleepLateness(time.Duration(*sleepUs*1e3), sleeps, *busy, *procs)
 		report("sleep", "us", uint64(len(samples)), false, samples)
 	case "echo":
 		if err := serveEcho(*connections); err != nil {

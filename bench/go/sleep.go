@@ -11,7 +11,7 @@ import (
 
 var sleepSink uint64
 
-// sleepLateness is sleep_lateness in bench_latency.cpp: one goroutine sleeps `d` n times
+// sleepLateness is bench_latency.cpp's sleep_fsched and sleep_thread: one goroutine sleeps `d` n times
 // and returns each sleep's lateness (elapsed minus d) in microseconds. With `busy`, procs
 // goroutines meanwhile compute in slices of about 20 us and call runtime.Gosched()
 // between them (the C++ case's busy fibers yield the same way).
