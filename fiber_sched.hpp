@@ -1981,6 +1981,9 @@ public:
 #if defined(FIBER_SCHED_FAULT_INJECTION)
     // Claims the heir token for no waiter, as a waiter that vanished would leave it.
     void abandon_heir_token_for_test() noexcept { heir_.store(true, std::memory_order_relaxed); }
+    // Clears the token, as a waiter that took the lock after the lease does.
+    void break_heir_lease_for_test() noexcept { heir_.store(false, std::memory_order_relaxed); }
+    bool heir_token_claimed_for_test() const noexcept { return heir_.load(std::memory_order_relaxed); }
 #endif
 
 private:
@@ -1994,6 +1997,10 @@ private:
         bool heir = false;       // this waiter holds the token
         int closed_looks = 0;    // looks that found the lock free and the token another's
         for (int rounds = 0;; ++rounds) {
+            // A waiter that found the lock free and closed `token_lease` times (this heir had
+            // lost its CPU) took it and cleared the token: claim it again, or this lock()
+            // would compete as a plain spinner, never favoured, for the rest of its wait.
+            if (heir && !heir_.load(std::memory_order_relaxed)) heir = claim_heir_token();
             if (!locked_.load(std::memory_order_relaxed)) {
                 const bool closed = !heir && heir_.load(std::memory_order_relaxed);
                 if ((!closed || ++closed_looks >= token_lease) && !locked_.exchange(true, std::memory_order_acquire)) {
@@ -2006,12 +2013,13 @@ private:
                 cpu_relax();
                 continue;
             }
-            if (!heir && rounds >= spin_limit + heir_after) {
-                bool free_token = false;
-                heir = heir_.compare_exchange_strong(free_token, true, std::memory_order_relaxed);
-            }
+            if (!heir && rounds >= spin_limit + heir_after) heir = claim_heir_token();
             std::this_thread::yield();
         }
+    }
+    bool claim_heir_token() noexcept {
+        bool free_token = false;
+        return heir_.compare_exchange_strong(free_token, true, std::memory_order_relaxed);
     }
 
     std::atomic<bool> locked_{false};

@@ -670,6 +670,38 @@ TEST_CASE("SpinLock: a waiter is not overtaken indefinitely by a thread that ret
     CHECK(took < 5s);
 }
 
+TEST_CASE("SpinLock: a heir whose token a lease took away claims it again") {
+    // A waiter that finds the lock free and closed `token_lease` times (the heir had lost
+    // its CPU) takes the lock and clears the token. The heir must claim the token again:
+    // otherwise it competed as a plain spinner for the rest of its lock(), and beside a
+    // thread that retakes the lock at once it waited seconds (CI's overtaking test above).
+    // Here this thread holds the lock and clears the token by hand, as that waiter does.
+    fsched::detail::SpinLock lock;
+    lock.lock();
+    std::atomic<bool> got{false};
+    std::thread heir([&] {
+        lock.lock();
+        got = true;
+        lock.unlock();
+    });
+    const auto claimed_within = [&](std::chrono::seconds limit) {
+        const auto until = std::chrono::steady_clock::now() + limit;
+        while (!lock.heir_token_claimed_for_test() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(1ms);
+        return lock.heir_token_claimed_for_test();
+    };
+    const bool claimed = claimed_within(20s);  // after its spins and yields
+    CHECK(claimed);
+    lock.break_heir_lease_for_test();
+    const bool claimed_again = claimed_within(20s);
+    CHECK(claimed_again);
+    CHECK_FALSE(got.load());
+    lock.unlock();
+    heir.join();
+    CHECK(got.load());
+    CHECK_FALSE(lock.heir_token_claimed_for_test());  // given back with the lock
+}
+
 TEST_CASE("SpinLock: a heir token whose waiter is gone does not close the lock for good") {
     // A waiter holding the token can vanish (a thread cancelled or longjmp()ed out of
     // lock(), or one that is not in a fork() child): the lock is free and closed. The next
