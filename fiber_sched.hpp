@@ -199,7 +199,7 @@ VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 // The ABIs make them callee-saved, so a fiber that changes its rounding mode does not change
 // its resumer's. Reading MXCSR (stmxcsr) waits for the instructions before it, which makes
 // it most of a switch's cost: define 0 when no code run in fibers changes these modes, and
-// a switch leaves them as the thread has them (as marl and Go do). BENCHMARKS.md: "The switch".
+// a switch leaves them as the thread has them (as marl and Go do). docs/performance-notes.md, "The switch".
 #if !defined(FIBER_SCHED_SWITCH_FP_CONTROL)
 #define FIBER_SCHED_SWITCH_FP_CONTROL 1
 #endif
@@ -9544,12 +9544,12 @@ struct QueuedTask {
 // itself, each block carrying its slab's address in the 16 bytes before it. Two things
 // came from malloc before. std::deque allocates a block for every few tasks and frees it
 // once they are taken; with thieves taking from the back, workers freed each other's
-// blocks, some 230,000 of them per skynet run of a million leaves (BENCHMARKS.md, "Skynet:
-// the stack pool's decay and the task queues' blocks"). And a burst of tasks queued at once
+// blocks, some 230,000 of them per skynet run of a million leaves (docs/performance-notes.md,
+// "Stacks and skynet" and "Task queues' blocks"). And a burst of tasks queued at once
 // (100,000 from outside, say) left its blocks in malloc's heap once drained, pinned there by
 // whatever was allocated after them: 9 MB, 92 bytes per task, still resident while the
-// burst's fibers were parked (BENCHMARKS.md, "Memory per parked fiber: the Fiber in its
-// stack, closures inline, queue slabs"). Here a drained slab
+// burst's fibers were parked (docs/performance-notes.md,
+// "Memory per parked fiber"). Here a drained slab
 // is kept for the queue's next blocks while the worker is busy, so a queue that fills and
 // drains maps nothing, and a burst's slabs go back to the OS, all but one, once the worker
 // has slept for queue_trim_delay (Worker::sleep_until_work). Blocks of another size (none

@@ -4,6 +4,8 @@
     python3 bench/chart.py            read bench/results/*.txt, write docs/benchmarks.svg
     python3 bench/chart.py --table    also print the headline table as Markdown rows
     python3 bench/chart.py --results DIR --output FILE.svg
+    python3 bench/chart.py --check    fail unless docs/benchmarks.svg is what the results draw
+                                      (the test docs.chart; exit 77, skipped, without matplotlib)
 
 bench/run_all.sh runs every benchmark and keeps its output in bench/results/; this reads
 the tables those outputs print (every benchmark prints bench_util.hpp's TextTable: a title,
@@ -58,6 +60,10 @@ HEADLINES = [
      "Go"),
     ("HTTP CPU per request, 1000 conns", "bench_http_1000", "requests/s", "fsched", "Go, goroutine", "median cpu",
      "Go"),
+    ("echo server CPU per round trip, 100 conns", "bench_io", "per round trip", "fsched, fiber", "Go,",
+     "server us", "Go"),
+    ("echo server CPU per round trip, 100 conns", "bench_io", "per round trip", "fsched, fiber",
+     "thread per connection", "server us", "std::thread"),
     ("game frame p50, 2 workers", "bench_frame", "small jobs", "fiber_sched", "std::thread pool", "p50 ms",
      "std::thread"),
     ("game frame p50, 2 workers", "bench_frame", "small jobs", "fiber_sched", "Boost.Fiber", "p50 ms", "Boost"),
@@ -172,11 +178,29 @@ def main():
     parser.add_argument("--table", action="store_true", help="print the headlines as Markdown rows")
     parser.add_argument("--results", type=pathlib.Path, default=RESULTS, help="the outputs' directory")
     parser.add_argument("--output", type=pathlib.Path, default=OUTPUT, help="the SVG to write")
+    parser.add_argument("--check", action="store_true",
+                        help="draw into a scratch file and fail unless it is the --output file")
     args = parser.parse_args()
     RESULTS, OUTPUT = args.results.resolve(), args.output.resolve()
     rows = headlines()
     if not rows:
         raise SystemExit("chart.py: no headline found in bench/results/ (run bench/run_all.sh)")
+    if args.check:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("chart.py: matplotlib not found (Debian: python3-matplotlib): check skipped", file=sys.stderr)
+            sys.exit(77)
+        import tempfile
+        committed = OUTPUT
+        with tempfile.TemporaryDirectory() as scratch:
+            OUTPUT = pathlib.Path(scratch) / "benchmarks.svg"
+            draw(rows)
+            drawn = OUTPUT.read_bytes()
+        if not committed.exists() or committed.read_bytes() != drawn:
+            raise SystemExit(f"chart.py: {committed} is not what bench/results/ draws: run bench/chart.py")
+        print(f"{committed} is what bench/results/ draws ({len(rows)} bars)")
+        return
     draw(rows)
     print(f"wrote {OUTPUT} ({len(rows)} bars)")
     if args.table:

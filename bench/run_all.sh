@@ -12,7 +12,7 @@ results="${root}/bench/results"
 cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DFIBER_SCHED_BUILD_TESTS=OFF \
       -DFIBER_SCHED_BUILD_EXAMPLES=OFF -DFIBER_SCHED_BUILD_BENCHMARKS=ON >/dev/null
 cmake --build "${build}" -j2 --target bench_fiber bench_scheduler bench_sync bench_toolbox bench_latency \
-      bench_frame bench_http >/dev/null
+      bench_frame bench_http bench_io >/dev/null
 mkdir -p "${results}"
 run() {  # name, then the command line
     local name=$1
@@ -29,6 +29,7 @@ run bench_latency "${build}/bench/bench_latency"
 run bench_frame "${build}/bench/bench_frame"
 run bench_http_100 "${build}/bench/bench_http" --reps 5 --connections 100
 run bench_http_1000 "${build}/bench/bench_http" --reps 5 --connections 1000
+run bench_io "${build}/bench/bench_io"
 {
     echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores; $(uname -sr)"
     echo "compiler: $(c++ --version | head -n 1)"

@@ -50,7 +50,7 @@
 // The ABIs make them callee-saved, so a fiber that changes its rounding mode does not change
 // its resumer's. Reading MXCSR (stmxcsr) waits for the instructions before it, which makes
 // it most of a switch's cost: define 0 when no code run in fibers changes these modes, and
-// a switch leaves them as the thread has them (as marl and Go do). BENCHMARKS.md: "The switch".
+// a switch leaves them as the thread has them (as marl and Go do). docs/performance-notes.md, "The switch".
 #if !defined(FIBER_SCHED_SWITCH_FP_CONTROL)
 #define FIBER_SCHED_SWITCH_FP_CONTROL 1
 #endif

@@ -1,4 +1,4 @@
-// The Go twins of fiber_sched's benchmarks (see ../../BENCHMARKS.md, "Go in the same run").
+// The Go twins of fiber_sched's benchmarks (see ../../BENCHMARKS.md, "Machine and method").
 //
 // One program, one case per run, chosen by the first argument:
 //
