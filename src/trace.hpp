@@ -41,5 +41,8 @@ namespace detail {
 // For tests: the cap start() gives each thread's buffer; 0 (the default) reads
 // FIBER_SCHED_TRACE_MAX_EVENTS, else 1,000,000. Read by the next start().
 void set_trace_max_events(std::size_t events);
+// FIBER_SCHED_TRACE_MAX_EVENTS's reading of `text`: a count of decimal digits only, above 0;
+// 0 for anything else (a sign, a suffix, nothing, garbage). For tests.
+std::size_t parse_event_count(const char* text) noexcept;
 }  // namespace detail
 }  // namespace fsched

@@ -541,6 +541,104 @@ TEST_CASE("trace: misuse returns false and changes nothing") {
     fsched::trace::stop();
 }
 
+namespace {
+// True when `text` is well-formed UTF-8 (what JSON text must be).
+bool valid_utf8(const std::string& text) {
+    for (std::size_t i = 0; i < text.size();) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        if (n == 0 || c == 0xC0 || c == 0xC1 || c > 0xF4 || i + n > text.size()) return false;
+        for (std::size_t k = 1; k < n; ++k) {
+            if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return false;
+        }
+        i += n;
+    }
+    return true;
+}
+}  // namespace
+
+TEST_CASE("trace: names that are not UTF-8 are written as U+FFFD, and the file stays valid UTF-8") {
+    TempFile file("trace_utf8");
+    REQUIRE(fsched::trace::start(file.path));
+    fsched::Fiber bad([] {});
+    bad.set_name(std::string("bad\xff\xfe-name-\xc3\xa9-\xe2\x82") + "-cut");  // é whole, € cut short
+    bad.resume();
+    fsched::Fiber good([] {});
+    good.set_name("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82");  // é, €, an emoji: kept as they are
+    good.resume();
+    fsched::trace::stop();
+    const std::string text = read_whole_file(file.path);
+    CHECK(valid_utf8(text));
+    CHECK(text.find("bad\\ufffd\\ufffd-name-\xc3\xa9-\\ufffd\\ufffd-cut") != std::string::npos);
+    CHECK(text.find("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82") != std::string::npos);
+    check_trace(file.path);
+}
+
+TEST_CASE("trace: FIBER_SCHED_TRACE_MAX_EVENTS takes digits only") {
+    CHECK(fsched::detail::parse_event_count("5000") == 5000);
+    CHECK(fsched::detail::parse_event_count("1") == 1);
+    for (const char* bad : {"", "0", "-1", "+5", " 5", "5 ", "10x", "abc", "99999999999999999999999"}) {
+        INFO(bad);
+        CHECK(fsched::detail::parse_event_count(bad) == 0);
+    }
+    CHECK(fsched::detail::parse_event_count(nullptr) == 0);
+}
+
+TEST_CASE("trace: a ring larger than memory is refused, and a normal one starts after it") {
+    CHECK_FALSE(fsched::trace::start_ring(std::size_t(1) << 58));
+    CHECK_FALSE(fsched::trace::start_ring(SIZE_MAX));
+    REQUIRE(fsched::trace::start_ring(8));
+    fsched::trace::stop();
+}
+
+TEST_CASE("trace: a dump that cannot write takes nothing, and an exited thread's ring stays for the next dumps") {
+    REQUIRE(fsched::trace::start_ring(32));
+    std::thread([] {
+        fsched::Fiber fiber([] {});
+        fiber.set_name("exited-thread-fiber");
+        fiber.resume();
+    }).join();
+    CHECK_FALSE(fsched::trace::dump("no-such-directory-here/x/ring.json"));
+    TempFile first("trace_ring_after_failed_dump");
+    REQUIRE(fsched::trace::dump(first.path));
+    CHECK(check_trace(first.path).names.count("exited-thread-fiber") == 1);
+    TempFile second("trace_ring_dumped_again");
+    REQUIRE(fsched::trace::dump(second.path));
+    CHECK(check_trace(second.path).names.count("exited-thread-fiber") == 1);
+    fsched::trace::stop();
+}
+
+TEST_CASE("trace: stop() while fibers end on other threads reads none of them (ASan, TSan)") {
+    // stop() clears the trace bit first; a fiber that ends after that takes no trace lock,
+    // and its slice may still show open: stop() must not read the freed fiber for its name.
+    std::atomic<bool> done{false};
+    std::atomic<long> made{0};
+    std::vector<std::thread> makers;
+    for (int t = 0; t < 2; ++t) {
+        makers.emplace_back([&] {
+            while (!done.load(std::memory_order_relaxed)) {
+                auto fiber = std::make_shared<fsched::Fiber>([] {
+                    for (volatile int i = 0; i < 100; ++i) {
+                    }
+                });
+                fiber->set_name("short-lived");
+                fiber->resume();
+                made.fetch_add(1, std::memory_order_relaxed);
+            }
+        });
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+    long cycles = 0;
+    while (std::chrono::steady_clock::now() < until || cycles < 100) {
+        REQUIRE(fsched::trace::start_ring(16));
+        fsched::trace::stop();
+        ++cycles;
+    }
+    done = true;
+    for (auto& t : makers) t.join();
+    CHECK(made.load() > 0);
+}
+
 TEST_CASE("trace: start, stop and dump from another thread while fibers switch") {
     Scheduler scheduler(3, false, "busy");
     scheduler.start();

@@ -7,8 +7,12 @@
 // between threads). The owning thread takes the buffer's spin lock for each event; stop()
 // and dump() take it only to drain, so the lock is uncontended, and stop() while fibers
 // switch neither races nor frees what a recorder holds: the list owns every buffer, and
-// frees one only after its thread has exited (TraceThreadExit marks it) and a stop() or
-// dump() has collected it.
+// frees one only after its thread has exited (TraceThreadExit marks it) and a stop() has
+// collected it (or a new session starts). A ring keeps the buffers of its newest 64 exited
+// threads for dump(), which copies and never takes; older ones go when a thread registers
+// or a dump runs. A slice's fiber is never read through the buffer (only its id and the
+// name it had as the slice opened): once stop() has cleared the trace bit, a fiber that
+// switches out takes no lock here and may be freed while its slice still shows open.
 //
 // A slice is opened at switch-in and closed at switch-out, both on the resumer's thread
 // (run_claimed), and the hooks' calls switch a resumer out around the fiber it resumes, so
@@ -61,8 +65,9 @@ struct TraceBuffer {
     bool ring = false;
     std::uint64_t dropped = 0;            // a recording: events not kept; a ring: overwritten
     std::chrono::steady_clock::time_point origin;
-    const Fiber* open_fiber = nullptr;    // the slice running now, nullptr: none
+    const Fiber* open_fiber = nullptr;    // the slice running now, nullptr: none (compared, never read)
     std::uint64_t open_id = 0;
+    const char* open_name = nullptr;      // its name when the slice opened (interned)
     std::int64_t open_begin = 0;
     std::string thread_name;
     const Scheduler* named_for = nullptr; // the scheduler thread_name names; nullptr: none
@@ -98,6 +103,7 @@ struct TraceBuffer {
     void open_slice(const Fiber& fiber, std::int64_t at) noexcept {
         open_fiber = &fiber;
         open_id = fiber.id();
+        open_name = fiber.name_c_str();
         open_begin = at;
     }
 
@@ -177,6 +183,34 @@ struct TraceThreadExit {
     }
 };
 
+// How many exited threads' rings a flight recorder keeps for dump() (the newest exits).
+constexpr std::size_t trace_kept_exited_rings = 64;
+
+// Frees the buffers of exited threads but the `keep` that registered last. REQUIRES(t.mutex);
+// each buffer's lock is taken.
+void forget_exited_threads(Tracer& t, std::size_t keep) {
+    std::vector<bool> gone(t.buffers.size());
+    std::size_t exited = 0;
+    for (std::size_t i = 0; i < t.buffers.size(); ++i) {
+        TraceBuffer& buffer = *t.buffers[i];
+        buffer.lock.lock();
+        gone[i] = buffer.thread_exited;
+        buffer.lock.unlock();
+        exited += gone[i] ? 1 : 0;
+    }
+    if (exited <= keep) return;
+    std::size_t to_free = exited - keep, kept = 0;
+    for (std::size_t i = 0; i < t.buffers.size(); ++i) {
+        if (gone[i] && to_free > 0) {
+            --to_free;
+            t.buffers[i].reset();
+        } else {
+            t.buffers[kept++] = std::move(t.buffers[i]);
+        }
+    }
+    t.buffers.resize(kept);
+}
+
 // A worker's name ("<scheduler> worker <i>") when this thread is one now. REQUIRES(buffer.lock)
 // or a buffer not yet shared.
 void name_worker_thread(TraceBuffer& buffer) {
@@ -191,6 +225,8 @@ FIBER_SCHED_NOINLINE TraceBuffer* register_trace_buffer() noexcept {
     std::lock_guard<std::mutex> lock(t.mutex);
     if (!t.on) return nullptr;
     try {
+        // A ring keeps exited threads' buffers for dump(), a bounded number of them.
+        if (t.ring) forget_exited_threads(t, trace_kept_exited_rings);
         static thread_local TraceThreadExit exit_guard;  // constructed here: runs at thread exit
         (void)exit_guard;
         auto buffer = std::make_unique<TraceBuffer>();
@@ -221,27 +257,24 @@ const char* switch_out_reason(const Fiber& fiber) noexcept { return FiberAccess:
 std::size_t trace_max_events(const Tracer& t) {
     if (t.max_events_override) return t.max_events_override;
     if (const char* text = std::getenv("FIBER_SCHED_TRACE_MAX_EVENTS")) {
-        char* end = nullptr;
-        const unsigned long long value = std::strtoull(text, &end, 10);
-        if (end != text && *end == '\0' && value > 0) return static_cast<std::size_t>(value);
+        if (const std::size_t value = parse_event_count(text)) return value;
     }
     return default_trace_max_events;
 }
 
-// Frees the buffers of exited threads. REQUIRES(t.mutex); each buffer's lock is taken.
-void forget_exited_threads(Tracer& t) {
-    auto exited = [](const std::unique_ptr<TraceBuffer>& buffer) {
-        buffer->lock.lock();
-        const bool gone = buffer->thread_exited;
-        buffer->lock.unlock();
-        return gone;
-    };
-    t.buffers.erase(std::remove_if(t.buffers.begin(), t.buffers.end(), exited), t.buffers.end());
-}
-
 // REQUIRES(t.mutex), !t.on. False when a ring's memory cannot be had.
 bool begin_trace_session(Tracer& t, std::size_t capacity, bool ring) {
-    forget_exited_threads(t);
+    forget_exited_threads(t, 0);
+    // A ring's memory is reserved for each thread as it first records: refuse a size that
+    // cannot be had even once, rather than start a ring that records nothing.
+    if (ring) {
+        try {
+            std::vector<TraceEvent> probe;
+            probe.reserve(capacity);
+        } catch (...) {
+            return false;
+        }
+    }
     const auto origin = std::chrono::steady_clock::now();
     for (auto& buffer : t.buffers) {
         std::vector<TraceEvent> storage;
@@ -264,7 +297,8 @@ bool begin_trace_session(Tracer& t, std::size_t capacity, bool ring) {
 }
 
 // Copies (a ring's dump) or takes (stop()) every buffer's events, in order, with the slice
-// each thread runs now, then forgets exited threads. REQUIRES(t.mutex).
+// each thread runs now. stop() then forgets exited threads; a dump keeps the rings of the
+// newest trace_kept_exited_rings of them, so that a later dump shows them too. REQUIRES(t.mutex).
 std::vector<ThreadTrace> collect_trace(Tracer& t, bool take) {
     std::vector<ThreadTrace> threads;
     for (auto& buffer : t.buffers) {
@@ -275,11 +309,13 @@ std::vector<ThreadTrace> collect_trace(Tracer& t, bool take) {
         const bool has_open = buffer->open_fiber != nullptr;
         TraceEvent running;
         if (has_open) {
-            // The fiber cannot be gone: its switch-out needs this lock to close the slice.
+            // Its name as the slice opened: the fiber itself may be gone by now. stop() has
+            // cleared the trace bit, and a fiber switching out after that takes no lock here
+            // and may end and be freed while its slice is still open in this buffer.
             running.begin = buffer->open_begin;
             running.end = buffer->now();
             running.fiber = buffer->open_id;
-            running.name = buffer->open_fiber->name_c_str();
+            running.name = buffer->open_name;
             running.ended = "running";
         }
         const std::size_t split = buffer->ring_next;
@@ -304,25 +340,60 @@ std::vector<ThreadTrace> collect_trace(Tracer& t, bool take) {
         if (has_open) thread.events.push_back(running);
         if (!thread.events.empty() || thread.dropped) threads.push_back(std::move(thread));
     }
-    forget_exited_threads(t);
+    forget_exited_threads(t, take ? 0 : trace_kept_exited_rings);
     return threads;
 }
 
 // --- the JSON writer ------------------------------------------------------------------
 
+// The length of the well-formed UTF-8 sequence at `c` (1 to 4), or 0 when it is not one
+// (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short).
+std::size_t utf8_sequence_length(const unsigned char* c) noexcept {
+    if (c[0] < 0x80) return 1;
+    std::size_t n;
+    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c[0] >= 0xC2 && c[0] <= 0xDF) {
+        n = 2;
+    } else if (c[0] >= 0xE0 && c[0] <= 0xEF) {
+        n = 3;
+        if (c[0] == 0xE0) lo = 0xA0;  // no overlong forms
+        if (c[0] == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c[0] >= 0xF0 && c[0] <= 0xF4) {
+        n = 4;
+        if (c[0] == 0xF0) lo = 0x90;
+        if (c[0] == 0xF4) hi = 0x8F;  // up to U+10FFFF
+    } else {
+        return 0;
+    }
+    if (c[1] < lo || c[1] > hi) return 0;
+    for (std::size_t i = 2; i < n; ++i) {
+        if (c[i] < 0x80 || c[i] > 0xBF) return 0;  // a NUL ends the walk here too
+    }
+    return n;
+}
+
+// A JSON string: JSON text is UTF-8, so a byte that is not part of a well-formed sequence
+// (a name is any bytes the user gave) is written as U+FFFD, the replacement character.
 void append_json_string(std::string& out, const char* text) {
     out += '"';
-    for (const char* c = text; *c; ++c) {
-        const unsigned char ch = static_cast<unsigned char>(*c);
+    const auto* c = reinterpret_cast<const unsigned char*>(text);
+    while (*c) {
+        const unsigned char ch = *c;
         if (ch == '"' || ch == '\\') {
             out += '\\';
-            out += *c;
+            out += static_cast<char>(ch);
+            ++c;
         } else if (ch < 0x20) {
             char escaped[8];
             std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
             out += escaped;
+            ++c;
+        } else if (const std::size_t n = utf8_sequence_length(c)) {
+            out.append(reinterpret_cast<const char*>(c), n);
+            c += n;
         } else {
-            out += *c;
+            out += "\\ufffd";
+            ++c;
         }
     }
     out += '"';
@@ -545,6 +616,16 @@ void trace_wake(const Fiber& woken, const Fiber* by) noexcept {
     buffer->lock.unlock();
 }
 
+std::size_t parse_event_count(const char* text) noexcept {
+    // Digits only: strtoull would take "-1" for the largest value, and skip leading spaces.
+    if (!text || text[0] < '0' || text[0] > '9') return 0;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text, &end, 10);
+    if (*end != '\0' || errno == ERANGE || static_cast<unsigned long long>(static_cast<std::size_t>(value)) != value) return 0;
+    return static_cast<std::size_t>(value);
+}
+
 void set_trace_max_events(std::size_t events) {
     Tracer& t = tracer();
     std::lock_guard<std::mutex> lock(t.mutex);
@@ -602,14 +683,21 @@ bool dump(const std::string& path) {
     detail::Tracer& t = detail::tracer();
     std::vector<detail::ThreadTrace> threads;
     std::size_t capacity = 0;
+    std::FILE* file = nullptr;
     {
         std::lock_guard<std::mutex> lock(t.mutex);
         if (!t.on || !t.ring) return false;
-        threads = detail::collect_trace(t, false);
+        // Opened first: a dump that cannot write takes nothing from the rings.
+        file = std::fopen(path.c_str(), "wb");
+        if (!file) return false;
+        try {
+            threads = detail::collect_trace(t, false);
+        } catch (...) {
+            std::fclose(file);
+            throw;
+        }
         capacity = t.capacity;
     }
-    std::FILE* file = std::fopen(path.c_str(), "wb");
-    if (!file) return false;
     const bool written = detail::write_trace(file, threads, true, capacity);
     return std::fclose(file) == 0 && written;
 }
