@@ -496,6 +496,111 @@ TEST_CASE("deadlock: no report for a cycle through a timed Mutex wait, which end
     CHECK(!contains(r.err, "lock-order deadlock"));
 }
 
+TEST_CASE("report: a fiber woken but not yet run is runnable, not parked on the wait that is over") {
+    Scheduler s(1, false, "one-busy");
+    s.start();
+    fsched::Channel<int> ch;
+    std::atomic<std::uint64_t> receiver{0};
+    std::atomic<bool> busy{false}, release{false};
+    s.schedule(fsched::ScheduleTask{nullptr, [&] {
+                                        receiver = fsched::this_fiber::id();
+                                        ch.receive();
+                                    },
+                                    -1, fsched::Priority::Normal, "woken-receiver"});
+    const std::string before = report_when([&](const std::string& r) {
+        return receiver != 0 && contains(report_line(r, receiver), "parked ");
+    });
+    CHECK(contains(report_line(before, receiver), ": parked "));
+    // The only worker runs a task that never waits; the receiver, woken now, stays queued.
+    s.schedule([&] {
+        busy = true;
+        while (!release) std::this_thread::sleep_for(1ms);
+    });
+    while (!busy) std::this_thread::sleep_for(1ms);
+    ch.send(7);  // a receiver waits: handed over at once
+    const std::string after = fsched::fiber_report();
+    release = true;
+    s.stop();
+    INFO(after);
+    const std::string line = report_line(after, receiver);
+    CHECK(contains(line, ": runnable (woken) from Channel receive 0x"));
+    CHECK(contains(line, ", parked "));
+    CHECK(contains(line, " ago; worker 0 of \"one-busy\""));
+    CHECK(!contains(line, ": parked "));
+}
+
+TEST_CASE("deadlock: a Mutex handed over to a fiber that has not run yet is no cycle of one") {
+    if (qemu_user) return;  // (see qemu_user)
+    test::ChildResult r = test::run_in_child([] {
+        fsched::detail::set_watch_timing(10ms, 0ms);
+        Scheduler s(1, false, "hand-off");
+        s.start();
+        fsched::Mutex mu;
+        fsched::WaitGroup locked(1);
+        std::atomic<bool> handed{false};
+        std::atomic<std::uint64_t> waiter{0};
+        s.schedule(fsched::ScheduleTask{nullptr, [&] {
+                                            mu.lock();
+                                            locked.done();
+                                            fsched::this_fiber::sleep_for(20ms);  // the waiter parks on mu
+                                            mu.unlock();  // wakes it, but it cannot run before we
+                                            mu.lock();    // take the mutex again
+                                            fsched::this_fiber::sleep_for(20ms);  // it fails, waits, starves
+                                            mu.unlock();  // starving: handed over to the waiter
+                                            handed = true;
+                                            std::this_thread::sleep_for(500ms);  // the only worker, never waiting
+                                        },
+                                        -1, fsched::Priority::Normal, "holder"});
+        s.schedule(fsched::ScheduleTask{nullptr, [&] {
+                                            waiter = fsched::this_fiber::id();
+                                            locked.wait();
+                                            mu.lock();
+                                            mu.unlock();
+                                        },
+                                        -1, fsched::Priority::Normal, "handed-waiter"});
+        while (!handed) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(100ms);  // the watch looks ten times meanwhile
+        const std::string line = report_line(fsched::fiber_report(), waiter);
+        std::fprintf(stderr, "WAITER LINE: %s\n", line.c_str());
+        s.stop();
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.err, "WAITER LINE: fiber "));
+    CHECK(contains(r.err, "(handed-waiter): runnable (woken) from Mutex 0x"));
+    CHECK(!contains(r.err, "lock-order deadlock"));
+}
+
+TEST_CASE("hang report: a hang_report_after shorter than the watch's period comes on time") {
+    if (qemu_user) return;  // (see qemu_user)
+    test::ChildResult r = test::run_in_child([] {
+#if defined(_WIN32)
+        _putenv_s("FIBER_SCHED_HANG_REPORT_S", " ");
+#else
+        unsetenv("FIBER_SCHED_HANG_REPORT_S");
+#endif
+        fsched::detail::set_watch_timing(1000ms, 1000ms);  // the default period
+        fsched::SchedulerOptions options;
+        options.threads = 1;
+        options.use_caller = false;
+        options.name = "short-hang";
+        options.hang_report_after = 150ms;
+        Scheduler s(options);
+        // stop() waits 900 ms: due at 150 ms, the report must not wait for the 1 s tick.
+        s.schedule(fsched::ScheduleTask{nullptr, [] { fsched::this_fiber::sleep_for(900ms); }, -1,
+                                        fsched::Priority::Normal, "short-sleeper"});
+        s.stop();
+        std::fprintf(stderr, "STOPPED\n");
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    const std::size_t at = r.err.find("fiber_sched: Scheduler \"short-hang\": stop() has waited ");
+    REQUIRE(at != std::string::npos);
+    CHECK(contains(r.err, "(short-sleeper): parked "));
+    CHECK(r.err.find("STOPPED") > at);
+}
+
 TEST_CASE("deadlock: no report for a mutex that is only contended") {
     if (qemu_user) return;  // (see qemu_user)
     test::ChildResult r = test::run_in_child([] {
@@ -564,7 +669,7 @@ TEST_CASE("hang report: FIBER_SCHED_HANG_REPORT_S prints the report once while s
 
 TEST_CASE("hang report: off without FIBER_SCHED_HANG_REPORT_S, and for a bad value") {
     if (qemu_user) return;  // (see qemu_user)
-    for (const char* value : {"", "0", "soon", "-3"}) {
+    for (const char* value : {"", "0", "soon", "-3", "1abc", "0.1 s"}) {
         test::ChildResult r = test::run_in_child([value] {
 #if defined(_WIN32)
             _putenv_s("FIBER_SCHED_HANG_REPORT_S", *value ? value : " ");

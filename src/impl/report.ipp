@@ -44,6 +44,7 @@ struct FiberSnapshot {
     FiberState state = FiberState::Ready;
     WaitReason kind = WaitReason::None;
     bool held = false;  // parked, and read under its hold: the fields below are its own
+    bool woken = false; // its wait is over (wake_fiber): it waits in a run queue
     const void* object = nullptr;
     std::string detail;
     std::string scheduler;
@@ -128,7 +129,11 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     hold.store(true, std::memory_order_seq_cst);
     s.state = life.load_seq_cst();
     s.held = is_parked(s.state);
-    if (s.held) s.kind = w.kind.load(std::memory_order_relaxed);  // this park's
+    if (s.held) {  // this park's
+        s.kind = w.kind.load(std::memory_order_relaxed);
+        // (A park that recorded no wait keeps the last wake's mark: it says nothing then.)
+        s.woken = s.kind != WaitReason::None && w.woken.load(std::memory_order_relaxed);
+    }
     if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's too
         s.object = w.object;
         if (s.kind == WaitReason::Other && w.word) s.detail = w.word;
@@ -230,7 +235,7 @@ std::string state_words(const FiberSnapshot& f) {
     case FiberState::RunningResumePending:
         return f.kind == WaitReason::Yield ? "runnable (yield)" : "running";
     case FiberState::Parked:
-    case FiberState::ParkedResumePending: return f.held ? "parked" : "running";
+    case FiberState::ParkedResumePending: return !f.held ? "running" : f.woken ? "runnable (woken)" : "parked";
     case FiberState::Term: return "finished";
     }
     return "";
@@ -306,6 +311,9 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
     line += ": " + state_words(f);
     if (f.held && f.kind == WaitReason::None) {
         line += " on an unnamed wait";  // a park no primitive recorded (detail::park by hand)
+    } else if (f.held && f.woken) {  // "runnable (woken) from Channel receive 0x..., parked 1.2 s ago"
+        line += " from " + wait_words(snap, f) + ", parked " + seconds(snap.taken_ns - f.since_ns) + " ago";
+        if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
     } else if (f.held) {
         line += " " + seconds(snap.taken_ns - f.since_ns) + " on " + wait_words(snap, f);
         if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
@@ -328,7 +336,8 @@ std::vector<std::vector<const FiberSnapshot*>> find_lock_cycles(const Snapshot& 
     auto waiting = [&](const FiberSnapshot* f) {
         const bool lock_wait = f && (f->kind == WaitReason::Mutex || f->kind == WaitReason::SharedMutex ||
                                      f->kind == WaitReason::SharedMutexShared);
-        return lock_wait && f->held && f->holder != 0 &&
+        // Woken, it waits for no one: a Mutex handed over to it names it as the holder.
+        return lock_wait && f->held && !f->woken && f->holder != 0 && f->holder != f->id &&
                (f->deadline_ns < 0 || f->deadline_ns == INT64_MAX) && snap.taken_ns - f->since_ns >= min_wait_ns;
     };
     for (const FiberSnapshot& start : snap.fibers) {
@@ -385,7 +394,7 @@ std::string format_report(const Snapshot& snap) {
         const std::string w = state_words(f);
         if (w == "running") {
             ++running;
-        } else if (w == "runnable (yield)") {
+        } else if (w == "runnable (yield)" || w == "runnable (woken)") {
             ++runnable;
         } else if (w == "parked") {
             ++parked;
@@ -419,6 +428,7 @@ struct WatchState {
     std::unordered_set<std::string> reported;    // cycles reported (never again)
     bool running = false;  // a watch thread runs (or is about to)
     bool quiesce = false;  // quiesce_watch(): the thread is to end now
+    bool hangs_changed = false;  // a stop() began watching: the next wake may come sooner
     // The running watch thread. One that ends by itself detaches itself; one that
     // quiesce_watch() ends is joined there, so that no thread of ours is still on its way out
     // at the fork() that follows (qemu-user aborts a child forked beside an exiting thread).
@@ -523,10 +533,20 @@ void look_for_hangs() {
 // starts another, or it sees the waiter and goes on.
 void watch_loop() noexcept {
     WatchState& w = watch_state();
+    auto last_deadlock_look = std::chrono::steady_clock::now();
     for (;;) {
+        std::chrono::milliseconds period;
         {
             std::unique_lock<std::mutex> lock(w.mutex);
-            w.wake.wait_for(lock, w.period, [&] { return w.quiesce; });
+            period = w.period;
+            // A period, or less when a stop()'s hang report is due sooner (hang_report_after
+            // under a second is kept to the millisecond, not to the period).
+            auto until = std::chrono::steady_clock::now() + w.period;
+            for (const HangWatchEntry* h : w.hangs) {
+                if (!h->reported && h->began + h->after < until) until = h->began + h->after;
+            }
+            w.wake.wait_until(lock, until, [&] { return w.quiesce || w.hangs_changed; });
+            w.hangs_changed = false;
             if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
                 watch_started.store(false, std::memory_order_seq_cst);
                 if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
@@ -547,7 +567,12 @@ void watch_loop() noexcept {
         }
         try {
             look_for_hangs();
-            if (mutex_waiters.load(std::memory_order_relaxed) > 0) look_for_deadlocks();
+            // Deadlocks once a period: a cycle is reported when a look finds it again.
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_deadlock_look >= period && mutex_waiters.load(std::memory_order_relaxed) > 0) {
+                last_deadlock_look = now;
+                look_for_deadlocks();
+            }
         } catch (...) {
             // Out of memory for a report: look again next time.
         }
@@ -596,11 +621,13 @@ public:
             std::lock_guard<std::mutex> lock(watch_state().mutex);
             try {
                 watch_state().hangs.push_back(&entry_);
+                watch_state().hangs_changed = true;
                 registered_ = true;
             } catch (...) {
                 return;
             }
         }
+        watch_state().wake.notify_all();  // a running watch counts this one's time
         ensure_watchdog();
     }
     ~HangWatch() {
@@ -624,7 +651,8 @@ std::chrono::milliseconds hang_report_from_environment() noexcept {
     if (!text || !*text) return std::chrono::milliseconds(0);
     char* end = nullptr;
     const double s = std::strtod(text, &end);
-    if (end == text || !(s > 0) || s > 1e9) return std::chrono::milliseconds(0);
+    while (end != text && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) ++end;
+    if (end == text || *end != '\0' || !(s > 0) || s > 1e9) return std::chrono::milliseconds(0);
     return std::chrono::milliseconds(static_cast<long long>(s * 1000));
 }
 
