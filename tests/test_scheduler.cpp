@@ -643,6 +643,12 @@ TEST_CASE("misuse of the Scheduler is a FIBER_SCHED_ASSERT naming the rule") {
             Scheduler s(1, false);
             s.schedule(std::function<int()>{});  // another signature, empty too
         }, "schedule(): the task has neither a fiber nor a callback");
+        FSCHED_CHECK_ABORTS_WITH([] {
+            Scheduler s(1, false);
+            fsched::ScheduleTask named;  // a name wraps no callback: still refused, not run
+            named.name = "nothing-to-run";
+            s.schedule(std::move(named));
+        }, "schedule(): the task has neither a fiber nor a callback");
     }
     SUBCASE("zero threads") {
         FSCHED_CHECK_ABORTS_WITH([] { Scheduler s(0, false); }, "Scheduler(): threads must be at least 1");

@@ -133,6 +133,8 @@ void Scheduler::name_task(detail::NewTask& task, const std::string& name) {
         detail::FiberAccess::set_task_name(*task.fiber, interned);
         return;
     }
+    // No callback either: left as it is, for submit()'s check (a wrapper would hide it).
+    if (!task.cb) return;
     task.cb = [interned, fn = std::move(task.cb)]() mutable {
         detail::FiberAccess::set_task_name(*detail::running_fiber(), interned);
         fn();
