@@ -69,10 +69,11 @@ struct SchedulerOptions {
     // construction; on Linux, one past the highest CPU this process may run on). Pinned
     // with pthread_setaffinity_np on Linux and SetThreadAffinityMask on Windows (processor
     // group 0); on macOS and the BSDs, which have no pinning here, the list is checked and
-    // otherwise ignored (unchecked: not run here). A thread that cannot be pinned (a CPU
-    // outside the process's affinity mask) runs unpinned, and a std::system_error saying so
-    // goes to the exception handler. The use_caller thread (worker 0 with use_caller) is
-    // never pinned: it is the user's thread.
+    // otherwise ignored (unchecked: not run here). A thread that cannot be pinned (a CPU the
+    // kernel does not allow the process: outside its cgroup's cpuset, or offline; a CPU
+    // outside the mask it was started with, by taskset say, is allowed and pinned to) runs
+    // unpinned, and a std::system_error saying so goes to the exception handler. The
+    // use_caller thread (worker 0 with use_caller) is never pinned: it is the user's thread.
     std::vector<int> cpu_affinity;
     // stop() prints fiber_report() to stderr, once, when it has waited this long for the
     // tasks to finish (0: as FIBER_SCHED_HANG_REPORT_S says, in seconds; unset: never).
@@ -157,13 +158,19 @@ TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
                                                     : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
 
-// `t` as a steady_clock time: exact for steady_clock, else measured from Clock::now(). A
-// time far in the past is now and one far in the future is TimePoint::max(): `t - now` is
-// taken exactly only once it is known to fit (time_point::min() - now overflows).
+// `t` as a steady_clock time: exact for steady_clock (rounded up from a floating or finer
+// duration, never early), else measured from Clock::now(). A time far in the past is now
+// and one far in the future is TimePoint::max(): `t - now` is taken exactly only once it is
+// known to fit (time_point::min() - now overflows), and a steady time of a coarser duration
+// (time_point<steady_clock, seconds>::max()) is converted only once it is known to fit.
 template <class Clock, class Duration>
 TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
     if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
-        return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
+        using Seconds = std::chrono::duration<long double>;
+        const Seconds at = Seconds(t.time_since_epoch());
+        if (!(at < Seconds((TimePoint::max)().time_since_epoch()))) return (TimePoint::max)();  // NaN too
+        if (!(at > Seconds((TimePoint::min)().time_since_epoch()))) return clock_now();
+        return TimePoint(std::chrono::ceil<std::chrono::steady_clock::duration>(t.time_since_epoch()));
     } else {
         using Seconds = std::chrono::duration<double>;
         const auto now = Clock::now();

@@ -185,6 +185,16 @@ private:
     Waiter* tail_ = nullptr;
 };
 
+// For a primitive's destructor: true when no fiber or thread waits on it (a waiter lives on
+// its waiter's stack, and would be woken through freed memory). Takes the primitive's lock
+// once, so that a notifier on another thread has let go of the primitive first.
+inline bool no_waiters_left(SpinLock& lock, const WaitList& a, const WaitList* b = nullptr) noexcept {
+    lock.lock();
+    const bool idle = a.empty() && (!b || b->empty());
+    lock.unlock();
+    return idle;
+}
+
 // Blocks the caller, whose Waiter `w` is already published where notifiers find it, under
 // `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
 // lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
@@ -340,7 +350,9 @@ private:
 class ConditionVariable {
 public:
     ConditionVariable() = default;
-    ~ConditionVariable() = default;
+    ~ConditionVariable() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~ConditionVariable(): fibers or threads still wait on it");
+    }
     ConditionVariable(const ConditionVariable&) = delete;
     ConditionVariable& operator=(const ConditionVariable&) = delete;
 
@@ -393,6 +405,9 @@ public:
     explicit WaitGroup(std::int64_t initial = 0);
     WaitGroup(const WaitGroup&) = delete;
     WaitGroup& operator=(const WaitGroup&) = delete;
+    ~WaitGroup() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~WaitGroup(): fibers or threads still wait on it");
+    }
 
     // Adds n (may be negative); waking the waiters when it reaches zero. The counter must
     // not go below zero.
@@ -433,7 +448,9 @@ public:
     explicit Channel(std::size_t capacity = 0) : capacity_(capacity) {}
     Channel(const Channel&) = delete;
     Channel& operator=(const Channel&) = delete;
-    ~Channel() = default;
+    ~Channel() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, senders_, &receivers_) && "~Channel(): fibers or threads still wait on it");
+    }
 
     // Sends `value`, blocking while the buffer is full (or, unbuffered, until a receiver
     // takes it). Returns false, dropping the value, once the channel is closed. If moving

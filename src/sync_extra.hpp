@@ -31,6 +31,9 @@ public:
     explicit Semaphore(std::ptrdiff_t initial);
     Semaphore(const Semaphore&) = delete;
     Semaphore& operator=(const Semaphore&) = delete;
+    ~Semaphore() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Semaphore(): fibers or threads still wait on it");
+    }
 
     // The largest count (std::counting_semaphore::max()). (Parenthesised: <windows.h>'s max.)
     static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
@@ -70,6 +73,9 @@ public:
     explicit Latch(std::ptrdiff_t count);
     Latch(const Latch&) = delete;
     Latch& operator=(const Latch&) = delete;
+    ~Latch() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Latch(): fibers or threads still wait on it");
+    }
 
     // The largest count (std::latch::max()).
     static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
@@ -105,6 +111,9 @@ public:
     explicit Barrier(std::ptrdiff_t count, std::function<void()> completion = {});
     Barrier(const Barrier&) = delete;
     Barrier& operator=(const Barrier&) = delete;
+    ~Barrier() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Barrier(): fibers or threads still wait on it");
+    }
 
     static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
 
@@ -183,6 +192,9 @@ public:
     explicit Event(Mode mode = Mode::Auto, bool initially_set = false);
     Event(const Event&) = delete;
     Event& operator=(const Event&) = delete;
+    ~Event() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Event(): fibers or threads still wait on it");
+    }
 
     // Sets the event (Auto: or hands it to the longest waiter).
     void signal();
@@ -231,6 +243,9 @@ public:
     ConditionVariableAny() = default;
     ConditionVariableAny(const ConditionVariableAny&) = delete;
     ConditionVariableAny& operator=(const ConditionVariableAny&) = delete;
+    ~ConditionVariableAny() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~ConditionVariableAny(): fibers or threads still wait on it");
+    }
 
     // Wakes the longest waiter, if any.
     void notify_one();

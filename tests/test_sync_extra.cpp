@@ -1351,3 +1351,116 @@ TEST_CASE("timed waits until a far past or far future time of another clock neit
         s.stop();
     }
 }
+
+TEST_CASE("timed waits until a steady_clock time of a coarser or floating duration near its max() block") {
+    using std::chrono::steady_clock;
+    using Seconds = std::chrono::time_point<steady_clock, std::chrono::seconds>;
+    using Micros = std::chrono::time_point<steady_clock, std::chrono::microseconds>;
+    using Floating = std::chrono::time_point<steady_clock, std::chrono::duration<double>>;
+    auto body = [] {
+        // Each is "no deadline": it returns true once released (it used to overflow into the
+        // past and return false at once).
+        Semaphore sem(0);
+        Event event;
+        std::thread releaser([&] {
+            std::this_thread::sleep_for(20ms);
+            sem.release(2);
+            event.signal();
+        });
+        CHECK(sem.try_acquire_until((Seconds::max)()));
+        CHECK(sem.try_acquire_until((Floating::max)()));
+        CHECK(event.wait_until((Micros::max)()));
+        releaser.join();
+        // A floating time is rounded up, never early.
+        Semaphore none(0);
+        const auto start = steady_clock::now();
+        const Floating soon = Floating(std::chrono::duration<double>(start.time_since_epoch()) +
+                                       std::chrono::duration<double>(0.0300000001));
+        CHECK(!none.try_acquire_until(soon));
+        CHECK(steady_clock::now() >= soon);
+    };
+    SUBCASE("a plain thread") { body(); }
+    SUBCASE("a task") {
+        Scheduler s(2, false);
+        s.start();
+        fsched::WaitGroup done(1);
+        s.schedule([&] {
+            body();
+            done.done();
+        });
+        done.wait();
+        s.stop();
+    }
+}
+
+TEST_CASE("destroying a primitive that a thread or fiber still waits on is a FIBER_SCHED_ASSERT") {
+    // The waiter (a plain thread, parked for good) lives on; the primitive goes away under it.
+    auto destroyed_under = [](auto make, auto wait) {
+        auto* primitive = make();
+        std::atomic<bool> started{false};
+        std::thread([&] {
+            started = true;
+            wait(*primitive);
+        }).detach();
+        while (!started) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(50ms);  // it waits now
+        delete primitive;
+    };
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new Semaphore(0); }, [](Semaphore& p) { p.acquire(); });
+    }, "~Semaphore(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new Latch(1); }, [](Latch& p) { p.wait(); });
+    }, "~Latch(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new Barrier(2); }, [](Barrier& p) { p.arrive_and_wait(); });
+    }, "~Barrier(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new Event(); }, [](Event& p) { p.wait(); });
+    }, "~Event(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        static Mutex m;
+        destroyed_under([] { return new ConditionVariableAny(); }, [](ConditionVariableAny& p) {
+            std::unique_lock<Mutex> lock(m);
+            p.wait(lock);
+        });
+    }, "~ConditionVariableAny(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        static Mutex m;
+        destroyed_under([] { return new fsched::ConditionVariable(); }, [](fsched::ConditionVariable& p) {
+            std::unique_lock<Mutex> lock(m);
+            p.wait(lock);
+        });
+    }, "~ConditionVariable(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new fsched::WaitGroup(1); }, [](fsched::WaitGroup& p) { p.wait(); });
+    }, "~WaitGroup(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new fsched::Channel<int>(); }, [](fsched::Channel<int>& p) { p.receive(); });
+    }, "~Channel(): fibers or threads still wait on it");
+    FSCHED_CHECK_ABORTS_WITH([&] {
+        destroyed_under([] { return new fsched::Channel<int>(); }, [](fsched::Channel<int>& p) { p.send(1); });
+    }, "~Channel(): fibers or threads still wait on it");
+    // A fiber waiting, in a scheduler: the same.
+    FSCHED_CHECK_ABORTS_WITH([] {
+        Scheduler s(1, false);
+        s.start();
+        auto* sem = new Semaphore(0);
+        std::atomic<bool> started{false};
+        s.schedule([&] {
+            started = true;
+            sem->acquire();
+        });
+        while (!started) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(50ms);
+        delete sem;
+    }, "~Semaphore(): fibers or threads still wait on it");
+    // Released, then destroyed at once by the last user: fine (the releaser has let go).
+    for (int i = 0; i < 200; ++i) {
+        auto* sem = new Semaphore(0);
+        std::thread waiter([sem] { sem->acquire(); });
+        sem->release();
+        waiter.join();
+        delete sem;
+    }
+}
