@@ -966,7 +966,10 @@ class Fiber;
 
 // Callbacks for a profiler (Tracy, a custom one). Each may be null. Called on the thread
 // concerned, synchronously, from inside the scheduler: keep them short, and do not block,
-// switch fibers or call back into the scheduler from them.
+// switch fibers or call back into the scheduler from them. A callback task's name
+// (ScheduleTask::name) is given to its fiber as the task starts, inside the fiber: that
+// fiber's on_create and its first on_switch_in see it unnamed (name_c_str() null). Name a
+// Fiber before it is scheduled to have the name from its first hook.
 struct Hooks {
     // A fiber has been made (also: a pooled callback fiber is given to a new task, which
     // makes it a new fiber with a new id). On the creating thread.
@@ -1076,11 +1079,14 @@ struct WaitOps {
     std::uint64_t (*holder)(const void* object) noexcept = nullptr;
 };
 
-// Only `kind` is initialised: note_wait() writes every other field before it sets a kind
+// Only `kind` and `woken` are initialised: note_wait() writes every other field before it sets a kind
 // other than None, and the report reads them only then (a Fiber's constructor is spared
 // nine stores).
 struct WaitRecord {
     std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
+    // Set by wake_fiber() (the wait is over; the fiber waits in a run queue), cleared by
+    // note_wait(). Relaxed: the report reads it under its hold, as the fields below.
+    std::atomic<bool> woken{false};
     const char* word;                            // WaitReason::Other's word (a string literal)
     const void* object;                          // the primitive waited on, or nullptr
     const WaitOps* ops;                          // what the report may ask it, or nullptr
@@ -1610,10 +1616,11 @@ struct SchedulerOptions {
     // construction; on Linux, one past the highest CPU this process may run on). Pinned
     // with pthread_setaffinity_np on Linux and SetThreadAffinityMask on Windows (processor
     // group 0); on macOS and the BSDs, which have no pinning here, the list is checked and
-    // otherwise ignored (unchecked: not run here). A thread that cannot be pinned (a CPU
-    // outside the process's affinity mask) runs unpinned, and a std::system_error saying so
-    // goes to the exception handler. The use_caller thread (worker 0 with use_caller) is
-    // never pinned: it is the user's thread.
+    // otherwise ignored (unchecked: not run here). A thread that cannot be pinned (a CPU the
+    // kernel does not allow the process: outside its cgroup's cpuset, or offline; a CPU
+    // outside the mask it was started with, by taskset say, is allowed and pinned to) runs
+    // unpinned, and a std::system_error saying so goes to the exception handler. The
+    // use_caller thread (worker 0 with use_caller) is never pinned: it is the user's thread.
     std::vector<int> cpu_affinity;
     // stop() prints fiber_report() to stderr, once, when it has waited this long for the
     // tasks to finish (0: as FIBER_SCHED_HANG_REPORT_S says, in seconds; unset: never).
@@ -1698,13 +1705,19 @@ TimePoint deadline_after(const std::chrono::duration<Rep, Period>& d) {
                                                     : now + std::chrono::duration_cast<steady_clock::duration>(d);
 }
 
-// `t` as a steady_clock time: exact for steady_clock, else measured from Clock::now(). A
-// time far in the past is now and one far in the future is TimePoint::max(): `t - now` is
-// taken exactly only once it is known to fit (time_point::min() - now overflows).
+// `t` as a steady_clock time: exact for steady_clock (rounded up from a floating or finer
+// duration, never early), else measured from Clock::now(). A time far in the past is now
+// and one far in the future is TimePoint::max(): `t - now` is taken exactly only once it is
+// known to fit (time_point::min() - now overflows), and a steady time of a coarser duration
+// (time_point<steady_clock, seconds>::max()) is converted only once it is known to fit.
 template <class Clock, class Duration>
 TimePoint to_steady(const std::chrono::time_point<Clock, Duration>& t) {
     if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
-        return std::chrono::time_point_cast<std::chrono::steady_clock::duration>(t);
+        using Seconds = std::chrono::duration<long double>;
+        const Seconds at = Seconds(t.time_since_epoch());
+        if (!(at < Seconds((TimePoint::max)().time_since_epoch()))) return (TimePoint::max)();  // NaN too
+        if (!(at > Seconds((TimePoint::min)().time_since_epoch()))) return clock_now();
+        return TimePoint(std::chrono::ceil<std::chrono::steady_clock::duration>(t.time_since_epoch()));
     } else {
         using Seconds = std::chrono::duration<double>;
         const auto now = Clock::now();
@@ -2112,6 +2125,16 @@ private:
     Waiter* tail_ = nullptr;
 };
 
+// For a primitive's destructor: true when no fiber or thread waits on it (a waiter lives on
+// its waiter's stack, and would be woken through freed memory). Takes the primitive's lock
+// once, so that a notifier on another thread has let go of the primitive first.
+inline bool no_waiters_left(SpinLock& lock, const WaitList& a, const WaitList* b = nullptr) noexcept {
+    lock.lock();
+    const bool idle = a.empty() && (!b || b->empty());
+    lock.unlock();
+    return idle;
+}
+
 // Blocks the caller, whose Waiter `w` is already published where notifiers find it, under
 // `lock` (held), until it is notified (true) or `deadline` passes (false; then, under the
 // lock, unlink(context, w) takes it out of wherever it was published). Releases `lock`.
@@ -2267,7 +2290,9 @@ private:
 class ConditionVariable {
 public:
     ConditionVariable() = default;
-    ~ConditionVariable() = default;
+    ~ConditionVariable() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~ConditionVariable(): fibers or threads still wait on it");
+    }
     ConditionVariable(const ConditionVariable&) = delete;
     ConditionVariable& operator=(const ConditionVariable&) = delete;
 
@@ -2320,6 +2345,9 @@ public:
     explicit WaitGroup(std::int64_t initial = 0);
     WaitGroup(const WaitGroup&) = delete;
     WaitGroup& operator=(const WaitGroup&) = delete;
+    ~WaitGroup() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~WaitGroup(): fibers or threads still wait on it");
+    }
 
     // Adds n (may be negative); waking the waiters when it reaches zero. The counter must
     // not go below zero.
@@ -2360,7 +2388,9 @@ public:
     explicit Channel(std::size_t capacity = 0) : capacity_(capacity) {}
     Channel(const Channel&) = delete;
     Channel& operator=(const Channel&) = delete;
-    ~Channel() = default;
+    ~Channel() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, senders_, &receivers_) && "~Channel(): fibers or threads still wait on it");
+    }
 
     // Sends `value`, blocking while the buffer is full (or, unbuffered, until a receiver
     // takes it). Returns false, dropping the value, once the channel is closed. If moving
@@ -2691,6 +2721,9 @@ public:
     explicit Semaphore(std::ptrdiff_t initial);
     Semaphore(const Semaphore&) = delete;
     Semaphore& operator=(const Semaphore&) = delete;
+    ~Semaphore() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Semaphore(): fibers or threads still wait on it");
+    }
 
     // The largest count (std::counting_semaphore::max()). (Parenthesised: <windows.h>'s max.)
     static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
@@ -2730,6 +2763,9 @@ public:
     explicit Latch(std::ptrdiff_t count);
     Latch(const Latch&) = delete;
     Latch& operator=(const Latch&) = delete;
+    ~Latch() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Latch(): fibers or threads still wait on it");
+    }
 
     // The largest count (std::latch::max()).
     static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
@@ -2765,6 +2801,9 @@ public:
     explicit Barrier(std::ptrdiff_t count, std::function<void()> completion = {});
     Barrier(const Barrier&) = delete;
     Barrier& operator=(const Barrier&) = delete;
+    ~Barrier() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Barrier(): fibers or threads still wait on it");
+    }
 
     static constexpr std::ptrdiff_t(max)() noexcept { return PTRDIFF_MAX; }
 
@@ -2843,6 +2882,9 @@ public:
     explicit Event(Mode mode = Mode::Auto, bool initially_set = false);
     Event(const Event&) = delete;
     Event& operator=(const Event&) = delete;
+    ~Event() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~Event(): fibers or threads still wait on it");
+    }
 
     // Sets the event (Auto: or hands it to the longest waiter).
     void signal();
@@ -2891,6 +2933,9 @@ public:
     ConditionVariableAny() = default;
     ConditionVariableAny(const ConditionVariableAny&) = delete;
     ConditionVariableAny& operator=(const ConditionVariableAny&) = delete;
+    ~ConditionVariableAny() {
+        FIBER_SCHED_ASSERT(detail::no_waiters_left(lock_, waiters_) && "~ConditionVariableAny(): fibers or threads still wait on it");
+    }
 
     // Wakes the longest waiter, if any.
     void notify_one();
@@ -4023,12 +4068,14 @@ void stop();
 // The flight recorder: keeps the newest `events_per_worker` events of each thread in memory
 // and writes nothing until dump(), or until a hang report (FIBER_SCHED_HANG_REPORT_S,
 // SchedulerOptions::hang_report_after), which writes them to fiber_sched-hang-<pid>-<n>.json
-// in the current directory and names the file. False when `events_per_worker` is 0 or a
-// recording or a ring is already on. stop() ends it.
+// in the current directory and names the file. False when `events_per_worker` is 0, is more
+// than memory can hold once, or a recording or a ring is already on. stop() ends it. A
+// thread that has exited keeps its ring for later dumps (the newest 64 exited threads).
 bool start_ring(std::size_t events_per_worker);
 // Writes what the ring holds now (and the slice each thread is running) to `path` as Chrome
-// Trace Event JSON; the ring goes on recording. False when no ring is on or `path` cannot be
-// opened.
+// Trace Event JSON; the ring goes on recording, and a dump takes nothing from it. False when
+// no ring is on or `path` cannot be opened (then nothing is read). Names that are not UTF-8
+// are written with U+FFFD for each byte that is not, here and in start()'s file.
 bool dump(const std::string& path);
 
 }  // namespace trace
@@ -4037,6 +4084,9 @@ namespace detail {
 // For tests: the cap start() gives each thread's buffer; 0 (the default) reads
 // FIBER_SCHED_TRACE_MAX_EVENTS, else 1,000,000. Read by the next start().
 void set_trace_max_events(std::size_t events);
+// FIBER_SCHED_TRACE_MAX_EVENTS's reading of `text`: a count of decimal digits only, above 0;
+// 0 for anything else (a sign, a suffix, nothing, garbage). For tests.
+std::size_t parse_event_count(const char* text) noexcept;
 }  // namespace detail
 }  // namespace fsched
 // ---- end src/trace.hpp ----
@@ -4546,7 +4596,7 @@ void name_thread(const std::string& base, int index) noexcept;
 // processors of group 0 (at most 64); elsewhere, the CPUs online.
 int cpu_limit() noexcept;
 // Pins the calling thread to CPU `cpu` (0 .. cpu_limit() - 1). False, with the reason in
-// `error`, when the OS refuses (a CPU outside the process's affinity mask) or cannot pin at
+// `error`, when the OS refuses (a CPU outside the process's cpuset, or offline) or cannot pin at
 // all: macOS (thread affinity there is a hint by tag, not a CPU) and the BSDs (not written
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
@@ -7062,8 +7112,12 @@ Fiber::ptr Fiber::current_ptr() {
 // between threads). The owning thread takes the buffer's spin lock for each event; stop()
 // and dump() take it only to drain, so the lock is uncontended, and stop() while fibers
 // switch neither races nor frees what a recorder holds: the list owns every buffer, and
-// frees one only after its thread has exited (TraceThreadExit marks it) and a stop() or
-// dump() has collected it.
+// frees one only after its thread has exited (TraceThreadExit marks it) and a stop() has
+// collected it (or a new session starts). A ring keeps the buffers of its newest 64 exited
+// threads for dump(), which copies and never takes; older ones go when a thread registers
+// or a dump runs. A slice's fiber is never read through the buffer (only its id and the
+// name it had as the slice opened): once stop() has cleared the trace bit, a fiber that
+// switches out takes no lock here and may be freed while its slice still shows open.
 //
 // A slice is opened at switch-in and closed at switch-out, both on the resumer's thread
 // (run_claimed), and the hooks' calls switch a resumer out around the fiber it resumes, so
@@ -7115,8 +7169,9 @@ struct TraceBuffer {
     bool ring = false;
     std::uint64_t dropped = 0;            // a recording: events not kept; a ring: overwritten
     std::chrono::steady_clock::time_point origin;
-    const Fiber* open_fiber = nullptr;    // the slice running now, nullptr: none
+    const Fiber* open_fiber = nullptr;    // the slice running now, nullptr: none (compared, never read)
     std::uint64_t open_id = 0;
+    const char* open_name = nullptr;      // its name when the slice opened (interned)
     std::int64_t open_begin = 0;
     std::string thread_name;
     const Scheduler* named_for = nullptr; // the scheduler thread_name names; nullptr: none
@@ -7152,6 +7207,7 @@ struct TraceBuffer {
     void open_slice(const Fiber& fiber, std::int64_t at) noexcept {
         open_fiber = &fiber;
         open_id = fiber.id();
+        open_name = fiber.name_c_str();
         open_begin = at;
     }
 
@@ -7231,6 +7287,34 @@ struct TraceThreadExit {
     }
 };
 
+// How many exited threads' rings a flight recorder keeps for dump() (the newest exits).
+constexpr std::size_t trace_kept_exited_rings = 64;
+
+// Frees the buffers of exited threads but the `keep` that registered last. REQUIRES(t.mutex);
+// each buffer's lock is taken.
+void forget_exited_threads(Tracer& t, std::size_t keep) {
+    std::vector<bool> gone(t.buffers.size());
+    std::size_t exited = 0;
+    for (std::size_t i = 0; i < t.buffers.size(); ++i) {
+        TraceBuffer& buffer = *t.buffers[i];
+        buffer.lock.lock();
+        gone[i] = buffer.thread_exited;
+        buffer.lock.unlock();
+        exited += gone[i] ? 1 : 0;
+    }
+    if (exited <= keep) return;
+    std::size_t to_free = exited - keep, kept = 0;
+    for (std::size_t i = 0; i < t.buffers.size(); ++i) {
+        if (gone[i] && to_free > 0) {
+            --to_free;
+            t.buffers[i].reset();
+        } else {
+            t.buffers[kept++] = std::move(t.buffers[i]);
+        }
+    }
+    t.buffers.resize(kept);
+}
+
 // A worker's name ("<scheduler> worker <i>") when this thread is one now. REQUIRES(buffer.lock)
 // or a buffer not yet shared.
 void name_worker_thread(TraceBuffer& buffer) {
@@ -7245,6 +7329,8 @@ FIBER_SCHED_NOINLINE TraceBuffer* register_trace_buffer() noexcept {
     std::lock_guard<std::mutex> lock(t.mutex);
     if (!t.on) return nullptr;
     try {
+        // A ring keeps exited threads' buffers for dump(), a bounded number of them.
+        if (t.ring) forget_exited_threads(t, trace_kept_exited_rings);
         static thread_local TraceThreadExit exit_guard;  // constructed here: runs at thread exit
         (void)exit_guard;
         auto buffer = std::make_unique<TraceBuffer>();
@@ -7275,27 +7361,24 @@ const char* switch_out_reason(const Fiber& fiber) noexcept { return FiberAccess:
 std::size_t trace_max_events(const Tracer& t) {
     if (t.max_events_override) return t.max_events_override;
     if (const char* text = std::getenv("FIBER_SCHED_TRACE_MAX_EVENTS")) {
-        char* end = nullptr;
-        const unsigned long long value = std::strtoull(text, &end, 10);
-        if (end != text && *end == '\0' && value > 0) return static_cast<std::size_t>(value);
+        if (const std::size_t value = parse_event_count(text)) return value;
     }
     return default_trace_max_events;
 }
 
-// Frees the buffers of exited threads. REQUIRES(t.mutex); each buffer's lock is taken.
-void forget_exited_threads(Tracer& t) {
-    auto exited = [](const std::unique_ptr<TraceBuffer>& buffer) {
-        buffer->lock.lock();
-        const bool gone = buffer->thread_exited;
-        buffer->lock.unlock();
-        return gone;
-    };
-    t.buffers.erase(std::remove_if(t.buffers.begin(), t.buffers.end(), exited), t.buffers.end());
-}
-
 // REQUIRES(t.mutex), !t.on. False when a ring's memory cannot be had.
 bool begin_trace_session(Tracer& t, std::size_t capacity, bool ring) {
-    forget_exited_threads(t);
+    forget_exited_threads(t, 0);
+    // A ring's memory is reserved for each thread as it first records: refuse a size that
+    // cannot be had even once, rather than start a ring that records nothing.
+    if (ring) {
+        try {
+            std::vector<TraceEvent> probe;
+            probe.reserve(capacity);
+        } catch (...) {
+            return false;
+        }
+    }
     const auto origin = std::chrono::steady_clock::now();
     for (auto& buffer : t.buffers) {
         std::vector<TraceEvent> storage;
@@ -7318,7 +7401,8 @@ bool begin_trace_session(Tracer& t, std::size_t capacity, bool ring) {
 }
 
 // Copies (a ring's dump) or takes (stop()) every buffer's events, in order, with the slice
-// each thread runs now, then forgets exited threads. REQUIRES(t.mutex).
+// each thread runs now. stop() then forgets exited threads; a dump keeps the rings of the
+// newest trace_kept_exited_rings of them, so that a later dump shows them too. REQUIRES(t.mutex).
 std::vector<ThreadTrace> collect_trace(Tracer& t, bool take) {
     std::vector<ThreadTrace> threads;
     for (auto& buffer : t.buffers) {
@@ -7329,11 +7413,13 @@ std::vector<ThreadTrace> collect_trace(Tracer& t, bool take) {
         const bool has_open = buffer->open_fiber != nullptr;
         TraceEvent running;
         if (has_open) {
-            // The fiber cannot be gone: its switch-out needs this lock to close the slice.
+            // Its name as the slice opened: the fiber itself may be gone by now. stop() has
+            // cleared the trace bit, and a fiber switching out after that takes no lock here
+            // and may end and be freed while its slice is still open in this buffer.
             running.begin = buffer->open_begin;
             running.end = buffer->now();
             running.fiber = buffer->open_id;
-            running.name = buffer->open_fiber->name_c_str();
+            running.name = buffer->open_name;
             running.ended = "running";
         }
         const std::size_t split = buffer->ring_next;
@@ -7358,25 +7444,60 @@ std::vector<ThreadTrace> collect_trace(Tracer& t, bool take) {
         if (has_open) thread.events.push_back(running);
         if (!thread.events.empty() || thread.dropped) threads.push_back(std::move(thread));
     }
-    forget_exited_threads(t);
+    forget_exited_threads(t, take ? 0 : trace_kept_exited_rings);
     return threads;
 }
 
 // --- the JSON writer ------------------------------------------------------------------
 
+// The length of the well-formed UTF-8 sequence at `c` (1 to 4), or 0 when it is not one
+// (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short).
+std::size_t utf8_sequence_length(const unsigned char* c) noexcept {
+    if (c[0] < 0x80) return 1;
+    std::size_t n;
+    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c[0] >= 0xC2 && c[0] <= 0xDF) {
+        n = 2;
+    } else if (c[0] >= 0xE0 && c[0] <= 0xEF) {
+        n = 3;
+        if (c[0] == 0xE0) lo = 0xA0;  // no overlong forms
+        if (c[0] == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c[0] >= 0xF0 && c[0] <= 0xF4) {
+        n = 4;
+        if (c[0] == 0xF0) lo = 0x90;
+        if (c[0] == 0xF4) hi = 0x8F;  // up to U+10FFFF
+    } else {
+        return 0;
+    }
+    if (c[1] < lo || c[1] > hi) return 0;
+    for (std::size_t i = 2; i < n; ++i) {
+        if (c[i] < 0x80 || c[i] > 0xBF) return 0;  // a NUL ends the walk here too
+    }
+    return n;
+}
+
+// A JSON string: JSON text is UTF-8, so a byte that is not part of a well-formed sequence
+// (a name is any bytes the user gave) is written as U+FFFD, the replacement character.
 void append_json_string(std::string& out, const char* text) {
     out += '"';
-    for (const char* c = text; *c; ++c) {
-        const unsigned char ch = static_cast<unsigned char>(*c);
+    const auto* c = reinterpret_cast<const unsigned char*>(text);
+    while (*c) {
+        const unsigned char ch = *c;
         if (ch == '"' || ch == '\\') {
             out += '\\';
-            out += *c;
+            out += static_cast<char>(ch);
+            ++c;
         } else if (ch < 0x20) {
             char escaped[8];
             std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
             out += escaped;
+            ++c;
+        } else if (const std::size_t n = utf8_sequence_length(c)) {
+            out.append(reinterpret_cast<const char*>(c), n);
+            c += n;
         } else {
-            out += *c;
+            out += "\\ufffd";
+            ++c;
         }
     }
     out += '"';
@@ -7599,6 +7720,16 @@ void trace_wake(const Fiber& woken, const Fiber* by) noexcept {
     buffer->lock.unlock();
 }
 
+std::size_t parse_event_count(const char* text) noexcept {
+    // Digits only: strtoull would take "-1" for the largest value, and skip leading spaces.
+    if (!text || text[0] < '0' || text[0] > '9') return 0;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text, &end, 10);
+    if (*end != '\0' || errno == ERANGE || static_cast<unsigned long long>(static_cast<std::size_t>(value)) != value) return 0;
+    return static_cast<std::size_t>(value);
+}
+
 void set_trace_max_events(std::size_t events) {
     Tracer& t = tracer();
     std::lock_guard<std::mutex> lock(t.mutex);
@@ -7656,14 +7787,21 @@ bool dump(const std::string& path) {
     detail::Tracer& t = detail::tracer();
     std::vector<detail::ThreadTrace> threads;
     std::size_t capacity = 0;
+    std::FILE* file = nullptr;
     {
         std::lock_guard<std::mutex> lock(t.mutex);
         if (!t.on || !t.ring) return false;
-        threads = detail::collect_trace(t, false);
+        // Opened first: a dump that cannot write takes nothing from the rings.
+        file = std::fopen(path.c_str(), "wb");
+        if (!file) return false;
+        try {
+            threads = detail::collect_trace(t, false);
+        } catch (...) {
+            std::fclose(file);
+            throw;
+        }
         capacity = t.capacity;
     }
-    std::FILE* file = std::fopen(path.c_str(), "wb");
-    if (!file) return false;
     const bool written = detail::write_trace(file, threads, true, capacity);
     return std::fclose(file) == 0 && written;
 }
@@ -7806,6 +7944,8 @@ void Scheduler::name_task(detail::NewTask& task, const std::string& name) {
         detail::FiberAccess::set_task_name(*task.fiber, interned);
         return;
     }
+    // No callback either: left as it is, for submit()'s check (a wrapper would hide it).
+    if (!task.cb) return;
     task.cb = [interned, fn = std::move(task.cb)]() mutable {
         detail::FiberAccess::set_task_name(*detail::running_fiber(), interned);
         fn();
@@ -8251,6 +8391,7 @@ void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
                              : -1;
     w.a = a;
     w.b = b;
+    w.woken.store(false, std::memory_order_relaxed);
     w.kind.store(kind, std::memory_order_relaxed);
 }
 
@@ -8303,6 +8444,7 @@ struct FiberSnapshot {
     FiberState state = FiberState::Ready;
     WaitReason kind = WaitReason::None;
     bool held = false;  // parked, and read under its hold: the fields below are its own
+    bool woken = false; // its wait is over (wake_fiber): it waits in a run queue
     const void* object = nullptr;
     std::string detail;
     std::string scheduler;
@@ -8387,7 +8529,11 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     hold.store(true, std::memory_order_seq_cst);
     s.state = life.load_seq_cst();
     s.held = is_parked(s.state);
-    if (s.held) s.kind = w.kind.load(std::memory_order_relaxed);  // this park's
+    if (s.held) {  // this park's
+        s.kind = w.kind.load(std::memory_order_relaxed);
+        // (A park that recorded no wait keeps the last wake's mark: it says nothing then.)
+        s.woken = s.kind != WaitReason::None && w.woken.load(std::memory_order_relaxed);
+    }
     if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's too
         s.object = w.object;
         if (s.kind == WaitReason::Other && w.word) s.detail = w.word;
@@ -8489,7 +8635,7 @@ std::string state_words(const FiberSnapshot& f) {
     case FiberState::RunningResumePending:
         return f.kind == WaitReason::Yield ? "runnable (yield)" : "running";
     case FiberState::Parked:
-    case FiberState::ParkedResumePending: return f.held ? "parked" : "running";
+    case FiberState::ParkedResumePending: return !f.held ? "running" : f.woken ? "runnable (woken)" : "parked";
     case FiberState::Term: return "finished";
     }
     return "";
@@ -8565,6 +8711,9 @@ std::string fiber_line(const Snapshot& snap, const FiberSnapshot& f) {
     line += ": " + state_words(f);
     if (f.held && f.kind == WaitReason::None) {
         line += " on an unnamed wait";  // a park no primitive recorded (detail::park by hand)
+    } else if (f.held && f.woken) {  // "runnable (woken) from Channel receive 0x..., parked 1.2 s ago"
+        line += " from " + wait_words(snap, f) + ", parked " + seconds(snap.taken_ns - f.since_ns) + " ago";
+        if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
     } else if (f.held) {
         line += " " + seconds(snap.taken_ns - f.since_ns) + " on " + wait_words(snap, f);
         if (!f.scheduler.empty()) append(line, "; worker %d of \"%s\"", f.worker, f.scheduler.c_str());
@@ -8587,7 +8736,8 @@ std::vector<std::vector<const FiberSnapshot*>> find_lock_cycles(const Snapshot& 
     auto waiting = [&](const FiberSnapshot* f) {
         const bool lock_wait = f && (f->kind == WaitReason::Mutex || f->kind == WaitReason::SharedMutex ||
                                      f->kind == WaitReason::SharedMutexShared);
-        return lock_wait && f->held && f->holder != 0 &&
+        // Woken, it waits for no one: a Mutex handed over to it names it as the holder.
+        return lock_wait && f->held && !f->woken && f->holder != 0 && f->holder != f->id &&
                (f->deadline_ns < 0 || f->deadline_ns == INT64_MAX) && snap.taken_ns - f->since_ns >= min_wait_ns;
     };
     for (const FiberSnapshot& start : snap.fibers) {
@@ -8644,7 +8794,7 @@ std::string format_report(const Snapshot& snap) {
         const std::string w = state_words(f);
         if (w == "running") {
             ++running;
-        } else if (w == "runnable (yield)") {
+        } else if (w == "runnable (yield)" || w == "runnable (woken)") {
             ++runnable;
         } else if (w == "parked") {
             ++parked;
@@ -8678,6 +8828,7 @@ struct WatchState {
     std::unordered_set<std::string> reported;    // cycles reported (never again)
     bool running = false;  // a watch thread runs (or is about to)
     bool quiesce = false;  // quiesce_watch(): the thread is to end now
+    bool hangs_changed = false;  // a stop() began watching: the next wake may come sooner
     // The running watch thread. One that ends by itself detaches itself; one that
     // quiesce_watch() ends is joined there, so that no thread of ours is still on its way out
     // at the fork() that follows (qemu-user aborts a child forked beside an exiting thread).
@@ -8782,10 +8933,20 @@ void look_for_hangs() {
 // starts another, or it sees the waiter and goes on.
 void watch_loop() noexcept {
     WatchState& w = watch_state();
+    auto last_deadlock_look = std::chrono::steady_clock::now();
     for (;;) {
+        std::chrono::milliseconds period;
         {
             std::unique_lock<std::mutex> lock(w.mutex);
-            w.wake.wait_for(lock, w.period, [&] { return w.quiesce; });
+            period = w.period;
+            // A period, or less when a stop()'s hang report is due sooner (hang_report_after
+            // under a second is kept to the millisecond, not to the period).
+            auto until = std::chrono::steady_clock::now() + w.period;
+            for (const HangWatchEntry* h : w.hangs) {
+                if (!h->reported && h->began + h->after < until) until = h->began + h->after;
+            }
+            w.wake.wait_until(lock, until, [&] { return w.quiesce || w.hangs_changed; });
+            w.hangs_changed = false;
             if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
                 watch_started.store(false, std::memory_order_seq_cst);
                 if (w.quiesce || (w.hangs.empty() && mutex_waiters.load(std::memory_order_seq_cst) == 0)) {
@@ -8806,7 +8967,12 @@ void watch_loop() noexcept {
         }
         try {
             look_for_hangs();
-            if (mutex_waiters.load(std::memory_order_relaxed) > 0) look_for_deadlocks();
+            // Deadlocks once a period: a cycle is reported when a look finds it again.
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_deadlock_look >= period && mutex_waiters.load(std::memory_order_relaxed) > 0) {
+                last_deadlock_look = now;
+                look_for_deadlocks();
+            }
         } catch (...) {
             // Out of memory for a report: look again next time.
         }
@@ -8855,11 +9021,13 @@ public:
             std::lock_guard<std::mutex> lock(watch_state().mutex);
             try {
                 watch_state().hangs.push_back(&entry_);
+                watch_state().hangs_changed = true;
                 registered_ = true;
             } catch (...) {
                 return;
             }
         }
+        watch_state().wake.notify_all();  // a running watch counts this one's time
         ensure_watchdog();
     }
     ~HangWatch() {
@@ -8883,7 +9051,8 @@ std::chrono::milliseconds hang_report_from_environment() noexcept {
     if (!text || !*text) return std::chrono::milliseconds(0);
     char* end = nullptr;
     const double s = std::strtod(text, &end);
-    if (end == text || !(s > 0) || s > 1e9) return std::chrono::milliseconds(0);
+    while (end != text && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) ++end;
+    if (end == text || *end != '\0' || !(s > 0) || s > 1e9) return std::chrono::milliseconds(0);
     return std::chrono::milliseconds(static_cast<long long>(s * 1000));
 }
 
@@ -8985,6 +9154,9 @@ void build_report_state() {
                     watch_state().hangs.clear();
                     DumpState& d = dump_state();
 #if !defined(_WIN32)
+                    // No dump thread here: the signals go back to their default action
+                    // (they were swallowed), until the child installs the handler again.
+                    for (int signo : d.signals) ::signal(signo, SIG_DFL);
                     const int w = dump_write_fd.exchange(-1);
                     if (w >= 0) ::close(w);
                     if (d.read_fd >= 0) ::close(d.read_fd);
@@ -11711,6 +11883,8 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 }
 
 void wake_fiber(Fiber::ptr fiber) noexcept {
+    // The report shows it runnable from here on, not parked on a wait that is over.
+    FiberAccess::wait(*fiber).woken.store(true, std::memory_order_relaxed);
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     if (FIBER_SCHED_UNLIKELY(!target.scheduler)) {

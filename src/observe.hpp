@@ -15,7 +15,10 @@ class Fiber;
 
 // Callbacks for a profiler (Tracy, a custom one). Each may be null. Called on the thread
 // concerned, synchronously, from inside the scheduler: keep them short, and do not block,
-// switch fibers or call back into the scheduler from them.
+// switch fibers or call back into the scheduler from them. A callback task's name
+// (ScheduleTask::name) is given to its fiber as the task starts, inside the fiber: that
+// fiber's on_create and its first on_switch_in see it unnamed (name_c_str() null). Name a
+// Fiber before it is scheduled to have the name from its first hook.
 struct Hooks {
     // A fiber has been made (also: a pooled callback fiber is given to a new task, which
     // makes it a new fiber with a new id). On the creating thread.

@@ -27,12 +27,14 @@ void stop();
 // The flight recorder: keeps the newest `events_per_worker` events of each thread in memory
 // and writes nothing until dump(), or until a hang report (FIBER_SCHED_HANG_REPORT_S,
 // SchedulerOptions::hang_report_after), which writes them to fiber_sched-hang-<pid>-<n>.json
-// in the current directory and names the file. False when `events_per_worker` is 0 or a
-// recording or a ring is already on. stop() ends it.
+// in the current directory and names the file. False when `events_per_worker` is 0, is more
+// than memory can hold once, or a recording or a ring is already on. stop() ends it. A
+// thread that has exited keeps its ring for later dumps (the newest 64 exited threads).
 bool start_ring(std::size_t events_per_worker);
 // Writes what the ring holds now (and the slice each thread is running) to `path` as Chrome
-// Trace Event JSON; the ring goes on recording. False when no ring is on or `path` cannot be
-// opened.
+// Trace Event JSON; the ring goes on recording, and a dump takes nothing from it. False when
+// no ring is on or `path` cannot be opened (then nothing is read). Names that are not UTF-8
+// are written with U+FFFD for each byte that is not, here and in start()'s file.
 bool dump(const std::string& path);
 
 }  // namespace trace

@@ -714,6 +714,31 @@ TEST_CASE("dump handler: the report on a signal, and the program goes on") {
     CHECK(r.err.find("WENT ON") > at);
 }
 
+#if !defined(_WIN32)
+TEST_CASE("dump handler: a fork()ed child gets the signal's default action back; the parent keeps the handler") {
+    if (qemu_user) return;  // (see qemu_user)
+    test::ChildResult r = test::run_in_child([] {
+        fsched::install_fiber_dump_handler();
+        const pid_t pid = fork();
+        if (pid == 0) {
+            struct sigaction now {};
+            sigaction(FIBER_SCHED_DUMP_SIGNAL, nullptr, &now);
+            _exit(now.sa_handler == SIG_DFL ? 0 : 3);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        std::fprintf(stderr, "GRANDCHILD %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        struct sigaction mine {};
+        sigaction(FIBER_SCHED_DUMP_SIGNAL, nullptr, &mine);
+        std::fprintf(stderr, "PARENT %s\n", mine.sa_handler == SIG_DFL ? "default" : "handled");
+    }, 60);
+    INFO(r.err);
+    CHECK(r.exited);
+    CHECK(contains(r.err, "GRANDCHILD 0"));
+    CHECK(contains(r.err, "PARENT handled"));
+}
+#endif
+
 TEST_CASE("report: misuse") {
     test::ChildResult r = test::run_in_child([] { fsched::dump_fibers(nullptr); });
     CHECK(test::aborted_with(r, "dump_fibers(): the FILE is null"));

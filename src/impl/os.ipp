@@ -71,7 +71,7 @@ void name_thread(const std::string& base, int index) noexcept;
 // processors of group 0 (at most 64); elsewhere, the CPUs online.
 int cpu_limit() noexcept;
 // Pins the calling thread to CPU `cpu` (0 .. cpu_limit() - 1). False, with the reason in
-// `error`, when the OS refuses (a CPU outside the process's affinity mask) or cannot pin at
+// `error`, when the OS refuses (a CPU outside the process's cpuset, or offline) or cannot pin at
 // all: macOS (thread affinity there is a hint by tag, not a CPU) and the BSDs (not written
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;

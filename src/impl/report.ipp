@@ -754,6 +754,9 @@ void build_report_state() {
                     watch_state().hangs.clear();
                     DumpState& d = dump_state();
 #if !defined(_WIN32)
+                    // No dump thread here: the signals go back to their default action
+                    // (they were swallowed), until the child installs the handler again.
+                    for (int signo : d.signals) ::signal(signo, SIG_DFL);
                     const int w = dump_write_fd.exchange(-1);
                     if (w >= 0) ::close(w);
                     if (d.read_fd >= 0) ::close(d.read_fd);
