@@ -84,6 +84,15 @@ bool backtraces_expected() {
     return true;
 }
 
+// FIBER_SCHED_HANG_REPORT_S unset (on Windows, set to a blank: _putenv_s cannot unset).
+void without_hang_variable() {
+#if defined(_WIN32)
+    _putenv_s("FIBER_SCHED_HANG_REPORT_S", " ");
+#else
+    unsetenv("FIBER_SCHED_HANG_REPORT_S");
+#endif
+}
+
 }  // namespace
 
 // Parks in a function the backtrace must show (external linkage: -rdynamic exports it).
@@ -575,11 +584,7 @@ TEST_CASE("deadlock: a Mutex handed over to a fiber that has not run yet is no c
 TEST_CASE("hang report: a hang_report_after shorter than the watch's period comes on time") {
     if (qemu_user) return;  // (see qemu_user)
     test::ChildResult r = test::run_in_child([] {
-#if defined(_WIN32)
-        _putenv_s("FIBER_SCHED_HANG_REPORT_S", " ");
-#else
-        unsetenv("FIBER_SCHED_HANG_REPORT_S");
-#endif
+        without_hang_variable();
         fsched::detail::set_watch_timing(1000ms, 1000ms);  // the default period
         fsched::SchedulerOptions options;
         options.threads = 1;
@@ -749,11 +754,7 @@ TEST_CASE("report: misuse") {
 TEST_CASE("hang report: SchedulerOptions::hang_report_after, without the environment variable") {
     if (qemu_user) return;  // (see qemu_user)
     test::ChildResult r = test::run_in_child([] {
-#if defined(_WIN32)
-        _putenv_s("FIBER_SCHED_HANG_REPORT_S", " ");
-#else
-        unsetenv("FIBER_SCHED_HANG_REPORT_S");
-#endif
+        without_hang_variable();
         fsched::detail::set_watch_timing(20ms, 1000ms);
         fsched::SchedulerOptions options;
         options.threads = 2;

@@ -35,6 +35,23 @@ using namespace std::chrono_literals;
 
 // ---- Counting allocations: the global operator new, replaced for this test program -----
 namespace {
+// Runs `body` on this plain thread, then as a task of a 2-worker scheduler (two subcases).
+template <class Body>
+void on_a_thread_and_in_a_task(Body& body) {
+    SUBCASE("a plain thread") { body(); }
+    SUBCASE("a task") {
+        Scheduler s(2, false);
+        s.start();
+        fsched::WaitGroup done(1);
+        s.schedule([&] {
+            body();
+            done.done();
+        });
+        done.wait();
+        s.stop();
+    }
+}
+
 std::atomic<bool> counting_allocations{false};
 std::atomic<long> allocations{0};
 }  // namespace
@@ -1338,18 +1355,7 @@ TEST_CASE("timed waits until a far past or far future time of another clock neit
         CHECK(one.try_acquire_until((Hours::max)()));
         releaser.join();
     };
-    SUBCASE("a plain thread") { body(); }
-    SUBCASE("a task") {
-        Scheduler s(2, false);
-        s.start();
-        fsched::WaitGroup done(1);
-        s.schedule([&] {
-            body();
-            done.done();
-        });
-        done.wait();
-        s.stop();
-    }
+    on_a_thread_and_in_a_task(body);
 }
 
 TEST_CASE("timed waits until a steady_clock time of a coarser or floating duration near its max() block") {
@@ -1379,18 +1385,7 @@ TEST_CASE("timed waits until a steady_clock time of a coarser or floating durati
         CHECK(!none.try_acquire_until(soon));
         CHECK(steady_clock::now() >= soon);
     };
-    SUBCASE("a plain thread") { body(); }
-    SUBCASE("a task") {
-        Scheduler s(2, false);
-        s.start();
-        fsched::WaitGroup done(1);
-        s.schedule([&] {
-            body();
-            done.done();
-        });
-        done.wait();
-        s.stop();
-    }
+    on_a_thread_and_in_a_task(body);
 }
 
 TEST_CASE("destroying a primitive that a thread or fiber still waits on is a FIBER_SCHED_ASSERT") {
