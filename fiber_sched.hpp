@@ -1079,9 +1079,9 @@ struct WaitOps {
     std::uint64_t (*holder)(const void* object) noexcept = nullptr;
 };
 
-// Only `kind` and `woken` are initialised: note_wait() writes every other field before it sets a kind
-// other than None, and the report reads them only then (a Fiber's constructor is spared
-// nine stores).
+// Only `kind` and `woken` are initialised: note_wait() writes every other field before it
+// sets a kind other than None, and the report reads them only then (a Fiber's constructor
+// is spared nine stores).
 struct WaitRecord {
     std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
     // Set by wake_fiber() (the wait is over; the fiber waits in a run queue), cleared by
