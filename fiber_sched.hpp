@@ -1079,14 +1079,11 @@ struct WaitOps {
     std::uint64_t (*holder)(const void* object) noexcept = nullptr;
 };
 
-// Only `kind` and `woken` are initialised: note_wait() writes every other field before it
-// sets a kind other than None, and the report reads them only then (a Fiber's constructor
-// is spared nine stores).
+// Only `kind` is initialised: note_wait() writes every other field before it sets a kind
+// other than None, and the report reads them only then (a Fiber's constructor is spared
+// nine stores). Whether the wait is over is Fiber::woken_, beside the fiber's state.
 struct WaitRecord {
     std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
-    // Set by wake_fiber() (the wait is over; the fiber waits in a run queue), cleared by
-    // note_wait(). Relaxed: the report reads it under its hold, as the fields below.
-    std::atomic<bool> woken{false};
     const char* word;                            // WaitReason::Other's word (a string literal)
     const void* object;                          // the primitive waited on, or nullptr
     const WaitOps* ops;                          // what the report may ask it, or nullptr
@@ -1321,6 +1318,9 @@ private:
     detail::TaskFunction fn_;
     std::exception_ptr exception_;
     detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
+    // Its wait is over (wake_fiber() sets it, note_wait() clears it): for fiber_report(),
+    // which reads it under its hold. Beside state_, whose line the waker reads anyway.
+    std::atomic<bool> woken_{false};
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     // Atomic (relaxed: a plain load) because fiber_report() reads it while a pooled fiber is
     // given its next task's id.
@@ -4492,6 +4492,7 @@ struct FiberAccess {
     // The report's window (registry.ipp): what a fiber waits for, its hold, its registry
     // slot, its saved context and the stack's bytes its frames may use.
     static WaitRecord& wait(Fiber& f) noexcept { return f.wait_; }
+    static std::atomic<bool>& woken(Fiber& f) noexcept { return f.woken_; }
     static std::atomic<bool>& inspected(Fiber& f) noexcept { return f.inspected_; }
     static std::atomic<Fiber*>*& registry_slot(Fiber& f) noexcept { return f.registry_slot_; }
     static RegistrySegment*& registry_segment(Fiber& f) noexcept { return f.registry_segment_; }
@@ -8391,7 +8392,7 @@ void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
                              : -1;
     w.a = a;
     w.b = b;
-    w.woken.store(false, std::memory_order_relaxed);
+    FiberAccess::woken(*f).store(false, std::memory_order_relaxed);
     w.kind.store(kind, std::memory_order_relaxed);
 }
 
@@ -8532,7 +8533,7 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     if (s.held) {  // this park's
         s.kind = w.kind.load(std::memory_order_relaxed);
         // (A park that recorded no wait keeps the last wake's mark: it says nothing then.)
-        s.woken = s.kind != WaitReason::None && w.woken.load(std::memory_order_relaxed);
+        s.woken = s.kind != WaitReason::None && FiberAccess::woken(f).load(std::memory_order_relaxed);
     }
     if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's too
         s.object = w.object;
@@ -11884,7 +11885,7 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 
 void wake_fiber(Fiber::ptr fiber) noexcept {
     // The report shows it runnable from here on, not parked on a wait that is over.
-    FiberAccess::wait(*fiber).woken.store(true, std::memory_order_relaxed);
+    FiberAccess::woken(*fiber).store(true, std::memory_order_relaxed);
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     if (FIBER_SCHED_UNLIKELY(!target.scheduler)) {

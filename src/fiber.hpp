@@ -201,6 +201,9 @@ private:
     detail::TaskFunction fn_;
     std::exception_ptr exception_;
     detail::FiberLifecycle state_;               // every state and transition: fiber_state.hpp
+    // Its wait is over (wake_fiber() sets it, note_wait() clears it): for fiber_report(),
+    // which reads it under its hold. Beside state_, whose line the waker reads anyway.
+    std::atomic<bool> woken_{false};
     bool returned_ = false;                      // fn_ has finished; the next switch-out is final
     // Atomic (relaxed: a plain load) because fiber_report() reads it while a pooled fiber is
     // given its next task's id.

@@ -57,14 +57,11 @@ struct WaitOps {
     std::uint64_t (*holder)(const void* object) noexcept = nullptr;
 };
 
-// Only `kind` and `woken` are initialised: note_wait() writes every other field before it
-// sets a kind other than None, and the report reads them only then (a Fiber's constructor
-// is spared nine stores).
+// Only `kind` is initialised: note_wait() writes every other field before it sets a kind
+// other than None, and the report reads them only then (a Fiber's constructor is spared
+// nine stores). Whether the wait is over is Fiber::woken_, beside the fiber's state.
 struct WaitRecord {
     std::atomic<WaitReason> kind{WaitReason::None};  // relaxed: the report reads it of running fibers
-    // Set by wake_fiber() (the wait is over; the fiber waits in a run queue), cleared by
-    // note_wait(). Relaxed: the report reads it under its hold, as the fields below.
-    std::atomic<bool> woken{false};
     const char* word;                            // WaitReason::Other's word (a string literal)
     const void* object;                          // the primitive waited on, or nullptr
     const WaitOps* ops;                          // what the report may ask it, or nullptr

@@ -230,6 +230,7 @@ struct FiberAccess {
     // The report's window (registry.ipp): what a fiber waits for, its hold, its registry
     // slot, its saved context and the stack's bytes its frames may use.
     static WaitRecord& wait(Fiber& f) noexcept { return f.wait_; }
+    static std::atomic<bool>& woken(Fiber& f) noexcept { return f.woken_; }
     static std::atomic<bool>& inspected(Fiber& f) noexcept { return f.inspected_; }
     static std::atomic<Fiber*>*& registry_slot(Fiber& f) noexcept { return f.registry_slot_; }
     static RegistrySegment*& registry_segment(Fiber& f) noexcept { return f.registry_segment_; }

@@ -260,7 +260,7 @@ void note_wait(WaitReason kind, const void* object, const WaitOps* ops,
                              : -1;
     w.a = a;
     w.b = b;
-    w.woken.store(false, std::memory_order_relaxed);
+    FiberAccess::woken(*f).store(false, std::memory_order_relaxed);
     w.kind.store(kind, std::memory_order_relaxed);
 }
 

@@ -132,7 +132,7 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     if (s.held) {  // this park's
         s.kind = w.kind.load(std::memory_order_relaxed);
         // (A park that recorded no wait keeps the last wake's mark: it says nothing then.)
-        s.woken = s.kind != WaitReason::None && w.woken.load(std::memory_order_relaxed);
+        s.woken = s.kind != WaitReason::None && FiberAccess::woken(f).load(std::memory_order_relaxed);
     }
     if (s.held && s.kind != WaitReason::None) {  // the record's other fields are this park's too
         s.object = w.object;

@@ -59,7 +59,7 @@ void park(void (*on_parked)(Fiber*, void*), void* arg) {
 
 void wake_fiber(Fiber::ptr fiber) noexcept {
     // The report shows it runnable from here on, not parked on a wait that is over.
-    FiberAccess::wait(*fiber).woken.store(true, std::memory_order_relaxed);
+    FiberAccess::woken(*fiber).store(true, std::memory_order_relaxed);
     if (observing()) observe_wake(*fiber);
     const ResumeTarget target = FiberAccess::lifecycle(*fiber).resume_target();
     if (FIBER_SCHED_UNLIKELY(!target.scheduler)) {
