@@ -86,7 +86,12 @@ class InfoFibers(gdb.Command):
                 words = "runnable (yield)"
             if words == "parked" and _WAITS.get(kind):
                 obj = int(fiber.dereference()["wait_"]["object"])
-                words += " on " + _WAITS[kind] + (" 0x%x" % obj if obj else "")
+                where = _WAITS[kind] + (" 0x%x" % obj if obj else "")
+                # Its wait is over (Fiber::woken_): it waits in a run queue, as fiber_report() says.
+                if int(_raw(fiber.dereference()["woken_"], "unsigned char")):
+                    words = "runnable (woken) from " + where
+                else:
+                    words += " on " + where
             rows.append((fid, name, words))
         rows.sort()
         for fid, name, words in rows:
