@@ -115,14 +115,21 @@ ChildResult start(int call, unsigned seconds) {
     SetEnvironmentVariableA(child_variable, role.c_str());
     std::fflush(stdout);
     std::fflush(stderr);
-    const BOOL started = CreateProcessW(nullptr, &command[0], nullptr, nullptr, TRUE, 0, nullptr, nullptr,
-                                        &startup, &process);
+    // Wine's CreateProcess fails now and then on a loaded machine (error 1359, an internal
+    // error, seen once in CI): tried again a few times before the child counts as not started.
+    BOOL started = FALSE;
+    DWORD create_error = 0;
+    for (int attempt = 0; attempt < 5 && !started; ++attempt) {
+        if (attempt > 0) Sleep(200);
+        started = CreateProcessW(nullptr, &command[0], nullptr, nullptr, TRUE, 0, nullptr, nullptr, &startup, &process);
+        if (!started) create_error = GetLastError();
+    }
     SetEnvironmentVariableA(child_variable, nullptr);
     CloseHandle(write_end);
     if (null_device != INVALID_HANDLE_VALUE) CloseHandle(null_device);
     if (!started) {
         CloseHandle(read_end);
-        result.err = "CreateProcess failed: " + std::to_string(GetLastError());
+        result.err = "CreateProcess failed: " + std::to_string(create_error);
         return result;
     }
     std::thread reader([&] {
