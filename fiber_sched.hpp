@@ -362,7 +362,9 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 //                      [lo, lo + size); entry never returns,
 //   fsched_switch_context(&from.sp, to.sp)
 //                      save the running context, store its handle in from.sp, continue the
-//                      context whose handle is to.sp (assembly, or a function),
+//                      context whose handle is to.sp (assembly, or a function); the x86-64
+//                      routines with FIBER_SCHED_SWITCH_FP_CONTROL take a third argument,
+//                      the running FP control words, which switch_context() reads for them,
 //   backend_name       what fsched::backend() returns,
 //   release_context(ctx)
 //                      free what make_context() acquired besides the stack (only the
@@ -386,21 +388,49 @@ using ContextEntry = void (*)(void* arg);
 
 // A switched-out context: the handle its backend saved.
 struct Context {
-    void* sp = nullptr;
+    struct Unset {};
+    Context() noexcept : sp(nullptr) {}
+    // Left unwritten, for a context the switch routine fills before anything reads it.
+    explicit Context(Unset) noexcept {}
+    void* sp;
 };
 
 }  // namespace detail
 }  // namespace fsched
 
+// The x86-64 assembly backends (System V and Microsoft x64), under the conditions the
+// cascade in impl/context_backend.ipp picks them by; the cascade tests this macro.
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    ((defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER)) || (!defined(_WIN32) && !defined(FIBER_SCHED_USE_UCONTEXT)))
+#define FIBER_SCHED_X86_64_ASM_SWITCH 1
+#endif
+
 // Hidden: each shared object that embeds the implementation has its own.
+#if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
+// `fp_control`: the running MXCSR in bits 0-31 and x87 control word in bits 32-47
+// (impl/context_x86_64_fp.ipp says why the caller reads them).
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp, std::uint64_t fp_control) noexcept
+    FIBER_SCHED_HIDDEN;
+#else
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept FIBER_SCHED_HIDDEN;
+#endif
 
 namespace fsched {
 namespace detail {
 
 // Saves the running context into `from` and continues `to`. Inline: the switch itself is
 // the only call.
+#if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
+inline void switch_context(Context& from, Context& to) noexcept {
+    std::uint32_t mxcsr;
+    std::uint16_t x87_control;
+    // "memory": not moved above the code before it, which may have changed a mode.
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control) : : "memory");
+    fsched_switch_context(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
+}
+#else
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }
+#endif
 
 // Prepares `ctx` to run entry(arg) on [stack_lo, stack_lo + size). In the backend's file.
 // Throws std::bad_alloc where the backend needs memory of its own (winfiber: an OS fiber).
@@ -1440,11 +1470,14 @@ struct EhSwap {
 
 FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
     detail::ThreadState* ts = detail::thread_state();
-    if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
+    // Tested first, so that the usual case (no overflow handler) is one not-taken branch.
+    if (FIBER_SCHED_UNLIKELY(detail::overflow_handler_installed.load(std::memory_order_relaxed)) &&
+        !ts->has_altstack) {
         detail::install_altstack(ts);
     }
     Fiber* resumer = ts->current;
-    detail::Context resumer_context;
+    // Written by the switch routine before anything reads it.
+    detail::Context resumer_context{detail::Context::Unset{}};
     resumer_context_ = &resumer_context;
     ts->current = this;
 #if FIBER_SCHED_SWITCH_EH_STATE
@@ -1479,7 +1512,10 @@ FIBER_SCHED_ALWAYS_INLINE inline void Fiber::switch_in(detail::Context& resumer_
 
 FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::after_switch_back(bool scheduled) {
     auto after_switch = after_switch_;
-    void* after_switch_arg = after_switch_arg_;
+    if (FIBER_SCHED_LIKELY(!after_switch && !returned_)) {  // Fiber::yield(), the usual way out
+        if (state_.finish_yielded(scheduled)) detail::resume_deferred(*this);
+        return detail::SwitchOutcome::Yielded;
+    }
     after_switch_ = nullptr;
     if (returned_) {
         std::exception_ptr exception = std::move(exception_);
@@ -1488,14 +1524,11 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::after_switch_back(
         if (exception) std::rethrow_exception(exception);
         return detail::SwitchOutcome::Returned;
     }
-    if (after_switch) {
-        if (!park_stays_running_) state_.finish_parked();
-        // From here on another thread may resume, or destroy, this fiber.
-        after_switch(this, after_switch_arg);
-        return detail::SwitchOutcome::Parked;
-    }
-    if (state_.finish_yielded(scheduled)) detail::resume_deferred(*this);
-    return detail::SwitchOutcome::Yielded;
+    void* after_switch_arg = after_switch_arg_;
+    if (!park_stays_running_) state_.finish_parked();
+    // From here on another thread may resume, or destroy, this fiber.
+    after_switch(this, after_switch_arg);
+    return detail::SwitchOutcome::Parked;
 }
 
 // User code can name a scheduler's callback fiber only through this pointer: the scheduler
@@ -5138,8 +5171,33 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // ---- begin src/impl/context_x86_64_fp.ipp ----
 // ---------------------------------------------------------------------------
 // The floating-point control state in the x86-64 switch routines (context_x86_64_sysv.ipp,
-// context_x86_64_win64.ipp): MXCSR and the x87 control word, saved in the frame's first
-// 8 bytes on the stack being left and loaded from the one being entered.
+// context_x86_64_win64.ipp): MXCSR and the x87 control word, kept in the frame's first
+// 8 bytes on the stack being left (MXCSR in bytes 0-3, the x87 word in 4-5, 6-7 zero), and
+// loaded from the frame being entered only where its control bits differ from the running
+// ones, which they almost never do.
+//
+// Both ABIs make MXCSR's control bits (rounding, FTZ/DAZ, exception masks) and the x87
+// control word callee-saved, and MXCSR's six status bits (the sticky exception flags that
+// fetestexcept() reads) caller-saved. So a switch keeps each fiber's control bits and leaves
+// the status flags as the thread has them. Loading the words on every switch, as
+// Boost.Context does, costs an Intel core about 35 ns a load whenever the two words differ
+// at all, status flags included: a thread that has rounded one division has the precision
+// flag, which a fiber made before that lacks (75 ns a round trip against 8 ns).
+//
+// The routine's caller reads the running words (detail::switch_context() in context.hpp,
+// stmxcsr and fnstcw into its frame) and passes them in a register, which the routine
+// stores and compares with the entered frame's: reading them back from the routine's own
+// frame after stmxcsr cost 0.8 ns more a round trip (docs/performance-notes.md, "The
+// switch's FP control state, third round").
+//
+// FIBER_SCHED_X86_SAVE_FP(W)  stores W, the register with the running words (the routine's
+//                             third argument), at (%rsp) on the stack being left;
+// FIBER_SCHED_X86_LOAD_FP(W)  once rsp is the frame being entered: compares, and branches
+//                             out of line to
+// FIBER_SCHED_X86_LOAD_FP_COLD(W), which the routine places after its final jump: it loads
+//                             the entered frame's control bits with the running status
+//                             flags (running ^ (differences & ~0x3f)), written over its slot.
+// rax and r11 are scratch (caller-saved in both ABIs, unused by both routines there).
 // FIBER_SCHED_SWITCH_FP_CONTROL 0 keeps the slot (one frame layout) but neither fills nor
 // reads it. Undefined again after the backend cascade (context_backend.ipp).
 // ---------------------------------------------------------------------------
@@ -5149,11 +5207,27 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #if FIBER_SCHED_SWITCH_FP_CONTROL
-#define FIBER_SCHED_X86_SAVE_FP "    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
-#define FIBER_SCHED_X86_LOAD_FP "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n"
+#define FIBER_SCHED_X86_SAVE_FP(words) "    movq " words ", (%rsp)\n"
+// The control bits: MXCSR's bits 6-31 and the x87 word's 0-15 (bits 32-47 here).
+#define FIBER_SCHED_X86_LOAD_FP(words)        \
+    "    movq (%rsp), %rax\n"                 \
+    "    xorq " words ", %rax\n"              \
+    "    movabsq $0xffffffffffc0, %r11\n"     \
+    "    testq %r11, %rax\n"                  \
+    "    jnz 71f\n"                           \
+    "70:\n"
+#define FIBER_SCHED_X86_LOAD_FP_COLD(words)   \
+    "71:\n"                                   \
+    "    andq $-64, %rax\n"                   \
+    "    xorq " words ", %rax\n"              \
+    "    movq %rax, (%rsp)\n"                 \
+    "    ldmxcsr (%rsp)\n"                    \
+    "    fldcw 4(%rsp)\n"                     \
+    "    jmp 70b\n"
 #else
-#define FIBER_SCHED_X86_SAVE_FP ""
-#define FIBER_SCHED_X86_LOAD_FP ""
+#define FIBER_SCHED_X86_SAVE_FP(words) ""
+#define FIBER_SCHED_X86_LOAD_FP(words) ""
+#define FIBER_SCHED_X86_LOAD_FP_COLD(words) ""
 #endif
 #endif  // x86-64 with GNU inline assembly
 // ---- end src/impl/context_x86_64_fp.ipp ----
@@ -5204,8 +5278,7 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // ---- end src/impl/context_asm_directives.ipp ----
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
-#elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
-    (defined(__GNUC__) || defined(__clang__))
+#elif defined(_WIN32) && defined(FIBER_SCHED_X86_64_ASM_SWITCH)  // context.hpp
 // ---- begin src/impl/context_x86_64_win64.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch for x86-64, Microsoft x64 ABI (Windows; MinGW-w64 g++, clang for
@@ -5226,9 +5299,10 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // fiber-local storage and fiber data fields (gs:0x20, gs:0x17c8) are not switched: these
 // fibers are not OS fibers, so the thread's stay the thread's (docs/things-to-know.md).
 //
-// fsched_switch_context(void** save_sp, void* load_sp), with save_sp in rcx and load_sp in
-// rdx, pushes that state onto the running stack, stores rsp to *save_sp, loads load_sp and
-// pops the other side's state. A switched-out stack, from its saved sp upwards:
+// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]), with save_sp
+// in rcx, load_sp in rdx and the FP words from the caller (context.hpp) in r8, pushes that
+// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
+// side's state. A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0     MXCSR (4 bytes) | x87 control word (2 bytes) | padding
 //   sp + 8     DeallocationStack
@@ -5289,7 +5363,7 @@ __asm__(
     "    movaps %xmm13, 144(%rsp)\n"
     "    movaps %xmm14, 160(%rsp)\n"
     "    movaps %xmm15, 176(%rsp)\n"
-    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
+    FIBER_SCHED_X86_SAVE_FP("%r8")  // context_x86_64_fp.ipp
     "    movq %gs:0x1478, %rax\n"
     "    movq %rax, 8(%rsp)\n"
     "    movq %gs:0x10, %rax\n"
@@ -5308,7 +5382,7 @@ __asm__(
     "    movq %rax, %gs:0x1478\n"
     "    movq 192(%rsp), %rax\n"
     "    movq %rax, %gs:0x00\n"
-    FIBER_SCHED_X86_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP("%r8")
     "    movaps 32(%rsp), %xmm6\n"
     "    movaps 48(%rsp), %xmm7\n"
     "    movaps 64(%rsp), %xmm8\n"
@@ -5332,6 +5406,7 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %r10\n"
     "    jmpq *%r10\n"
+    FIBER_SCHED_X86_LOAD_FP_COLD("%r8")
     "\n"
     ".globl fsched_trampoline_x86_64_win64\n"
     ".def fsched_trampoline_x86_64_win64; .scl 2; .type 32; .endef\n"
@@ -5527,11 +5602,17 @@ inline FloatControl save_float_control() noexcept {
     return fc;
 }
 
+// Loads only what differs, and keeps the running MXCSR status flags (the thread's, not the
+// fiber's; context_x86_64_fp.ipp says why).
 inline void restore_float_control(const FloatControl& fc) noexcept {
 #if FIBER_SCHED_SWITCH_FP_CONTROL && (defined(_M_X64) || defined(__x86_64__))
-    _mm_setcsr(fc.mxcsr);
+    constexpr unsigned int status_flags = 0x3f;
+    const unsigned int running = _mm_getcsr();
+    if ((running ^ fc.mxcsr) & ~status_flags) _mm_setcsr((fc.mxcsr & ~status_flags) | (running & status_flags));
 #if defined(__GNUC__) || defined(__clang__)
-    __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
+    unsigned short running_x87;
+    __asm__ volatile("fnstcw %0" : "=m"(running_x87));
+    if (running_x87 != fc.x87_control) __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
 #endif
 #else
     (void)fc;
@@ -5604,16 +5685,18 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
     fsched::detail::restore_float_control(float_control);
 }
 // ---- end src/impl/context_winfiber.ipp ----
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#elif defined(FIBER_SCHED_X86_64_ASM_SWITCH)
 // ---- begin src/impl/context_x86_64_sysv.ipp ----
 // ---------------------------------------------------------------------------
 // Context switch for x86-64, System V ABI (Linux, BSDs, macOS use the same registers;
 // context_asm_directives.ipp spells the routines' symbols for ELF or Mach-O).
 //
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
-// (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
-// fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the
-// running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
+// (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0; loaded only where they differ,
+// context_x86_64_fp.ipp).
+// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]) pushes that
+// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
+// side's state; the FP words come from the caller (context.hpp) in rdx.
 // A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0   MXCSR (4 bytes) | x87 control word (2 bytes) | padding
@@ -5653,10 +5736,10 @@ __asm__(
     "    pushq %r14\n"
     "    pushq %r15\n"
     "    subq $8, %rsp\n"
-    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
+    FIBER_SCHED_X86_SAVE_FP("%rdx")  // context_x86_64_fp.ipp
     "    movq %rsp, (%rdi)\n"
     "    movq %rsi, %rsp\n"
-    FIBER_SCHED_X86_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP("%rdx")
     "    addq $8, %rsp\n"
     "    popq %r15\n"
     "    popq %r14\n"
@@ -5668,6 +5751,7 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
+    FIBER_SCHED_X86_LOAD_FP_COLD("%rdx")
     FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
     FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_x86_64_sysv)
@@ -6154,6 +6238,7 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 #endif
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
+#undef FIBER_SCHED_X86_LOAD_FP_COLD
 #undef FIBER_SCHED_ASM_FUNCTION_BEGIN
 #undef FIBER_SCHED_ASM_FUNCTION_END
 #undef FIBER_SCHED_ASM_FUNCTION_TYPE

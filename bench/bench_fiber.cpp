@@ -4,7 +4,12 @@
 //      Baselines: POSIX ucontext (swapcontext both ways) and Boost.Context's
 //      boost::context::fiber (one resume in each direction), when available: once with
 //      the whole loop inlined (Boost's best case) and once through a non-inlined call on
-//      each side, as fsched::Fiber::resume() and yield() always are.
+//      each side, as fsched::Fiber::resume() and yield() always are. Both sides have the
+//      same MXCSR status flags (each raises the precision flag first), Boost's best case.
+//      On x86-64 the round trip again, beside Boost's, with the fiber's flags cleared while
+//      the thread's are raised (a fiber made before the thread's first inexact result):
+//      Boost.Context loads each side's whole MXCSR at every switch, which an Intel core makes
+//      slow whenever the words differ; fiber_sched loads only control bits that differ.
 //   2. create + run + destroy with a 64 KiB stack, fn returns at once.
 //      Baselines: ucontext on a malloc'd stack; Boost.Context fiber with fixedsize_stack
 //      (malloc, no guard), protected_fixedsize_stack (mmap + guard page, like ours) and
@@ -45,6 +50,20 @@
 
 namespace {
 
+// The MXCSR status flags (x86-64): Raised sets the precision flag, as the first inexact
+// result does; Cleared clears all six. Nothing elsewhere.
+enum class FpFlags { Raised, Cleared };
+void set_fp_flags(FpFlags flags) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned csr;
+    __asm__ volatile("stmxcsr %0" : "=m"(csr));
+    csr = flags == FpFlags::Raised ? (csr | 0x20u) : (csr & ~0x3fu);
+    __asm__ volatile("ldmxcsr %0" : : "m"(csr));
+#else
+    (void)flags;
+#endif
+}
+
 using fsched_bench::Options;
 using fsched_bench::Result;
 using fsched_bench::measure;
@@ -56,15 +75,18 @@ constexpr std::size_t stack_size_64k = 64 * 1024;
 // 1. round trip
 // ---------------------------------------------------------------------------------------
 
-Result round_trip_fsched(const Options& opt) {
+// `fiber_flags`: the fiber's status flags as it starts; the caller's are raised.
+Result round_trip_fsched(const Options& opt, FpFlags fiber_flags = FpFlags::Raised) {
     bool stop = false;
     std::uint64_t count = 0;
     fsched::Fiber fiber([&] {
+        set_fp_flags(fiber_flags);
         while (!stop) {
             ++count;
             fsched::Fiber::yield();
         }
     });
+    set_fp_flags(FpFlags::Raised);
     Result r = measure(opt, [&](std::uint64_t n) {
         for (std::uint64_t i = 0; i < n; ++i) fiber.resume();
     });
@@ -164,16 +186,19 @@ namespace ctx = boost::context;
 // resume(caller); each returns the context that switched back. The two rows differ only in
 // `resume`.
 template <class Resume>
-Result round_trip_boost(const Options& opt, Resume resume) {
+Result round_trip_boost(const Options& opt, Resume resume, FpFlags fiber_flags = FpFlags::Raised) {
     bool stop = false;
     std::uint64_t count = 0;
     ctx::fiber fiber{[&](ctx::fiber&& caller) {
+        set_fp_flags(fiber_flags);
         while (!stop) {
             ++count;
             caller = resume(std::move(caller));
         }
         return std::move(caller);
     }};
+    set_fp_flags(FpFlags::Raised);
+    fiber = resume(std::move(fiber));  // the fiber starts: its flags are set from here on
     Result r = measure(opt, [&](std::uint64_t n) {
         for (std::uint64_t i = 0; i < n; ++i) fiber = resume(std::move(fiber));
     });
@@ -187,6 +212,7 @@ Result round_trip_boost_inline(const Options& opt) {
     return round_trip_boost(opt, [](ctx::fiber&& f) { return std::move(f).resume(); });
 }
 
+
 // With resume() inlined, each loop of round_trip_boost() is inlined whole around
 // jump_fcontext, so no `ret` ever crosses a switch.
 // fsched::Fiber::resume() and yield() are real calls into the implementation, and a call
@@ -199,6 +225,10 @@ __attribute__((noinline)) ctx::fiber resume_out_of_line(ctx::fiber&& fiber) {
 
 Result round_trip_boost_out_of_line(const Options& opt) {
     return round_trip_boost(opt, [](ctx::fiber&& f) { return resume_out_of_line(std::move(f)); });
+}
+
+Result round_trip_boost_flags_differ(const Options& opt) {
+    return round_trip_boost(opt, [](ctx::fiber&& f) { return std::move(f).resume(); }, FpFlags::Cleared);
 }
 #endif
 
@@ -311,7 +341,7 @@ int main(int argc, char** argv) {
     };
 
     table.begin_group("round trip (resume + yield), ns per round trip");
-    run("round trip", "fsched::Fiber", true, round_trip_fsched);
+    run("round trip", "fsched::Fiber", true, [](const Options& o) { return round_trip_fsched(o); });
 #if defined(_WIN32)
     run("round trip", "Win32 SwitchToFiber", false, round_trip_win32);
 #else
@@ -320,6 +350,14 @@ int main(int argc, char** argv) {
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
     run("round trip", "boost::context::fiber", false, round_trip_boost_inline);
     run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    table.begin_group("resume + yield, the fiber's FP status flags cleared, the thread's raised, ns per pair");
+    run("flags differ", "fsched::Fiber", true, [](const Options& o) { return round_trip_fsched(o, FpFlags::Cleared); });
+#if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
+    run("flags differ", "boost::context::fiber", false, round_trip_boost_flags_differ);
+#endif
 #endif
 
     table.begin_group("create + run + destroy, 64 KiB stack, ns per fiber");

@@ -7,7 +7,9 @@
 //                      [lo, lo + size); entry never returns,
 //   fsched_switch_context(&from.sp, to.sp)
 //                      save the running context, store its handle in from.sp, continue the
-//                      context whose handle is to.sp (assembly, or a function),
+//                      context whose handle is to.sp (assembly, or a function); the x86-64
+//                      routines with FIBER_SCHED_SWITCH_FP_CONTROL take a third argument,
+//                      the running FP control words, which switch_context() reads for them,
 //   backend_name       what fsched::backend() returns,
 //   release_context(ctx)
 //                      free what make_context() acquired besides the stack (only the
@@ -32,21 +34,49 @@ using ContextEntry = void (*)(void* arg);
 
 // A switched-out context: the handle its backend saved.
 struct Context {
-    void* sp = nullptr;
+    struct Unset {};
+    Context() noexcept : sp(nullptr) {}
+    // Left unwritten, for a context the switch routine fills before anything reads it.
+    explicit Context(Unset) noexcept {}
+    void* sp;
 };
 
 }  // namespace detail
 }  // namespace fsched
 
+// The x86-64 assembly backends (System V and Microsoft x64), under the conditions the
+// cascade in impl/context_backend.ipp picks them by; the cascade tests this macro.
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    ((defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER)) || (!defined(_WIN32) && !defined(FIBER_SCHED_USE_UCONTEXT)))
+#define FIBER_SCHED_X86_64_ASM_SWITCH 1
+#endif
+
 // Hidden: each shared object that embeds the implementation has its own.
+#if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
+// `fp_control`: the running MXCSR in bits 0-31 and x87 control word in bits 32-47
+// (impl/context_x86_64_fp.ipp says why the caller reads them).
+extern "C" void fsched_switch_context(void** save_sp, void* load_sp, std::uint64_t fp_control) noexcept
+    FIBER_SCHED_HIDDEN;
+#else
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept FIBER_SCHED_HIDDEN;
+#endif
 
 namespace fsched {
 namespace detail {
 
 // Saves the running context into `from` and continues `to`. Inline: the switch itself is
 // the only call.
+#if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
+inline void switch_context(Context& from, Context& to) noexcept {
+    std::uint32_t mxcsr;
+    std::uint16_t x87_control;
+    // "memory": not moved above the code before it, which may have changed a mode.
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control) : : "memory");
+    fsched_switch_context(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
+}
+#else
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }
+#endif
 
 // Prepares `ctx` to run entry(arg) on [stack_lo, stack_lo + size). In the backend's file.
 // Throws std::bad_alloc where the backend needs memory of its own (winfiber: an OS fiber).

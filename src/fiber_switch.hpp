@@ -78,11 +78,14 @@ struct EhSwap {
 
 FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::run_claimed(bool scheduled) {
     detail::ThreadState* ts = detail::thread_state();
-    if (!ts->has_altstack && detail::overflow_handler_installed.load(std::memory_order_relaxed)) {
+    // Tested first, so that the usual case (no overflow handler) is one not-taken branch.
+    if (FIBER_SCHED_UNLIKELY(detail::overflow_handler_installed.load(std::memory_order_relaxed)) &&
+        !ts->has_altstack) {
         detail::install_altstack(ts);
     }
     Fiber* resumer = ts->current;
-    detail::Context resumer_context;
+    // Written by the switch routine before anything reads it.
+    detail::Context resumer_context{detail::Context::Unset{}};
     resumer_context_ = &resumer_context;
     ts->current = this;
 #if FIBER_SCHED_SWITCH_EH_STATE
@@ -117,7 +120,10 @@ FIBER_SCHED_ALWAYS_INLINE inline void Fiber::switch_in(detail::Context& resumer_
 
 FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::after_switch_back(bool scheduled) {
     auto after_switch = after_switch_;
-    void* after_switch_arg = after_switch_arg_;
+    if (FIBER_SCHED_LIKELY(!after_switch && !returned_)) {  // Fiber::yield(), the usual way out
+        if (state_.finish_yielded(scheduled)) detail::resume_deferred(*this);
+        return detail::SwitchOutcome::Yielded;
+    }
     after_switch_ = nullptr;
     if (returned_) {
         std::exception_ptr exception = std::move(exception_);
@@ -126,14 +132,11 @@ FIBER_SCHED_ALWAYS_INLINE inline detail::SwitchOutcome Fiber::after_switch_back(
         if (exception) std::rethrow_exception(exception);
         return detail::SwitchOutcome::Returned;
     }
-    if (after_switch) {
-        if (!park_stays_running_) state_.finish_parked();
-        // From here on another thread may resume, or destroy, this fiber.
-        after_switch(this, after_switch_arg);
-        return detail::SwitchOutcome::Parked;
-    }
-    if (state_.finish_yielded(scheduled)) detail::resume_deferred(*this);
-    return detail::SwitchOutcome::Yielded;
+    void* after_switch_arg = after_switch_arg_;
+    if (!park_stays_running_) state_.finish_parked();
+    // From here on another thread may resume, or destroy, this fiber.
+    after_switch(this, after_switch_arg);
+    return detail::SwitchOutcome::Parked;
 }
 
 // User code can name a scheduler's callback fiber only through this pointer: the scheduler

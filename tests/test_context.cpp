@@ -9,6 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
 using fsched::Fiber;
 
 // call_with_marked_registers(fn, arg) loads a distinct marker into every callee-saved
@@ -593,6 +597,102 @@ TEST_CASE("each fiber keeps its own floating-point rounding mode") {
     CHECK(fiber.state() == Fiber::State::Term);
     std::fesetround(original);
 }
+
+#if defined(FIBER_SCHED_X86_64_ASM_SWITCH)
+// The x86-64 routines load a frame's FP words only where a control bit differs, and then
+// keep the running status flags (impl/context_x86_64_fp.ipp): these cover each word alone,
+// both at once, and the flags.
+namespace {
+constexpr unsigned mxcsr_status = 0x3f, mxcsr_ftz = 0x8000, mxcsr_daz = 0x40, mxcsr_round_up = 0x4000;
+constexpr unsigned mxcsr_precision_flag = 0x20, mxcsr_divide_flag = 0x04, mxcsr_denormal_flag = 0x02;
+constexpr unsigned short x87_precision_bits = 0x300, x87_rounding_bits = 0xc00;
+unsigned short get_x87_control() {
+    unsigned short word;
+    __asm__ volatile("fnstcw %0" : "=m"(word));
+    return word;
+}
+void set_x87_control(unsigned short word) { __asm__ volatile("fldcw %0" : : "m"(word)); }
+}  // namespace
+
+TEST_CASE("x86-64: each fiber keeps its own MXCSR control bits and x87 control word, each alone or both") {
+    const unsigned original_csr = _mm_getcsr();
+    const unsigned short original_x87 = get_x87_control();
+    _mm_setcsr((original_csr | mxcsr_ftz) & ~mxcsr_daz);
+    unsigned fiber_csr = 0;
+    unsigned short fiber_x87 = 0;
+    Fiber fiber([&] {
+        // Made while the thread flushed to zero: the fiber starts so.
+        CHECK((_mm_getcsr() & mxcsr_ftz) != 0);
+        _mm_setcsr((_mm_getcsr() & ~mxcsr_ftz) | mxcsr_daz);  // only MXCSR differs now
+        Fiber::yield();
+        fiber_csr = _mm_getcsr();
+        fiber_x87 = get_x87_control();
+        set_x87_control(static_cast<unsigned short>(original_x87 & ~x87_precision_bits));  // x87 too
+        Fiber::yield();
+        fiber_csr = _mm_getcsr();
+        fiber_x87 = get_x87_control();
+        _mm_setcsr(_mm_getcsr() & ~mxcsr_daz);
+        set_x87_control(original_x87);  // now only MXCSR differs, the other way
+        Fiber::yield();
+        fiber_csr = _mm_getcsr();
+        fiber_x87 = get_x87_control();
+    });
+    fiber.resume();
+    CHECK((_mm_getcsr() & (mxcsr_ftz | mxcsr_daz)) == mxcsr_ftz);
+    CHECK(get_x87_control() == original_x87);
+    fiber.resume();
+    CHECK((fiber_csr & (mxcsr_ftz | mxcsr_daz)) == mxcsr_daz);
+    CHECK(fiber_x87 == original_x87);
+    CHECK((_mm_getcsr() & (mxcsr_ftz | mxcsr_daz)) == mxcsr_ftz);
+    CHECK(get_x87_control() == original_x87);
+    // Only the x87 word differs between the two sides on this resume.
+    _mm_setcsr((_mm_getcsr() & ~mxcsr_ftz) | mxcsr_daz);
+    set_x87_control(static_cast<unsigned short>(original_x87 | x87_rounding_bits));
+    fiber.resume();
+    CHECK((fiber_csr & (mxcsr_ftz | mxcsr_daz)) == mxcsr_daz);
+    CHECK(fiber_x87 == static_cast<unsigned short>(original_x87 & ~x87_precision_bits));
+    CHECK(get_x87_control() == static_cast<unsigned short>(original_x87 | x87_rounding_bits));
+    fiber.resume();
+    CHECK((fiber_csr & (mxcsr_ftz | mxcsr_daz)) == 0);
+    CHECK(fiber_x87 == original_x87);
+    CHECK((_mm_getcsr() & (mxcsr_ftz | mxcsr_daz)) == mxcsr_daz);
+    CHECK(get_x87_control() == static_cast<unsigned short>(original_x87 | x87_rounding_bits));
+    CHECK(fiber.state() == Fiber::State::Term);
+    _mm_setcsr(original_csr);
+    set_x87_control(original_x87);
+}
+
+TEST_CASE("x86-64: a switch leaves MXCSR's status flags as the thread has them, with or without a mode to load") {
+    const unsigned original_csr = _mm_getcsr();
+    _mm_setcsr(original_csr & ~mxcsr_status);
+    unsigned seen = 0;
+    Fiber fiber([&] {
+        // Made with no flag raised; the thread raised one since, and the fiber sees it.
+        seen = _mm_getcsr();
+        _mm_setcsr((_mm_getcsr() & ~mxcsr_status) | mxcsr_divide_flag);
+        Fiber::yield();
+        seen = _mm_getcsr();
+        _mm_setcsr(_mm_getcsr() | mxcsr_round_up);  // a control bit differs from now on
+        Fiber::yield();
+        seen = _mm_getcsr();
+    });
+    _mm_setcsr(_mm_getcsr() | mxcsr_precision_flag);
+    fiber.resume();
+    CHECK((seen & mxcsr_status) == mxcsr_precision_flag);
+    CHECK((_mm_getcsr() & mxcsr_status) == mxcsr_divide_flag);  // what the fiber left
+    _mm_setcsr((_mm_getcsr() & ~mxcsr_status) | mxcsr_denormal_flag);
+    fiber.resume();
+    CHECK((seen & mxcsr_status) == mxcsr_denormal_flag);
+    CHECK((_mm_getcsr() & mxcsr_round_up) == 0);  // the resumer's rounding is its own
+    _mm_setcsr((_mm_getcsr() & ~mxcsr_status) | mxcsr_precision_flag);
+    fiber.resume();
+    // Its rounding was loaded, with the thread's flags, not the ones it had left.
+    CHECK((seen & mxcsr_round_up) != 0);
+    CHECK((seen & mxcsr_status) == mxcsr_precision_flag);
+    CHECK(fiber.state() == Fiber::State::Term);
+    _mm_setcsr(original_csr);
+}
+#endif  // FIBER_SCHED_X86_64_ASM_SWITCH
 #else
 TEST_CASE("FIBER_SCHED_SWITCH_FP_CONTROL 0: the rounding mode stays the thread's across switches") {
     const int original = std::fegetround();

@@ -25,12 +25,11 @@
 #include "impl/context_asm_directives.ipp"
 #if defined(_WIN32) && defined(FIBER_SCHED_USE_UCONTEXT)
 #error "fiber_sched: FIBER_SCHED_USE_UCONTEXT: Windows has no ucontext; FIBER_SCHED_USE_WINFIBER selects the Win32 fiber backend."
-#elif defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER) && (defined(__x86_64__) || defined(_M_X64)) && \
-    (defined(__GNUC__) || defined(__clang__))
+#elif defined(_WIN32) && defined(FIBER_SCHED_X86_64_ASM_SWITCH)  // context.hpp
 #include "impl/context_x86_64_win64.ipp"
 #elif defined(_WIN32)
 #include "impl/context_winfiber.ipp"
-#elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#elif defined(FIBER_SCHED_X86_64_ASM_SWITCH)
 #include "impl/context_x86_64_sysv.ipp"
 #elif !defined(FIBER_SCHED_USE_UCONTEXT) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #include "impl/context_aarch64_aapcs.ipp"
@@ -44,6 +43,7 @@
 #endif
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
+#undef FIBER_SCHED_X86_LOAD_FP_COLD
 #undef FIBER_SCHED_ASM_FUNCTION_BEGIN
 #undef FIBER_SCHED_ASM_FUNCTION_END
 #undef FIBER_SCHED_ASM_FUNCTION_TYPE

@@ -59,11 +59,17 @@ inline FloatControl save_float_control() noexcept {
     return fc;
 }
 
+// Loads only what differs, and keeps the running MXCSR status flags (the thread's, not the
+// fiber's; context_x86_64_fp.ipp says why).
 inline void restore_float_control(const FloatControl& fc) noexcept {
 #if FIBER_SCHED_SWITCH_FP_CONTROL && (defined(_M_X64) || defined(__x86_64__))
-    _mm_setcsr(fc.mxcsr);
+    constexpr unsigned int status_flags = 0x3f;
+    const unsigned int running = _mm_getcsr();
+    if ((running ^ fc.mxcsr) & ~status_flags) _mm_setcsr((fc.mxcsr & ~status_flags) | (running & status_flags));
 #if defined(__GNUC__) || defined(__clang__)
-    __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
+    unsigned short running_x87;
+    __asm__ volatile("fnstcw %0" : "=m"(running_x87));
+    if (running_x87 != fc.x87_control) __asm__ volatile("fldcw %0" : : "m"(fc.x87_control));
 #endif
 #else
     (void)fc;

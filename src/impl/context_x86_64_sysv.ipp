@@ -3,9 +3,11 @@
 // context_asm_directives.ipp spells the routines' symbols for ELF or Mach-O).
 //
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
-// (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0).
-// fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the
-// running stack, stores rsp to *save_sp, loads load_sp and pops the other side's state.
+// (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0; loaded only where they differ,
+// context_x86_64_fp.ipp).
+// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]) pushes that
+// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
+// side's state; the FP words come from the caller (context.hpp) in rdx.
 // A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0   MXCSR (4 bytes) | x87 control word (2 bytes) | padding
@@ -46,10 +48,10 @@ __asm__(
     "    pushq %r14\n"
     "    pushq %r15\n"
     "    subq $8, %rsp\n"
-    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
+    FIBER_SCHED_X86_SAVE_FP("%rdx")  // context_x86_64_fp.ipp
     "    movq %rsp, (%rdi)\n"
     "    movq %rsi, %rsp\n"
-    FIBER_SCHED_X86_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP("%rdx")
     "    addq $8, %rsp\n"
     "    popq %r15\n"
     "    popq %r14\n"
@@ -61,6 +63,7 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
+    FIBER_SCHED_X86_LOAD_FP_COLD("%rdx")
     FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
     "\n"
     FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_x86_64_sysv)

@@ -17,9 +17,10 @@
 // fiber-local storage and fiber data fields (gs:0x20, gs:0x17c8) are not switched: these
 // fibers are not OS fibers, so the thread's stay the thread's (docs/things-to-know.md).
 //
-// fsched_switch_context(void** save_sp, void* load_sp), with save_sp in rcx and load_sp in
-// rdx, pushes that state onto the running stack, stores rsp to *save_sp, loads load_sp and
-// pops the other side's state. A switched-out stack, from its saved sp upwards:
+// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]), with save_sp
+// in rcx, load_sp in rdx and the FP words from the caller (context.hpp) in r8, pushes that
+// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
+// side's state. A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0     MXCSR (4 bytes) | x87 control word (2 bytes) | padding
 //   sp + 8     DeallocationStack
@@ -81,7 +82,7 @@ __asm__(
     "    movaps %xmm13, 144(%rsp)\n"
     "    movaps %xmm14, 160(%rsp)\n"
     "    movaps %xmm15, 176(%rsp)\n"
-    FIBER_SCHED_X86_SAVE_FP  // context_x86_64_fp.ipp
+    FIBER_SCHED_X86_SAVE_FP("%r8")  // context_x86_64_fp.ipp
     "    movq %gs:0x1478, %rax\n"
     "    movq %rax, 8(%rsp)\n"
     "    movq %gs:0x10, %rax\n"
@@ -100,7 +101,7 @@ __asm__(
     "    movq %rax, %gs:0x1478\n"
     "    movq 192(%rsp), %rax\n"
     "    movq %rax, %gs:0x00\n"
-    FIBER_SCHED_X86_LOAD_FP
+    FIBER_SCHED_X86_LOAD_FP("%r8")
     "    movaps 32(%rsp), %xmm6\n"
     "    movaps 48(%rsp), %xmm7\n"
     "    movaps 64(%rsp), %xmm8\n"
@@ -124,6 +125,7 @@ __asm__(
     // call, which is never where a switch returns, and mispredict every switch.
     "    popq %r10\n"
     "    jmpq *%r10\n"
+    FIBER_SCHED_X86_LOAD_FP_COLD("%r8")
     "\n"
     ".globl fsched_trampoline_x86_64_win64\n"
     ".def fsched_trampoline_x86_64_win64; .scl 2; .type 32; .endef\n"

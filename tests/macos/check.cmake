@@ -46,7 +46,8 @@ function(run what)
 endfunction()
 
 # instructions(<var> <objdump output>): the instructions, one "mnemonic operands" per list
-# element, without addresses and without the nop padding after the routine.
+# element, without addresses (a branch keeps its target's <symbol+offset>), comments and the
+# nop padding after the routine.
 function(instructions var text)
   string(REPLACE ";" "," text "${text}")
   string(REPLACE "\n" ";" lines "${text}")
@@ -54,6 +55,9 @@ function(instructions var text)
   foreach(line IN LISTS lines)
     if(line MATCHES "^ *[0-9a-f]+:[ \t]+(.*)$")
       string(REGEX REPLACE "[ \t]+" " " insn "${CMAKE_MATCH_1}")
+      # A branch names its target by address and symbol: keep the symbol; drop comments.
+      string(REGEX REPLACE "0x[0-9a-f]+ (<[^>]*>)" "\\1" insn "${insn}")
+      string(REGEX REPLACE " *##.*$" "" insn "${insn}")
       string(STRIP "${insn}" insn)
       string(TOLOWER "${insn}" insn)  # llvm-objdump versions differ in case (FPCR, fpcr)
       if(NOT insn MATCHES "^nop")
@@ -102,14 +106,19 @@ endfunction()
 if(ARCH STREQUAL "x86_64")
   set(backend_name "asm-x86_64-sysv")
   set(trampoline "_fsched_trampoline_x86_64_sysv")
-  # context_x86_64_sysv.ipp with FIBER_SCHED_SWITCH_FP_CONTROL 1 (the default).
+  # context_x86_64_sysv.ipp with FIBER_SCHED_SWITCH_FP_CONTROL 1 (the default): the FP words
+  # come in rdx and are loaded out of line, only where a control bit differs.
   set(switch_listing
     "pushq %rbp" "pushq %rbx" "pushq %r12" "pushq %r13" "pushq %r14" "pushq %r15"
-    "subq $8, %rsp" "stmxcsr (%rsp)" "fnstcw 4(%rsp)"
+    "subq $8, %rsp" "movq %rdx, (%rsp)"
     "movq %rsp, (%rdi)" "movq %rsi, %rsp"
-    "ldmxcsr (%rsp)" "fldcw 4(%rsp)" "addq $8, %rsp"
+    "movq (%rsp), %rax" "xorq %rdx, %rax" "movabsq $281474976710592, %r11" "testq %r11, %rax"
+    "jne <_fsched_switch_context+0x3f>"
+    "addq $8, %rsp"
     "popq %r15" "popq %r14" "popq %r13" "popq %r12" "popq %rbx" "popq %rbp"
-    "popq %rcx" "jmpq *%rcx")
+    "popq %rcx" "jmpq *%rcx"
+    "andq $-64, %rax" "xorq %rdx, %rax" "movq %rax, (%rsp)" "ldmxcsr (%rsp)" "fldcw 4(%rsp)"
+    "jmp <_fsched_switch_context+0x2e>")
   set(trampoline_listing "movq %r13, %rdi" "callq *%r12" "ud2")
 elseif(ARCH STREQUAL "arm64")
   set(backend_name "asm-aarch64")
