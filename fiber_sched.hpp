@@ -75,6 +75,12 @@ CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_NO_EPOLL             on Linux, idle on a condition variable instead of
                                      epoll; fsched::io is then left out (as on other
                                      POSIX systems, where it does not exist)
+    FIBER_SCHED_SWITCH_FP_CONTROL    0: switches leave the FP modes (MXCSR and x87 control
+                                     word, FPCR, frm) as the thread has them (default 1:
+                                     each fiber keeps its own; MXCSR's status flags stay
+                                     the thread's either way on x86-64)
+    FIBER_SCHED_SWITCH_EH_STATE      0: one C++ exception state per thread (default 1 where
+                                     <cxxabi.h> is: each fiber has its own)
     FIBER_SCHED_DEBUG_MIGRATE        (read where the implementation is built) every
                                      Scheduler resumes each unpinned fiber on another
                                      worker after each wait, to catch thread_locals kept
@@ -363,8 +369,9 @@ int define_FIBER_SCHED_IMPLEMENTATION_in_one_cpp_file() noexcept;
 //   fsched_switch_context(&from.sp, to.sp)
 //                      save the running context, store its handle in from.sp, continue the
 //                      context whose handle is to.sp (assembly, or a function); the x86-64
-//                      routines with FIBER_SCHED_SWITCH_FP_CONTROL take a third argument,
-//                      the running FP control words, which switch_context() reads for them,
+//                      routines with FIBER_SCHED_SWITCH_FP_CONTROL are named
+//                      fsched_switch_context_fp and take a third argument, the running FP
+//                      control words, which switch_context() reads for them,
 //   backend_name       what fsched::backend() returns,
 //   release_context(ctx)
 //                      free what make_context() acquired besides the stack (only the
@@ -408,8 +415,10 @@ struct Context {
 // Hidden: each shared object that embeds the implementation has its own.
 #if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
 // `fp_control`: the running MXCSR in bits 0-31 and x87 control word in bits 32-47
-// (impl/context_x86_64_fp.ipp says why the caller reads them).
-extern "C" void fsched_switch_context(void** save_sp, void* load_sp, std::uint64_t fp_control) noexcept
+// (impl/context_x86_64_fp.ipp says why the caller reads them). A name of its own: a
+// translation unit built with another FIBER_SCHED_SWITCH_FP_CONTROL or backend than the
+// implementation's then fails to link, where it would call the routine with two arguments.
+extern "C" void fsched_switch_context_fp(void** save_sp, void* load_sp, std::uint64_t fp_control) noexcept
     FIBER_SCHED_HIDDEN;
 #else
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept FIBER_SCHED_HIDDEN;
@@ -426,7 +435,7 @@ inline void switch_context(Context& from, Context& to) noexcept {
     std::uint16_t x87_control;
     // "memory": not moved above the code before it, which may have changed a mode.
     __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control) : : "memory");
-    fsched_switch_context(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
+    fsched_switch_context_fp(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
 }
 #else
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }
@@ -5299,10 +5308,10 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 // fiber-local storage and fiber data fields (gs:0x20, gs:0x17c8) are not switched: these
 // fibers are not OS fibers, so the thread's stay the thread's (docs/things-to-know.md).
 //
-// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]), with save_sp
-// in rcx, load_sp in rdx and the FP words from the caller (context.hpp) in r8, pushes that
-// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
-// side's state. A switched-out stack, from its saved sp upwards:
+// fsched_switch_context(void** save_sp, void* load_sp), with save_sp in rcx and load_sp in
+// rdx (with the FP control, fsched_switch_context_fp(..., uint64_t fp_control), the FP words
+// from the caller, context.hpp, in r8), pushes that state onto the running stack, stores rsp
+// to *save_sp, loads load_sp and pops the other side's state. A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0     MXCSR (4 bytes) | x87 control word (2 bytes) | padding
 //   sp + 8     DeallocationStack
@@ -5338,12 +5347,19 @@ void remove_fault_stack(void* stack, std::size_t bytes) noexcept {
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
 
+// The routine's name, the one context.hpp declares.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_WIN64_SWITCH "fsched_switch_context_fp"
+#else
+#define FIBER_SCHED_WIN64_SWITCH "fsched_switch_context"
+#endif
+
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".def fsched_switch_context; .scl 2; .type 32; .endef\n"
+    ".globl " FIBER_SCHED_WIN64_SWITCH "\n"
+    ".def " FIBER_SCHED_WIN64_SWITCH "; .scl 2; .type 32; .endef\n"
     ".p2align 4\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_WIN64_SWITCH ":\n"
     "    pushq %rbp\n"
     "    pushq %rbx\n"
     "    pushq %rdi\n"
@@ -5426,6 +5442,7 @@ __asm__(
     "    nop\n"  // the return address of the call must lie inside the function's range
     ".seh_endproc\n");
 
+#undef FIBER_SCHED_WIN64_SWITCH
 
 namespace fsched {
 namespace detail {
@@ -5694,9 +5711,10 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
 // (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0; loaded only where they differ,
 // context_x86_64_fp.ipp).
-// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]) pushes that
-// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
-// side's state; the FP words come from the caller (context.hpp) in rdx.
+// fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the running
+// stack, stores rsp to *save_sp, loads load_sp and pops the other side's state; with the FP
+// control it is fsched_switch_context_fp(..., uint64_t fp_control), the FP words from the
+// caller (context.hpp) in rdx.
 // A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0   MXCSR (4 bytes) | x87 control word (2 bytes) | padding
@@ -5727,7 +5745,11 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept FIBER_SCHED_HIDDEN;
 
 __asm__(
     ".text\n"
-    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
+#if FIBER_SCHED_SWITCH_FP_CONTROL  // the name context.hpp declares
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context_fp)  // context_asm_directives.ipp
+#else
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)
+#endif
     FIBER_SCHED_ENDBR
     "    pushq %rbp\n"
     "    pushq %rbx\n"
@@ -5752,7 +5774,11 @@ __asm__(
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
     FIBER_SCHED_X86_LOAD_FP_COLD("%rdx")
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context_fp)
+#else
     FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
+#endif
     "\n"
     FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_x86_64_sysv)
     "    .cfi_startproc\n"

@@ -8,8 +8,9 @@
 //   fsched_switch_context(&from.sp, to.sp)
 //                      save the running context, store its handle in from.sp, continue the
 //                      context whose handle is to.sp (assembly, or a function); the x86-64
-//                      routines with FIBER_SCHED_SWITCH_FP_CONTROL take a third argument,
-//                      the running FP control words, which switch_context() reads for them,
+//                      routines with FIBER_SCHED_SWITCH_FP_CONTROL are named
+//                      fsched_switch_context_fp and take a third argument, the running FP
+//                      control words, which switch_context() reads for them,
 //   backend_name       what fsched::backend() returns,
 //   release_context(ctx)
 //                      free what make_context() acquired besides the stack (only the
@@ -54,8 +55,10 @@ struct Context {
 // Hidden: each shared object that embeds the implementation has its own.
 #if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
 // `fp_control`: the running MXCSR in bits 0-31 and x87 control word in bits 32-47
-// (impl/context_x86_64_fp.ipp says why the caller reads them).
-extern "C" void fsched_switch_context(void** save_sp, void* load_sp, std::uint64_t fp_control) noexcept
+// (impl/context_x86_64_fp.ipp says why the caller reads them). A name of its own: a
+// translation unit built with another FIBER_SCHED_SWITCH_FP_CONTROL or backend than the
+// implementation's then fails to link, where it would call the routine with two arguments.
+extern "C" void fsched_switch_context_fp(void** save_sp, void* load_sp, std::uint64_t fp_control) noexcept
     FIBER_SCHED_HIDDEN;
 #else
 extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept FIBER_SCHED_HIDDEN;
@@ -72,7 +75,7 @@ inline void switch_context(Context& from, Context& to) noexcept {
     std::uint16_t x87_control;
     // "memory": not moved above the code before it, which may have changed a mode.
     __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control) : : "memory");
-    fsched_switch_context(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
+    fsched_switch_context_fp(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
 }
 #else
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }

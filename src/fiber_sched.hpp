@@ -73,6 +73,12 @@ CONFIGURATION (define before including, the same in every translation unit)
     FIBER_SCHED_NO_EPOLL             on Linux, idle on a condition variable instead of
                                      epoll; fsched::io is then left out (as on other
                                      POSIX systems, where it does not exist)
+    FIBER_SCHED_SWITCH_FP_CONTROL    0: switches leave the FP modes (MXCSR and x87 control
+                                     word, FPCR, frm) as the thread has them (default 1:
+                                     each fiber keeps its own; MXCSR's status flags stay
+                                     the thread's either way on x86-64)
+    FIBER_SCHED_SWITCH_EH_STATE      0: one C++ exception state per thread (default 1 where
+                                     <cxxabi.h> is: each fiber has its own)
     FIBER_SCHED_DEBUG_MIGRATE        (read where the implementation is built) every
                                      Scheduler resumes each unpinned fiber on another
                                      worker after each wait, to catch thread_locals kept

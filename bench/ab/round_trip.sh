@@ -19,6 +19,7 @@ unit() {  # unit NAME HEADER_DIR [DEFINES...]: one build, its symbols renamed ap
     "${cxx}" -std=c++17 -O2 -DNDEBUG -pthread -DAB_NAME="\"${name}\"" -Dfsched="fsched_${id}" -I"${dir}" $@ \
         -c "${here}/round_trip_unit.cpp" -o "${work}/${id}.o"
     objcopy --redefine-sym "fsched_switch_context=fsched_switch_context_${id}" \
+            --redefine-sym "fsched_switch_context_fp=fsched_switch_context_fp_${id}" \
             --redefine-sym "fsched_trampoline_x86_64_sysv=fsched_trampoline_${id}" "${work}/${id}.o"
     objects+=("${work}/${id}.o")
 }

@@ -5,9 +5,10 @@
 // Callee-saved state: rbx, rbp, r12-r15, the MXCSR control bits and the x87 control word
 // (these two unless FIBER_SCHED_SWITCH_FP_CONTROL is 0; loaded only where they differ,
 // context_x86_64_fp.ipp).
-// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]) pushes that
-// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
-// side's state; the FP words come from the caller (context.hpp) in rdx.
+// fsched_switch_context(void** save_sp, void* load_sp) pushes that state onto the running
+// stack, stores rsp to *save_sp, loads load_sp and pops the other side's state; with the FP
+// control it is fsched_switch_context_fp(..., uint64_t fp_control), the FP words from the
+// caller (context.hpp) in rdx.
 // A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0   MXCSR (4 bytes) | x87 control word (2 bytes) | padding
@@ -39,7 +40,11 @@ extern "C" void fsched_trampoline_x86_64_sysv() noexcept FIBER_SCHED_HIDDEN;
 
 __asm__(
     ".text\n"
-    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)  // context_asm_directives.ipp
+#if FIBER_SCHED_SWITCH_FP_CONTROL  // the name context.hpp declares
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context_fp)  // context_asm_directives.ipp
+#else
+    FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_switch_context)
+#endif
     FIBER_SCHED_ENDBR
     "    pushq %rbp\n"
     "    pushq %rbx\n"
@@ -64,7 +69,11 @@ __asm__(
     "    popq %rcx\n"
     "    jmpq *%rcx\n"
     FIBER_SCHED_X86_LOAD_FP_COLD("%rdx")
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+    FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context_fp)
+#else
     FIBER_SCHED_ASM_FUNCTION_END(fsched_switch_context)
+#endif
     "\n"
     FIBER_SCHED_ASM_FUNCTION_BEGIN(fsched_trampoline_x86_64_sysv)
     "    .cfi_startproc\n"

@@ -17,10 +17,10 @@
 // fiber-local storage and fiber data fields (gs:0x20, gs:0x17c8) are not switched: these
 // fibers are not OS fibers, so the thread's stay the thread's (docs/things-to-know.md).
 //
-// fsched_switch_context(void** save_sp, void* load_sp[, uint64_t fp_control]), with save_sp
-// in rcx, load_sp in rdx and the FP words from the caller (context.hpp) in r8, pushes that
-// state onto the running stack, stores rsp to *save_sp, loads load_sp and pops the other
-// side's state. A switched-out stack, from its saved sp upwards:
+// fsched_switch_context(void** save_sp, void* load_sp), with save_sp in rcx and load_sp in
+// rdx (with the FP control, fsched_switch_context_fp(..., uint64_t fp_control), the FP words
+// from the caller, context.hpp, in r8), pushes that state onto the running stack, stores rsp
+// to *save_sp, loads load_sp and pops the other side's state. A switched-out stack, from its saved sp upwards:
 //
 //   sp + 0     MXCSR (4 bytes) | x87 control word (2 bytes) | padding
 //   sp + 8     DeallocationStack
@@ -57,12 +57,19 @@
 
 extern "C" void fsched_trampoline_x86_64_win64() noexcept;
 
+// The routine's name, the one context.hpp declares.
+#if FIBER_SCHED_SWITCH_FP_CONTROL
+#define FIBER_SCHED_WIN64_SWITCH "fsched_switch_context_fp"
+#else
+#define FIBER_SCHED_WIN64_SWITCH "fsched_switch_context"
+#endif
+
 __asm__(
     ".text\n"
-    ".globl fsched_switch_context\n"
-    ".def fsched_switch_context; .scl 2; .type 32; .endef\n"
+    ".globl " FIBER_SCHED_WIN64_SWITCH "\n"
+    ".def " FIBER_SCHED_WIN64_SWITCH "; .scl 2; .type 32; .endef\n"
     ".p2align 4\n"
-    "fsched_switch_context:\n"
+    FIBER_SCHED_WIN64_SWITCH ":\n"
     "    pushq %rbp\n"
     "    pushq %rbx\n"
     "    pushq %rdi\n"
@@ -145,6 +152,7 @@ __asm__(
     "    nop\n"  // the return address of the call must lie inside the function's range
     ".seh_endproc\n");
 
+#undef FIBER_SCHED_WIN64_SWITCH
 
 namespace fsched {
 namespace detail {

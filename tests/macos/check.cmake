@@ -105,6 +105,7 @@ endfunction()
 
 if(ARCH STREQUAL "x86_64")
   set(backend_name "asm-x86_64-sysv")
+  set(switch_routine "_fsched_switch_context_fp")  # with FIBER_SCHED_SWITCH_FP_CONTROL 1
   set(trampoline "_fsched_trampoline_x86_64_sysv")
   # context_x86_64_sysv.ipp with FIBER_SCHED_SWITCH_FP_CONTROL 1 (the default): the FP words
   # come in rdx and are loaded out of line, only where a control bit differs.
@@ -113,15 +114,16 @@ if(ARCH STREQUAL "x86_64")
     "subq $8, %rsp" "movq %rdx, (%rsp)"
     "movq %rsp, (%rdi)" "movq %rsi, %rsp"
     "movq (%rsp), %rax" "xorq %rdx, %rax" "movabsq $281474976710592, %r11" "testq %r11, %rax"
-    "jne <_fsched_switch_context+0x3f>"
+    "jne <_fsched_switch_context_fp+0x3f>"
     "addq $8, %rsp"
     "popq %r15" "popq %r14" "popq %r13" "popq %r12" "popq %rbx" "popq %rbp"
     "popq %rcx" "jmpq *%rcx"
     "andq $-64, %rax" "xorq %rdx, %rax" "movq %rax, (%rsp)" "ldmxcsr (%rsp)" "fldcw 4(%rsp)"
-    "jmp <_fsched_switch_context+0x2e>")
+    "jmp <_fsched_switch_context_fp+0x2e>")
   set(trampoline_listing "movq %r13, %rdi" "callq *%r12" "ud2")
 elseif(ARCH STREQUAL "arm64")
   set(backend_name "asm-aarch64")
+  set(switch_routine "_fsched_switch_context")
   set(trampoline "_fsched_trampoline_aarch64_aapcs")
   # context_aarch64_aapcs.ipp: x19-x30, d8-d15 and FPCR saved, x9 the only scratch register.
   set(switch_listing
@@ -146,13 +148,13 @@ if(MODE STREQUAL "backend")
   set(program "${out_dir}/backend")
   run("compiling tests/macos/backend.cpp" "${CLANGXX}" ${common_flags} -O2 -fno-exceptions -fno-rtti
       -I "${SOURCE_DIR}/src" -c "${SOURCE_DIR}/tests/macos/backend.cpp" -o "${object}")
-  expect_symbols("${object}" _fsched_switch_context "${trampoline}")
+  expect_symbols("${object}" "${switch_routine}" "${trampoline}")
   run("linking with ld64.lld" "${LD64}" -arch "${ARCH}" -platform_version macos 11.0 11.0
       -o "${program}" "${object}" "${SOURCE_DIR}/tests/macos/libSystem.tbd")
   if(ARCH STREQUAL "arm64")
     no_x18("${program}")
   endif()
-  expect_routine("${program}" _fsched_switch_context ${switch_listing})
+  expect_routine("${program}" "${switch_routine}" ${switch_listing})
   expect_routine("${program}" "${trampoline}" ${trampoline_listing})
   message(STATUS "${triple}: backend assembled for Mach-O, linked, switch routine as reviewed")
 
@@ -183,7 +185,7 @@ elseif(MODE STREQUAL "suite")
     list(APPEND objects "${out_dir}/${name}.o")
   endforeach()
   # The implementation unit, from the whole header: the cascade chose the assembly backend.
-  expect_symbols("${out_dir}/impl.o" _fsched_switch_context "${trampoline}")
+  expect_symbols("${out_dir}/impl.o" "${switch_routine}" "${trampoline}")
   file(STRINGS "${out_dir}/impl.o" names REGEX "asm-")
   if(NOT names MATCHES "${backend_name}")
     message(FATAL_ERROR "${triple}: impl.o does not name the ${backend_name} backend")
