@@ -179,6 +179,9 @@ std::chrono::nanoseconds idle_wait_resolution() noexcept;
 // When set, called by a worker in the middle of announcing its sleep (counted in the
 // scheduler's sleepers, `sleeping` not yet set) with its index: a test holds it there.
 void set_sleep_announce_hook(void (*hook)(int worker)) noexcept;
+// When set, called by a worker that announced its sleep and whose last look found nothing,
+// just before it would block, with its index: a test queues work from there.
+void set_sleep_wait_hook(void (*hook)(int worker)) noexcept;
 #define FIBER_SCHED_FAULT(site) (::fsched::detail::fault_hit(::fsched::detail::FaultSite::site))
 #else
 #define FIBER_SCHED_FAULT(site) false

@@ -478,3 +478,42 @@ TEST_CASE("a fiber pinned to a sleeping worker is woken while another worker is 
     s.stop();
     CHECK(ran);
 }
+
+// At the end of its sleep announcement (its last look found nothing), worker 1 queues a task
+// pinned to itself, as an idle worker does when it fires another worker's due timer and
+// the woken fiber comes to its own queue: it claims its own wake-up and sends itself no
+// signal (SchedulerCore::wake_worker). It must then not block: nothing else would wake it,
+// not even stop(). In a child, so that a worker that blocks cannot hang the suite.
+struct SelfWakeGate {
+    static Scheduler* sched;
+    static std::atomic<bool> armed;
+    static std::atomic<bool> ran;
+    static void hook(int worker) {
+        if (worker != 1 || !armed.exchange(false)) return;
+        sched->schedule([] { ran = true; }, 1);
+    }
+};
+Scheduler* SelfWakeGate::sched = nullptr;
+std::atomic<bool> SelfWakeGate::armed{false};
+std::atomic<bool> SelfWakeGate::ran{false};
+
+TEST_CASE("a worker that queues a task for itself as it is about to sleep runs it instead of blocking") {
+    test::ChildResult r = test::run_in_child([] {
+        Scheduler s(2, false, "selfwake");
+        SelfWakeGate::sched = &s;
+        fsched::detail::set_sleep_wait_hook(&SelfWakeGate::hook);
+        s.start();
+        std::atomic<bool> first{false};
+        SelfWakeGate::armed = true;
+        s.schedule([&] { first = true; }, 1);  // worker 1 runs it, then goes to sleep: the hook
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (!SelfWakeGate::ran && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+        FSCHED_CHILD_REQUIRE(first);
+        FSCHED_CHILD_REQUIRE(SelfWakeGate::ran);  // worker 1 did not block with its task queued
+        s.stop();                                // nor does it now
+        fsched::detail::set_sleep_wait_hook(nullptr);
+    }, 60);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err == "");
+}

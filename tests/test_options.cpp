@@ -23,6 +23,7 @@
 #if defined(__linux__)
 #include <dirent.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #endif
 
 using fsched::Fiber;
@@ -161,6 +162,7 @@ TEST_CASE("options: a default-constructed SchedulerOptions is the positional con
     CHECK(!options.on_thread_start);
     CHECK(!options.on_thread_stop);
     CHECK(options.cpu_affinity.empty());
+    CHECK(options.timer_slack == std::chrono::microseconds(1));
     Scheduler s(options);
     CHECK(s.name() == "Scheduler");
     CHECK(s.thread_count() == 1);
@@ -387,6 +389,54 @@ TEST_CASE("thread hooks: on_thread_start(0) throwing leaves the constructor with
         next.stop();
     }
 }
+
+// ---- timer slack --------------------------------------------------------------------------
+
+TEST_CASE("timer_slack: negative is a FIBER_SCHED_ASSERT at construction") {
+    FSCHED_CHECK_ABORTS_WITH([] {
+        SchedulerOptions options;
+        options.timer_slack = std::chrono::nanoseconds(-1);
+        Scheduler s(options);
+    }, "Scheduler(): timer_slack is negative");
+}
+
+#if defined(__linux__)
+TEST_CASE("timer_slack: each worker thread has it before its hook and tasks; 0 leaves the inherited one; the use_caller thread keeps its own") {
+    const int caller_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    REQUIRE(caller_slack > 0);
+    for (const long long slack_ns : {1000LL, 0LL, 70000LL}) {
+        for (const bool use_caller : {false, true}) {
+            CAPTURE(slack_ns);
+            CAPTURE(use_caller);
+            const long long expected = slack_ns > 0 ? slack_ns : caller_slack;
+            std::atomic<int> wrong{0};
+            std::atomic<int> checked{0};
+            SchedulerOptions options;
+            options.threads = 3;
+            options.use_caller = use_caller;
+            options.timer_slack = std::chrono::nanoseconds(slack_ns);
+            options.on_thread_start = [&](int worker) {
+                if (use_caller && worker == 0) return;
+                if (prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) != expected) wrong++;
+            };
+            {
+                Scheduler s(options);
+                s.start();
+                for (int w = use_caller ? 1 : 0; w < 3; ++w) {
+                    s.schedule([&] {
+                        if (prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) != expected) wrong++;
+                        checked++;
+                    }, w);
+                }
+                s.stop();
+            }
+            CHECK(wrong == 0);
+            CHECK(checked == (use_caller ? 2 : 3));
+            CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == caller_slack);  // never the constructing thread's
+        }
+    }
+}
+#endif
 
 // ---- CPU affinity -------------------------------------------------------------------------
 

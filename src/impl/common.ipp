@@ -43,6 +43,8 @@ std::atomic<void (*)(int)> sleep_announce_hook{nullptr};
 void set_sleep_announce_hook(void (*hook)(int worker)) noexcept {
     sleep_announce_hook.store(hook, std::memory_order_relaxed);
 }
+std::atomic<void (*)(int)> sleep_wait_hook{nullptr};
+void set_sleep_wait_hook(void (*hook)(int worker)) noexcept { sleep_wait_hook.store(hook, std::memory_order_relaxed); }
 #endif
 
 void assert_failed(const char* expr, const char* file, int line) {

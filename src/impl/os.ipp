@@ -76,6 +76,10 @@ int cpu_limit() noexcept;
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
+// Lets the kernel end the calling thread's timed waits up to `slack` late, no more
+// (Linux: PR_SET_TIMERSLACK); nothing elsewhere. Errors are ignored: the slack stays.
+void set_timer_slack(std::chrono::nanoseconds slack) noexcept;
+
 // Ends the process as abort() does, after the overflow report (on Windows from within the
 // little stack an overflow leaves; on POSIX abort() itself).
 [[noreturn]] void abort_after_report() noexcept;

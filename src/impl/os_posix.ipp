@@ -17,6 +17,9 @@
 #endif
 #include <signal.h>
 #include <sys/mman.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 #include <unistd.h>
 
 namespace fsched {
@@ -143,6 +146,14 @@ bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
     return false;
 }
 #endif
+
+void set_timer_slack(std::chrono::nanoseconds slack) noexcept {
+#if defined(__linux__)
+    prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(slack.count()), 0UL, 0UL, 0UL);
+#else
+    (void)slack;  // macOS and the BSDs have no per-thread timer slack to set
+#endif
+}
 
 void write_stderr(const char* text, std::size_t bytes) noexcept {
     while (bytes > 0) {

@@ -171,6 +171,9 @@ int cpu_limit() noexcept {
     return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
 }
 
+// Windows has no per-thread timer slack; a wait's precision is the system timer's.
+void set_timer_slack(std::chrono::nanoseconds) noexcept {}
+
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept {
     if (cpu < 0 || cpu >= 64) {
         error = std::make_error_code(std::errc::invalid_argument);

@@ -332,10 +332,14 @@ struct SchedulerCore {
         return true;
     }
 
-    // Wakes `w` if it sleeps; true if this call claimed that.
+    // Wakes `w` if it sleeps; true if this call claimed that. A worker that wakes itself
+    // (between announcing its sleep and sleeping, or as the poller dispatching what it
+    // waited for, it queued a task) is awake: the claim is all it needs, and a signal would
+    // only make its next sleep end at once (a write, a wasted epoll return and two reads of
+    // the eventfd per sleep of a one-worker server).
     bool wake_worker(Worker& w) noexcept {
         if (!claim_worker_wake(w)) return false;
-        w.notify();
+        if (thread_state()->worker != &w) w.notify();
         return true;
     }
 

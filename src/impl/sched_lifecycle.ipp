@@ -43,6 +43,7 @@ void SchedulerCore::check_options() const {
     if (options.stack_size > max_stack_size - FiberAccess::in_stack_room) {
         throw std::length_error("fiber_sched: Scheduler(): stack_size is above the limit (fsched::detail::max_stack_size)");
     }
+    FIBER_SCHED_ASSERT(options.timer_slack.count() >= 0 && "Scheduler(): timer_slack is negative");
     if (options.cpu_affinity.empty()) return;
     const int cpus = os::cpu_limit();
     for (const int cpu : options.cpu_affinity) {
@@ -65,11 +66,12 @@ void SchedulerCore::launch_threads() {
     }
 }
 
-// on_thread_start after the name and the pin, so that a hook sees the thread as its tasks
-// will; on_thread_stop once the loop has left for good (exit_bit), before the thread ends.
+// on_thread_start after the name, the pin and the timer slack, so that a hook sees the
+// thread as its tasks will (and may change them); on_thread_stop once the loop has left for good (exit_bit), before the thread ends.
 void SchedulerCore::run_worker_thread(Worker& worker) noexcept {
     os::name_thread(owner.name(), worker.index);
     pin_worker_thread(worker.index);
+    if (options.timer_slack.count() > 0) os::set_timer_slack(options.timer_slack);
     run_thread_hook(options.on_thread_start, worker.index);
     worker.run_loop();
     run_thread_hook(options.on_thread_stop, worker.index);

@@ -182,9 +182,19 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     // no_deadline is TimePoint::max()'s count: the minimum is max() only with nothing due.
     const TimePoint deadline =
         std::min({TimePoint{std::chrono::steady_clock::duration(deadline_ticks)}, trim.stacks_at, trim.queues_at});
+#if defined(FIBER_SCHED_FAULT_INJECTION)
+    if (auto hook = sleep_wait_hook.load(std::memory_order_relaxed)) hook(index);
+#endif
+    const TimePoint now = std::chrono::steady_clock::now();
     count(counters.sleeps);
-    idle_clock_asleep(std::chrono::steady_clock::now());
-    idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    idle_clock_asleep(now);
+    // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
+    // notify() would only end the wait at once, or by this worker itself, which sends none
+    // (SchedulerCore::wake_worker: it queued a task during its last look, for another worker
+    // perhaps, then found nothing to take).
+    if (now < deadline && sleeping.load(std::memory_order_seq_cst)) {
+        idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    }
     idle_clock_awake(std::chrono::steady_clock::now());
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
