@@ -1452,7 +1452,7 @@ namespace detail {
 // is stored, before the switch or after it.
 struct EhSwap {
     FIBER_SCHED_ALWAYS_INLINE EhSwap(ThreadState* ts, const EhState& fiber) noexcept
-        : eh(ts->eh ? ts->eh : eh_globals(ts)), resumer_caught(eh->caught), resumer_uncaught(eh->uncaught),
+        : eh(FIBER_SCHED_LIKELY(ts->eh != nullptr) ? ts->eh : eh_globals(ts)), resumer_caught(eh->caught), resumer_uncaught(eh->uncaught),
           swapped((reinterpret_cast<std::uintptr_t>(resumer_caught) | resumer_uncaught |
                    reinterpret_cast<std::uintptr_t>(fiber.caught) | fiber.uncaught) != 0) {
         if (FIBER_SCHED_UNLIKELY(swapped)) {

@@ -14,6 +14,8 @@
 //      Baselines: ucontext on a malloc'd stack; Boost.Context fiber with fixedsize_stack
 //      (malloc, no guard), protected_fixedsize_stack (mmap + guard page, like ours) and
 //      pooled_fixedsize_stack (a reused pool, like ours), when available.
+// The round trips of a group are timed in turn, repetition by repetition, so that a slow
+// spell of the machine hits them alike (the create rows one after the other).
 // On Windows the baselines are the Win32 fiber API itself (SwitchToFiber both ways;
 // CreateFiberEx + SwitchToFiber + DeleteFiber), and bench/bench_fiber_windows.sh builds this
 // file for both Windows backends (MinGW-w64, run under wine) and prints the ratio.
@@ -38,8 +40,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
 #include <boost/context/fiber.hpp>
@@ -75,108 +80,123 @@ constexpr std::size_t stack_size_64k = 64 * 1024;
 // 1. round trip
 // ---------------------------------------------------------------------------------------
 
-// `fiber_flags`: the fiber's status flags as it starts; the caller's are raised.
-Result round_trip_fsched(const Options& opt, FpFlags fiber_flags = FpFlags::Raised) {
-    bool stop = false;
-    std::uint64_t count = 0;
-    fsched::Fiber fiber([&] {
-        set_fp_flags(fiber_flags);
-        while (!stop) {
-            ++count;
-            fsched::Fiber::yield();
-        }
-    });
-    set_fp_flags(FpFlags::Raised);
-    Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) fiber.resume();
-    });
-    stop = true;
-    fiber.resume();  // lets fn return, so the fiber is Term when destroyed
-    sink = count;
-    return r;
-}
+// Each loop below is a fiber (or context) made in the constructor that yields back at once
+// each time it is resumed; operator()(n) makes n round trips; the destructor lets it end.
+// `fiber_flags`: the fiber's MXCSR status flags as it starts; the caller's are raised.
+// main() times the loops of a group in turn, repetition by repetition (measure_interleaved).
+
+class FschedLoop {
+public:
+    explicit FschedLoop(FpFlags fiber_flags)
+        : fiber_([this, fiber_flags] {
+              set_fp_flags(fiber_flags);
+              while (!stop_) {
+                  ++count_;
+                  fsched::Fiber::yield();
+              }
+          }) {
+        set_fp_flags(FpFlags::Raised);
+        fiber_.resume();  // the fiber starts: its flags are set from here on
+    }
+    FschedLoop(const FschedLoop&) = delete;
+    FschedLoop& operator=(const FschedLoop&) = delete;
+    ~FschedLoop() {
+        stop_ = true;
+        fiber_.resume();  // lets fn return, so the fiber is Term when destroyed
+        sink = count_;
+    }
+    void operator()(std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) fiber_.resume();
+    }
+
+private:
+    bool stop_ = false;
+    std::uint64_t count_ = 0;
+    fsched::Fiber fiber_;
+};
 
 #if !defined(_WIN32)
 // makecontext() passes only ints to the entry function, so the state travels in a global.
-// The contexts are locals of round_trip_ucontext(): glibc's riscv64 ucontext_t ends in a
+// The contexts are members allocated apart: glibc's riscv64 ucontext_t ends in a
 // zero-length array, which -Wpedantic refuses as a member.
-struct UcontextLoop {
-    ucontext_t* caller = nullptr;
-    ucontext_t* fiber = nullptr;
-    bool stop = false;
-    std::uint64_t count = 0;
-};
-UcontextLoop* g_uc_loop = nullptr;
-
-void ucontext_loop_entry() {
-    UcontextLoop& s = *g_uc_loop;
-    while (!s.stop) {
-        ++s.count;
-        swapcontext(s.fiber, s.caller);
+class UcontextLoop {
+public:
+    UcontextLoop() : caller_(new ucontext_t), fiber_(new ucontext_t), stack_(new char[stack_size_64k]) {
+        current = this;
+        getcontext(fiber_.get());
+        fiber_->uc_stack.ss_sp = stack_.get();
+        fiber_->uc_stack.ss_size = stack_size_64k;
+        fiber_->uc_link = caller_.get();
+        makecontext(fiber_.get(), &UcontextLoop::entry, 0);
     }
-    // returning switches to uc_link (the caller)
-}
+    UcontextLoop(const UcontextLoop&) = delete;
+    UcontextLoop& operator=(const UcontextLoop&) = delete;
+    ~UcontextLoop() {
+        stop_ = true;
+        swapcontext(caller_.get(), fiber_.get());  // returns through uc_link
+        sink = count_;
+        current = nullptr;
+    }
+    void operator()(std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) swapcontext(caller_.get(), fiber_.get());
+    }
 
-Result round_trip_ucontext(const Options& opt) {
-    ucontext_t caller;
-    ucontext_t fiber;
-    UcontextLoop s;
-    s.caller = &caller;
-    s.fiber = &fiber;
-    g_uc_loop = &s;
-    std::unique_ptr<char[]> stack(new char[stack_size_64k]);
-    getcontext(&fiber);
-    fiber.uc_stack.ss_sp = stack.get();
-    fiber.uc_stack.ss_size = stack_size_64k;
-    fiber.uc_link = &caller;
-    makecontext(&fiber, ucontext_loop_entry, 0);
-    Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) swapcontext(&caller, &fiber);
-    });
-    s.stop = true;
-    swapcontext(&caller, &fiber);
-    sink = s.count;
-    g_uc_loop = nullptr;
-    return r;
-}
+private:
+    static UcontextLoop* current;
+    static void entry() {
+        UcontextLoop& s = *current;
+        while (!s.stop_) {
+            ++s.count_;
+            swapcontext(s.fiber_.get(), s.caller_.get());
+        }
+    }
+    std::unique_ptr<ucontext_t> caller_;
+    std::unique_ptr<ucontext_t> fiber_;
+    std::unique_ptr<char[]> stack_;
+    bool stop_ = false;
+    std::uint64_t count_ = 0;
+};
+UcontextLoop* UcontextLoop::current = nullptr;
 #else
-// The Win32 fiber API by hand: the thread is converted once, the fiber switches back.
-struct Win32Loop {
-    void* caller = nullptr;
-    void* fiber = nullptr;
-    bool stop = false;
-    std::uint64_t count = 0;
-};
-
-void WINAPI win32_loop_entry(void* arg) {
-    auto& s = *static_cast<Win32Loop*>(arg);
-    while (!s.stop) {
-        ++s.count;
-        SwitchToFiber(s.caller);
-    }
-    SwitchToFiber(s.caller);  // a fiber's function must not return
-}
-
 // The calling thread as a fiber, for the Win32 rows (converted once, left so).
 void* thread_as_fiber() {
     static thread_local void* self = IsThreadAFiber() ? GetCurrentFiber() : ConvertThreadToFiber(nullptr);
     return self;
 }
 
-Result round_trip_win32(const Options& opt) {
-    Win32Loop s;
-    s.caller = thread_as_fiber();
-    s.fiber = CreateFiberEx(0, stack_size_64k, FIBER_FLAG_FLOAT_SWITCH, &win32_loop_entry, &s);
-    if (!s.fiber) std::abort();
-    Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) SwitchToFiber(s.fiber);
-    });
-    s.stop = true;
-    SwitchToFiber(s.fiber);
-    DeleteFiber(s.fiber);
-    sink = s.count;
-    return r;
-}
+// The Win32 fiber API by hand: the thread is converted once, the fiber switches back.
+class Win32Loop {
+public:
+    Win32Loop() : caller_(thread_as_fiber()) {
+        fiber_ = CreateFiberEx(0, stack_size_64k, FIBER_FLAG_FLOAT_SWITCH, &Win32Loop::entry, this);
+        if (!fiber_) std::abort();
+    }
+    Win32Loop(const Win32Loop&) = delete;
+    Win32Loop& operator=(const Win32Loop&) = delete;
+    ~Win32Loop() {
+        stop_ = true;
+        SwitchToFiber(fiber_);
+        DeleteFiber(fiber_);
+        sink = count_;
+    }
+    void operator()(std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) SwitchToFiber(fiber_);
+    }
+
+private:
+    static void WINAPI entry(void* arg) {
+        auto& s = *static_cast<Win32Loop*>(arg);
+        while (!s.stop_) {
+            ++s.count_;
+            SwitchToFiber(s.caller_);
+        }
+        SwitchToFiber(s.caller_);  // a fiber's function must not return
+    }
+    void* caller_;
+    void* fiber_ = nullptr;
+    bool stop_ = false;
+    std::uint64_t count_ = 0;
+};
 #endif
 
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
@@ -184,52 +204,53 @@ namespace ctx = boost::context;
 
 // One round trip: this side switches to the fiber with resume(fiber), the fiber back with
 // resume(caller); each returns the context that switched back. The two rows differ only in
-// `resume`.
+// `Resume`.
 template <class Resume>
-Result round_trip_boost(const Options& opt, Resume resume, FpFlags fiber_flags = FpFlags::Raised) {
-    bool stop = false;
-    std::uint64_t count = 0;
-    ctx::fiber fiber{[&](ctx::fiber&& caller) {
-        set_fp_flags(fiber_flags);
-        while (!stop) {
-            ++count;
-            caller = resume(std::move(caller));
-        }
-        return std::move(caller);
-    }};
-    set_fp_flags(FpFlags::Raised);
-    fiber = resume(std::move(fiber));  // the fiber starts: its flags are set from here on
-    Result r = measure(opt, [&](std::uint64_t n) {
-        for (std::uint64_t i = 0; i < n; ++i) fiber = resume(std::move(fiber));
-    });
-    stop = true;
-    fiber = std::move(fiber).resume();  // the fiber returns; `fiber` becomes empty
-    sink = count;
-    return r;
-}
+class BoostLoop {
+public:
+    explicit BoostLoop(FpFlags fiber_flags)
+        : fiber_{[this, fiber_flags](ctx::fiber&& caller) {
+              set_fp_flags(fiber_flags);
+              while (!stop_) {
+                  ++count_;
+                  caller = Resume{}(std::move(caller));
+              }
+              return std::move(caller);
+          }} {
+        set_fp_flags(FpFlags::Raised);
+        fiber_ = Resume{}(std::move(fiber_));  // the fiber starts: its flags are set from here on
+    }
+    BoostLoop(const BoostLoop&) = delete;
+    BoostLoop& operator=(const BoostLoop&) = delete;
+    ~BoostLoop() {
+        stop_ = true;
+        fiber_ = std::move(fiber_).resume();  // the fiber returns; `fiber_` becomes empty
+        sink = count_;
+    }
+    void operator()(std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) fiber_ = Resume{}(std::move(fiber_));
+    }
 
-Result round_trip_boost_inline(const Options& opt) {
-    return round_trip_boost(opt, [](ctx::fiber&& f) { return std::move(f).resume(); });
-}
+private:
+    bool stop_ = false;
+    std::uint64_t count_ = 0;
+    ctx::fiber fiber_;
+};
 
+struct ResumeInline {
+    ctx::fiber operator()(ctx::fiber&& f) const { return std::move(f).resume(); }
+};
 
-// With resume() inlined, each loop of round_trip_boost() is inlined whole around
-// jump_fcontext, so no `ret` ever crosses a switch.
-// fsched::Fiber::resume() and yield() are real calls into the implementation, and a call
-// whose `ret` lands after a switch is mispredicted (the CPU's return stack holds the other
-// stack's return address). This row calls Boost the same way, through one function that
-// is not inlined on each side.
+// With resume() inlined, each loop of BoostLoop is inlined whole around jump_fcontext, so
+// no `ret` ever crosses a switch. A call whose `ret` lands after a switch is mispredicted
+// (the CPU's return stack holds the other stack's return address). This row calls Boost
+// through one function that is not inlined on each side.
 __attribute__((noinline)) ctx::fiber resume_out_of_line(ctx::fiber&& fiber) {
     return std::move(fiber).resume();
 }
-
-Result round_trip_boost_out_of_line(const Options& opt) {
-    return round_trip_boost(opt, [](ctx::fiber&& f) { return resume_out_of_line(std::move(f)); });
-}
-
-Result round_trip_boost_flags_differ(const Options& opt) {
-    return round_trip_boost(opt, [](ctx::fiber&& f) { return std::move(f).resume(); }, FpFlags::Cleared);
-}
+struct ResumeOutOfLine {
+    ctx::fiber operator()(ctx::fiber&& f) const { return resume_out_of_line(std::move(f)); }
+};
 #endif
 
 // ---------------------------------------------------------------------------------------
@@ -340,24 +361,58 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
     };
 
+    // A group's loops, timed in turn repetition by repetition (measure_interleaved); the
+    // selected ones only.
+    struct Interleaved {
+        std::vector<std::string> names;
+        std::vector<bool> ours;
+        std::vector<std::function<void(std::uint64_t)>> bodies;
+    };
+    auto add = [&](Interleaved& g, const char* group, const char* impl, bool ours, auto& loop) {
+        if (!opt.selected(std::string(group) + "/" + impl)) return;
+        g.names.push_back(impl);
+        g.ours.push_back(ours);
+        g.bodies.push_back([&loop](std::uint64_t n) { loop(n); });
+    };
+    auto time_group = [&](Interleaved& g) {
+        const std::vector<Result> results = fsched_bench::measure_interleaved(opt, g.bodies);
+        for (std::size_t k = 0; k < results.size(); ++k) table.add(g.names[k], results[k], g.ours[k]);
+        std::fflush(stdout);
+    };
+
     table.begin_group("round trip (resume + yield), ns per round trip");
-    run("round trip", "fsched::Fiber", true, [](const Options& o) { return round_trip_fsched(o); });
+    {
+        Interleaved g;
+        FschedLoop fsched_loop(FpFlags::Raised);
+        add(g, "round trip", "fsched::Fiber", true, fsched_loop);
 #if defined(_WIN32)
-    run("round trip", "Win32 SwitchToFiber", false, round_trip_win32);
+        Win32Loop win32_loop;
+        add(g, "round trip", "Win32 SwitchToFiber", false, win32_loop);
 #else
-    run("round trip", "ucontext swapcontext", false, round_trip_ucontext);
+        UcontextLoop ucontext_loop;
+        add(g, "round trip", "ucontext swapcontext", false, ucontext_loop);
 #endif
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
-    run("round trip", "boost::context::fiber", false, round_trip_boost_inline);
-    run("round trip", "boost fiber, resume() via a call", false, round_trip_boost_out_of_line);
+        BoostLoop<ResumeInline> boost_inline(FpFlags::Raised);
+        BoostLoop<ResumeOutOfLine> boost_out_of_line(FpFlags::Raised);
+        add(g, "round trip", "boost::context::fiber", false, boost_inline);
+        add(g, "round trip", "boost fiber, resume() via a call", false, boost_out_of_line);
 #endif
+        time_group(g);
+    }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     table.begin_group("resume + yield, the fiber's FP status flags cleared, the thread's raised, ns per pair");
-    run("flags differ", "fsched::Fiber", true, [](const Options& o) { return round_trip_fsched(o, FpFlags::Cleared); });
+    {
+        Interleaved g;
+        FschedLoop fsched_loop(FpFlags::Cleared);
+        add(g, "flags differ", "fsched::Fiber", true, fsched_loop);
 #if FIBER_SCHED_BENCH_HAVE_BOOST_CONTEXT
-    run("flags differ", "boost::context::fiber", false, round_trip_boost_flags_differ);
+        BoostLoop<ResumeInline> boost_inline(FpFlags::Cleared);
+        add(g, "flags differ", "boost::context::fiber", false, boost_inline);
 #endif
+        time_group(g);
+    }
 #endif
 
     table.begin_group("create + run + destroy, 64 KiB stack, ns per fiber");

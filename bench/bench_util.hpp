@@ -201,42 +201,70 @@ inline double median(std::vector<double> samples) {
     return samples.size() % 2 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
 }
 
-// Times body(n), which must perform n operations, and returns ns per operation.
-// Without --iters it first warms up by doubling n until one call takes about a tenth of
-// rep_ms, then scales n so that a repetition takes about rep_ms.
+// ns for one call of body(n).
 template <class Body>
-Result measure(const Options& opt, Body&& body) {
-    auto time_ns = [&](std::uint64_t n) {
-        const auto t0 = Clock::now();
-        body(n);
-        const auto t1 = Clock::now();
-        return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-    };
+double time_body_ns(Body& body, std::uint64_t n) {
+    const auto t0 = Clock::now();
+    body(n);
+    const auto t1 = Clock::now();
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+}
 
+// The n for which body(n) takes about rep_ms (--iters when given): warms up by doubling n
+// until one call takes about a tenth of rep_ms, then scales it, then one more warm-up call.
+template <class Body>
+std::uint64_t calibrate(const Options& opt, Body& body) {
     std::uint64_t n = opt.iters;
-    if (n == 0) {
-        const double target_ns = opt.rep_ms * 1e6;
-        n = 1;
-        double t = time_ns(n);
-        while (t < target_ns / 10 && n < (std::uint64_t(1) << 40)) {
-            n *= 2;
-            t = time_ns(n);
-        }
-        const double per_op = t / static_cast<double>(n);
-        n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(target_ns / std::max(per_op, 0.01)));
-        time_ns(n);  // one more warm-up at the final size
+    if (n != 0) return n;
+    const double target_ns = opt.rep_ms * 1e6;
+    n = 1;
+    double t = time_body_ns(body, n);
+    while (t < target_ns / 10 && n < (std::uint64_t(1) << 40)) {
+        n *= 2;
+        t = time_body_ns(body, n);
     }
+    const double per_op = t / static_cast<double>(n);
+    n = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(target_ns / std::max(per_op, 0.01)));
+    time_body_ns(body, n);  // one more warm-up at the final size
+    return n;
+}
 
-    std::vector<double> per_op;
-    per_op.reserve(static_cast<std::size_t>(opt.reps));
-    for (int r = 0; r < opt.reps; ++r) per_op.push_back(time_ns(n) / static_cast<double>(n));
+inline Result summarise(std::vector<double> per_op, std::uint64_t n) {
     std::sort(per_op.begin(), per_op.end());
-
     Result res;
     res.iters = n;
-    res.min_ns = per_op.front();
+    res.min_ns = per_op.empty() ? 0 : per_op.front();
     res.median_ns = median(std::move(per_op));
     return res;
+}
+
+// Times body(n), which must perform n operations, and returns ns per operation, over
+// --reps repetitions of about rep_ms each (calibrate()).
+template <class Body>
+Result measure(const Options& opt, Body&& body) {
+    const std::uint64_t n = calibrate(opt, body);
+    std::vector<double> per_op;
+    per_op.reserve(static_cast<std::size_t>(opt.reps));
+    for (int r = 0; r < opt.reps; ++r) per_op.push_back(time_body_ns(body, n) / static_cast<double>(n));
+    return summarise(std::move(per_op), n);
+}
+
+// measure() for several bodies at once, repetition by repetition (the first repetition of
+// each, then the second of each...), so that a slow spell of the machine, which can last
+// seconds on these VMs, slows them alike; each calibrated on its own first.
+inline std::vector<Result> measure_interleaved(const Options& opt,
+                                               std::vector<std::function<void(std::uint64_t)>>& bodies) {
+    std::vector<std::uint64_t> n;
+    for (auto& body : bodies) n.push_back(calibrate(opt, body));
+    std::vector<std::vector<double>> per_op(bodies.size());
+    for (int r = 0; r < opt.reps; ++r) {
+        for (std::size_t k = 0; k < bodies.size(); ++k) {
+            per_op[k].push_back(time_body_ns(bodies[k], n[k]) / static_cast<double>(n[k]));
+        }
+    }
+    std::vector<Result> results;
+    for (std::size_t k = 0; k < bodies.size(); ++k) results.push_back(summarise(std::move(per_op[k]), n[k]));
+    return results;
 }
 
 // A measure() result plus the slowest timed repetition: contended cases can be bimodal
