@@ -1676,7 +1676,9 @@ struct SchedulerOptions {
     // run up to 50 us late (sleep_for(100us) p50 22 against 78 us late on a KVM guest). 0
     // leaves the threads' slack as they inherit it; more saves power where timers may run
     // late. Negative: FIBER_SCHED_ASSERT at construction. The use_caller thread is the
-    // user's and keeps its own.
+    // user's and keeps its own. A thread or process that a task starts inherits its
+    // worker's slack (Linux keeps it across clone, fork and exec); so does a scheduler made
+    // from a task with 0 here.
     std::chrono::nanoseconds timer_slack{1000};
     // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
     // (this_fiber::yield() too), on another worker than the one it waited on, when there is
@@ -11240,10 +11242,11 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
     sleeping.store(true, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
     if (find_task(task, true) || core.finished() || (wait && wait->satisfied())) {
-        idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
-        // wait return early.
+        // wait return early. Claimed before end_sleep(), as after a sleep: handing the
+        // poller role on, end_sleep() wakes a sleeping worker, which must not be this one.
         core.claim_worker_wake(*this);
+        idle.end_sleep(core.idle);
         finished = !(task.fiber || task.cb);
         return !finished;
     }

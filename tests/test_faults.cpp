@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <dirent.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -517,3 +518,74 @@ TEST_CASE("a worker that queues a task for itself as it is about to sleep runs i
     CHECK(r.exit_code == 0);
     CHECK(r.err == "");
 }
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+// Worker 0 takes the poller role as it announces its sleep, then its last look finds a long
+// task. Giving the role up, it wakes a sleeping worker to take it over (end_sleep,
+// wake_for_io), which must not be itself, still marked asleep: then no one would watch the
+// fds while worker 1 sleeps, and a fiber whose read is ready would wait for worker 0's task.
+struct PollerHandoffGate {
+    static Scheduler* sched;
+    static std::atomic<bool> armed;
+    static std::atomic<bool> fired;
+    static std::atomic<bool> worker1_done;
+    static void hook(int worker) {
+        if (worker != 0 || !armed.load() || fsched::detail::io_poller_worker(*sched) != 0) return;
+        while (!worker1_done.load()) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(50ms);  // worker 1 goes to sleep meanwhile, not as the poller
+        if (!armed.exchange(false)) return;
+        sched->schedule([] {
+            const auto end = std::chrono::steady_clock::now() + 2s;
+            while (std::chrono::steady_clock::now() < end) {
+            }
+        }, 0);  // what worker 0's last look finds
+        fired = true;
+    }
+};
+Scheduler* PollerHandoffGate::sched = nullptr;
+std::atomic<bool> PollerHandoffGate::armed{false};
+std::atomic<bool> PollerHandoffGate::fired{false};
+std::atomic<bool> PollerHandoffGate::worker1_done{false};
+
+TEST_CASE("a worker that gives up the poller role to run a task hands it to a sleeping worker, not to itself") {
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    REQUIRE(fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK) == 0);
+    Scheduler s(2, false, "handoff");
+    PollerHandoffGate::sched = &s;
+    PollerHandoffGate::armed = false;
+    PollerHandoffGate::fired = false;
+    PollerHandoffGate::worker1_done = false;
+    fsched::detail::set_sleep_announce_hook(&PollerHandoffGate::hook);
+    struct Unhook {
+        ~Unhook() { fsched::detail::set_sleep_announce_hook(nullptr); }
+    } unhook;
+    s.start();
+    // Worker 1 busy while the reader parks, so worker 0 is the first to sleep and polls.
+    s.schedule([] {
+        std::this_thread::sleep_for(200ms);
+        PollerHandoffGate::worker1_done = true;
+    }, 1);
+    std::atomic<bool> got{false};
+    std::chrono::steady_clock::time_point got_at;
+    PollerHandoffGate::armed = true;
+    s.schedule([&] {  // not pinned: once its byte is there, any worker may run it
+        char c;
+        got = fsched::io::read(sv[0], &c, 1) == 1;
+        got_at = std::chrono::steady_clock::now();
+    });
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!PollerHandoffGate::fired && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    REQUIRE(PollerHandoffGate::fired);
+    std::this_thread::sleep_for(50ms);
+    const auto sent = std::chrono::steady_clock::now();
+    REQUIRE(::write(sv[1], "x", 1) == 1);
+    while (!got && std::chrono::steady_clock::now() < sent + 10s) std::this_thread::sleep_for(1ms);
+    CHECK(got);
+    // Worker 1 took the role and ran the reader; without the hand-over it waits out the 2 s task.
+    CHECK(got_at - sent < 1s);
+    s.stop();
+    ::close(sv[0]);
+    ::close(sv[1]);
+}
+#endif

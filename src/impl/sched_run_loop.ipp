@@ -146,10 +146,11 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
     sleeping.store(true, std::memory_order_seq_cst);
     // The look that pairs with every submitter (see the lost-wake-up argument).
     if (find_task(task, true) || core.finished() || (wait && wait->satisfied())) {
-        idle.end_sleep(core.idle);
         // If a submitter claimed the wake-up instead, its notify() only makes a later
-        // wait return early.
+        // wait return early. Claimed before end_sleep(), as after a sleep: handing the
+        // poller role on, end_sleep() wakes a sleeping worker, which must not be this one.
         core.claim_worker_wake(*this);
+        idle.end_sleep(core.idle);
         finished = !(task.fiber || task.cb);
         return !finished;
     }
