@@ -15768,10 +15768,35 @@ int io_poll_now() noexcept {
 
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 
+#if !defined(FIBER_SCHED_ASAN) && !defined(FIBER_SCHED_TSAN)
+#include <sys/syscall.h>
+#endif
+
 namespace fsched {
 namespace detail {
 
 namespace {
+
+// recv() and send() on a known non-blocking socket. glibc's are cancellation points: each
+// call switches the thread's asynchronous cancellation on and off around the system call
+// (2 % of a keep-alive HTTP server's CPU), for a pthread_cancel() that no worker thread may
+// take anyway. So these make the system call themselves; under ASan and TSan, which
+// intercept the library's calls (the bytes a read writes, an fd's hand-over between
+// threads), they stay the library's.
+ssize_t socket_recv(int fd, void* buf, std::size_t n, int flags) noexcept {
+#if !defined(FIBER_SCHED_ASAN) && !defined(FIBER_SCHED_TSAN)
+    return ::syscall(SYS_recvfrom, fd, buf, n, flags, nullptr, nullptr);
+#else
+    return ::recv(fd, buf, n, flags);
+#endif
+}
+ssize_t socket_send(int fd, const void* buf, std::size_t n, int flags) noexcept {
+#if !defined(FIBER_SCHED_ASAN) && !defined(FIBER_SCHED_TSAN)
+    return ::syscall(SYS_sendto, fd, buf, n, flags, nullptr, 0);
+#else
+    return ::send(fd, buf, n, flags);
+#endif
+}
 
 // Before a read or write system call of `call` in a scheduler: clears the call's readiness
 // bit (step (a) at the top of io_registry.ipp), and says whether fd is a known non-blocking socket
@@ -16043,7 +16068,7 @@ ssize_t read(int fd, void* buf, std::size_t n, std::chrono::milliseconds timeout
     return detail::retry(fd, Ready::Read, timeout, true,
                          [&](bool fast, detail::SchedulerIdle* idle, std::uint64_t read_mark) -> ssize_t {
         if (!fast) return ::read(fd, buf, n);
-        const ssize_t rc = ::recv(fd, buf, n, MSG_DONTWAIT);
+        const ssize_t rc = detail::socket_recv(fd, buf, n, MSG_DONTWAIT);
 #if defined(FIBER_SCHED_FAULT_INJECTION)
         if (auto hook = detail::io_after_read.load(std::memory_order_relaxed); hook && rc > 0) hook(fd);
         if (rc < 0 && detail::current_errno() == EAGAIN) detail::io_read_eagain_count.fetch_add(1, std::memory_order_relaxed);
@@ -16062,7 +16087,7 @@ ssize_t write(int fd, const void* buf, std::size_t n, std::chrono::milliseconds 
     bool is_socket = true;
     return detail::retry(fd, Ready::Write, timeout, true, [&](bool fast, detail::SchedulerIdle*, std::uint64_t) -> ssize_t {
         if (is_socket) {
-            const ssize_t rc = ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+            const ssize_t rc = detail::socket_send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (rc >= 0 || detail::current_errno() != ENOTSOCK || fast) return rc;
             is_socket = false;
         }
