@@ -8,7 +8,8 @@
 //      leaf returns its number, each node waits for its children and returns their sum.
 //   3. yield: two fibers on a 1-thread scheduler alternating on this_fiber::yield(), ns per yield.
 //   4. idle CPU: a 2-thread scheduler that ran one task and then sits idle for 2 s: the
-//      process's CPU time meanwhile.
+//      process's CPU time meanwhile; fiber_sched's in the second of two such windows, the
+//      first (also shown) including the give-back of what the earlier cases left.
 //
 // Baselines, each on 2 threads where threads apply:
 //   - "thread pool": 2 std::threads, one std::mutex + std::condition_variable +
@@ -779,16 +780,27 @@ Figures idle_figures(Sleep&& sleep) {
 
 void sleep_seconds(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
-Figures idle_fsched(double idle_seconds) {
+// Two windows of idleness on one scheduler, one after the other. The first includes what the
+// process's earlier cases left for idle workers to give back (the stack pool's surplus of a
+// burst, unmapped once unused for FIBER_SCHED_STACK_TRIM_MS: a one-time cost, 3-150 ms of
+// CPU by the host, mostly the kernel's); the second is the scheduler idle and nothing else.
+struct IdleWindows {
+    Figures first;
+    Figures steady;
+};
+
+IdleWindows idle_fsched(double idle_seconds) {
     fsched::Scheduler scheduler(2, false);
     scheduler.start();
     fsched::WaitGroup wg;
     wg.add(1);
     scheduler.schedule([&wg] { wg.done(); });
     wg.wait();
-    const Figures f = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
+    IdleWindows w;
+    w.first = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
+    w.steady = idle_figures([idle_seconds] { sleep_seconds(idle_seconds); });
     scheduler.stop();
-    return f;
+    return w;
 }
 
 Figures idle_seed(double idle_seconds) {
@@ -1106,7 +1118,13 @@ int main(int argc, char** argv) {
         boost_suspend_idle = std::make_unique<FiguresChild>([&] { return idle_boost_here(sz.idle_seconds, true); });
     }
 #endif
-    run("idle", "fsched", true, [&] { return idle_fsched(sz.idle_seconds); });
+    const char* fsched_first_window = "fsched, the window before (earlier cases' stacks given back)";
+    IdleWindows fsched_idle;
+    if (opt.selected("idle/fsched") || opt.selected(std::string("idle/") + fsched_first_window)) {
+        fsched_idle = idle_fsched(sz.idle_seconds);
+    }
+    run("idle", "fsched", true, [&] { return fsched_idle.steady; });
+    run("idle", fsched_first_window, false, [&] { return fsched_idle.first; });
 #if FIBER_SCHED_BENCH_HAVE_BOOST_FIBER
     Figures boost_suspend_figures;
     if (boost_suspend_idle) boost_suspend_figures = boost_suspend_idle->collect();
