@@ -434,11 +434,25 @@ namespace detail {
 // the only call.
 #if defined(FIBER_SCHED_X86_64_ASM_SWITCH) && FIBER_SCHED_SWITCH_FP_CONTROL
 inline void switch_context(Context& from, Context& to) noexcept {
+    std::uint64_t fp_control, x87_part;
     std::uint32_t mxcsr;
     std::uint16_t x87_control;
-    // "memory": not moved above the code before it, which may have changed a mode.
-    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87_control) : : "memory");
-    fsched_switch_context_fp(&from.sp, to.sp, mxcsr | std::uint64_t{x87_control} << 32);
+    // "memory": not moved above the code before it, which may have changed a mode. The
+    // words are packed inside the statement: a load of the scratch slots in C++ would be an
+    // access ThreadSanitizer sees, made on the resumer's stack after the sanitizer has been
+    // told of the switch (Fiber::switch_in), so charged to the fiber (a race report in a
+    // fork() child, where the switch back does not order it before the resumer's next use).
+    __asm__ volatile(
+        "stmxcsr %[m]\n\t"
+        "fnstcw %[x]\n\t"
+        "movl %[m], %k[r]\n\t"
+        "movzwl %[x], %k[t]\n\t"
+        "shlq $32, %[t]\n\t"
+        "orq %[t], %[r]"
+        : [r] "=&r"(fp_control), [t] "=&r"(x87_part), [m] "=m"(mxcsr), [x] "=m"(x87_control)
+        :
+        : "memory");
+    fsched_switch_context_fp(&from.sp, to.sp, fp_control);
 }
 #else
 inline void switch_context(Context& from, Context& to) noexcept { fsched_switch_context(&from.sp, to.sp); }

@@ -18,9 +18,11 @@
 #include <vector>
 
 #include <dirent.h>
-#include <sys/socket.h>
 #include <fcntl.h>
 #include <unistd.h>
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+#include <sys/socket.h>
+#endif
 
 using fsched::Fiber;
 using fsched::Scheduler;
