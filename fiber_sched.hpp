@@ -5629,12 +5629,18 @@ void release_context(Context& ctx) noexcept {
 // committed (os_win32.ipp commits a guarded stack as it grows), so they cost address space
 // only. A reset() or a destroyed fiber deletes
 // its OS fiber (release_context): the one the pool would have kept is the pool's stack.
+// So a fiber's frames, and any Fiber object made in them, lie on the OS's stack, not the
+// pool's: in_running_frames() and frames_range() below say where (the registry needs it:
+// registry_forget_range).
 // ---------------------------------------------------------------------------
 
 
 // (src/context.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
 // (src/impl/os.ipp already inlined above)
+
+// The frames of a context lie off the stack make_context() is given (context_backend.ipp).
+#define FIBER_SCHED_CONTEXT_OWN_STACKS 1
 
 namespace fsched {
 namespace detail {
@@ -5687,7 +5693,22 @@ struct WinFiberStart {
     ContextEntry entry;
     void* arg;
     FloatControl float_control;  // the creator's, for the fiber's start
+    const char* os_stack_top;    // the OS stack's top, written when the fiber starts
 };
+
+// The running OS fiber's stack as its TIB has it: [StackLimit, StackBase), the limit being
+// how far the stack is committed so far (so every live frame lies above it). Volatile: the
+// fields change with every switch, which the compiler cannot see.
+inline void running_os_stack(const char*& limit, const char*& top) noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __asm__ volatile("movq %%gs:0x08, %0" : "=r"(top));
+    __asm__ volatile("movq %%gs:0x10, %0" : "=r"(limit));
+#else
+    const auto* tib = reinterpret_cast<const NT_TIB*>(NtCurrentTeb());
+    top = static_cast<const char*>(tib->StackBase);
+    limit = static_cast<const char*>(tib->StackLimit);
+#endif
+}
 
 // The thread-exit clean-up of a thread we converted (ThreadState::context_exit). Not a
 // thread_local with a destructor: MinGW's emutls frees those before their destructors run.
@@ -5695,26 +5716,33 @@ inline void convert_back_to_thread() { ConvertFiberToThread(); }
 
 inline void WINAPI winfiber_start(void* param) {
     auto* start = static_cast<WinFiberStart*>(param);
+    const char* limit;
+    running_os_stack(limit, start->os_stack_top);
     restore_float_control(start->float_control);
     start->entry(start->arg);  // never returns: the last switch-out is final
 }
 
 // GetCurrentFiber(), which is the TIB's fiber data field. With gcc 12 the header's inline
 // gs: read trips -Warray-bounds (a constant address looks like an offset from null), so
-// GNU compilers on x86-64 read the field themselves.
+// GNU compilers on x86-64 read the field themselves (volatile, as above).
 inline void* current_os_fiber() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     void* fiber;
-    __asm__("movq %%gs:0x20, %0" : "=r"(fiber));
+    __asm__ volatile("movq %%gs:0x20, %0" : "=r"(fiber));
     return fiber;
 #else
     return GetCurrentFiber();
 #endif
 }
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+// Where make_context() keeps a context's start record: at the top of the pool's stack.
+inline WinFiberStart* start_record(const void* stack_lo, std::size_t size) noexcept {
     const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
-    auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
+    return reinterpret_cast<WinFiberStart*>(top);
+}
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    auto* start = new (start_record(stack_lo, size)) WinFiberStart{entry, arg, save_float_control(), nullptr};
     // Commit one page now (0 would take the executable's SizeOfStackCommit, which a program
     // linked with /STACK:reserve,commit may have set large); the OS commits the rest as the
     // fiber's stack grows, up to `size`. (Wine commits an OS fiber's stack whole, at least
@@ -5727,6 +5755,27 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 void release_context(Context& ctx) noexcept {
     if (ctx.sp) DeleteFiber(ctx.sp);
     ctx.sp = nullptr;
+}
+
+// Whether `at` lies in the running fiber's frames: on its OS stack, whatever the pool gave.
+inline bool in_running_frames(const void* at, const char*, std::size_t) noexcept {
+    const char* limit;
+    const char* top;
+    running_os_stack(limit, top);
+    return static_cast<const char*>(at) >= limit && static_cast<const char*>(at) < top;
+}
+
+// Where the frames of the fiber whose context was made on [stack_lo, stack_lo + size) lie:
+// the whole reservation of its OS stack, below the top its start recorded. Empty for a
+// fiber that never ran (it has no frames). Called on a switched-out fiber, before
+// release_context(): its OS fiber, and so its stack, still exists.
+inline void frames_range(const char* stack_lo, std::size_t size, const char*& lo, const char*& hi) noexcept {
+    const WinFiberStart* start = start_record(stack_lo, size);
+    lo = hi = start->os_stack_top;
+    if (!hi) return;
+    MEMORY_BASIC_INFORMATION info;
+    // (Where the query fails, which it should not, at least the reserve asked for.)
+    lo = VirtualQuery(hi - 1, &info, sizeof info) ? static_cast<const char*>(info.AllocationBase) : hi - size;
 }
 
 // An OS fiber keeps its registers to itself: no backtrace of a parked fiber.
@@ -6309,6 +6358,28 @@ extern "C" void fsched_switch_context(void** save_sp, void* load_sp) noexcept {
 #else
 #error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/impl/context_backend.ipp (see src/README.md)."
 #endif
+
+namespace fsched {
+namespace detail {
+
+#if !defined(FIBER_SCHED_CONTEXT_OWN_STACKS)
+// Every backend but winfiber runs a context on the stack make_context() was given, so a
+// fiber's frames, and any Fiber object made in them, lie in [stack_lo, stack_lo + size)
+// (winfiber's OS makes each fiber a stack of its own: its file has these two).
+FIBER_SCHED_ALWAYS_INLINE inline bool in_running_frames(const void* at, const char* stack_lo,
+                                                        std::size_t size) noexcept {
+    return static_cast<const char*>(at) >= stack_lo && static_cast<const char*>(at) < stack_lo + size;
+}
+inline void frames_range(const char* stack_lo, std::size_t size, const char*& lo, const char*& hi) noexcept {
+    lo = stack_lo;
+    hi = stack_lo + size;
+}
+#endif
+
+}  // namespace detail
+}  // namespace fsched
+
+#undef FIBER_SCHED_CONTEXT_OWN_STACKS
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
 #undef FIBER_SCHED_X86_LOAD_FP_COLD
@@ -6952,6 +7023,7 @@ void install_stack_overflow_handler() {
 
 // (src/fiber_switch.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
+// (src/impl/context_backend.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -7027,8 +7099,7 @@ FIBER_SCHED_ALWAYS_INLINE inline void registry_add(Fiber& f, ThreadState* ts) no
     if (Fiber* host = ts->current) {
         // Made on the running fiber's stack? (See registry_forget_range.)
         const Stack& stack = FiberAccess::stack(*host);
-        const char* at = reinterpret_cast<const char*>(&f);
-        if (at >= stack.base && at < stack.base + stack.size) FiberAccess::hosts_fibers(*host) = true;
+        if (in_running_frames(&f, stack.base, stack.size)) FiberAccess::hosts_fibers(*host) = true;
     }
     RegistrySegment* seg = ts->registry;  // null after the thread's exit clean-up
     if (FIBER_SCHED_LIKELY(seg && seg->free_head)) {
@@ -7109,7 +7180,10 @@ Fiber::~Fiber() {
     detail::registry_remove(*this, ts);  // first: returns once no report reads it
     // Its frames are never unwound: fibers made in them are never destroyed (rare: a walk).
     if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state() == State::Suspended) {
-        detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
+        const char* lo;
+        const char* hi;
+        detail::frames_range(stack_.base, stack_.size - top_block_, lo, hi);
+        detail::registry_forget_range(lo, hi);
     }
     if (announced_) detail::observe_destroy(*this);
     if (locals_) detail::clear_fiber_locals(locals_, true);  // a fiber destroyed before it returned

@@ -41,6 +41,28 @@
 #else
 #error "fiber_sched: no context-switch backend for this target. On a POSIX system define FIBER_SCHED_USE_UCONTEXT; to port, add src/impl/context_<abi>.ipp (the trio in src/context.hpp) and a branch to this cascade in src/impl/context_backend.ipp (see src/README.md)."
 #endif
+
+namespace fsched {
+namespace detail {
+
+#if !defined(FIBER_SCHED_CONTEXT_OWN_STACKS)
+// Every backend but winfiber runs a context on the stack make_context() was given, so a
+// fiber's frames, and any Fiber object made in them, lie in [stack_lo, stack_lo + size)
+// (winfiber's OS makes each fiber a stack of its own: its file has these two).
+FIBER_SCHED_ALWAYS_INLINE inline bool in_running_frames(const void* at, const char* stack_lo,
+                                                        std::size_t size) noexcept {
+    return static_cast<const char*>(at) >= stack_lo && static_cast<const char*>(at) < stack_lo + size;
+}
+inline void frames_range(const char* stack_lo, std::size_t size, const char*& lo, const char*& hi) noexcept {
+    lo = stack_lo;
+    hi = stack_lo + size;
+}
+#endif
+
+}  // namespace detail
+}  // namespace fsched
+
+#undef FIBER_SCHED_CONTEXT_OWN_STACKS
 #undef FIBER_SCHED_X86_SAVE_FP
 #undef FIBER_SCHED_X86_LOAD_FP
 #undef FIBER_SCHED_X86_LOAD_FP_COLD

@@ -21,6 +21,9 @@
 // committed (os_win32.ipp commits a guarded stack as it grows), so they cost address space
 // only. A reset() or a destroyed fiber deletes
 // its OS fiber (release_context): the one the pool would have kept is the pool's stack.
+// So a fiber's frames, and any Fiber object made in them, lie on the OS's stack, not the
+// pool's: in_running_frames() and frames_range() below say where (the registry needs it:
+// registry_forget_range).
 // ---------------------------------------------------------------------------
 
 #pragma once
@@ -28,6 +31,9 @@
 #include "context.hpp"
 #include "impl/common.ipp"
 #include "impl/os.ipp"
+
+// The frames of a context lie off the stack make_context() is given (context_backend.ipp).
+#define FIBER_SCHED_CONTEXT_OWN_STACKS 1
 
 namespace fsched {
 namespace detail {
@@ -80,7 +86,22 @@ struct WinFiberStart {
     ContextEntry entry;
     void* arg;
     FloatControl float_control;  // the creator's, for the fiber's start
+    const char* os_stack_top;    // the OS stack's top, written when the fiber starts
 };
+
+// The running OS fiber's stack as its TIB has it: [StackLimit, StackBase), the limit being
+// how far the stack is committed so far (so every live frame lies above it). Volatile: the
+// fields change with every switch, which the compiler cannot see.
+inline void running_os_stack(const char*& limit, const char*& top) noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __asm__ volatile("movq %%gs:0x08, %0" : "=r"(top));
+    __asm__ volatile("movq %%gs:0x10, %0" : "=r"(limit));
+#else
+    const auto* tib = reinterpret_cast<const NT_TIB*>(NtCurrentTeb());
+    top = static_cast<const char*>(tib->StackBase);
+    limit = static_cast<const char*>(tib->StackLimit);
+#endif
+}
 
 // The thread-exit clean-up of a thread we converted (ThreadState::context_exit). Not a
 // thread_local with a destructor: MinGW's emutls frees those before their destructors run.
@@ -88,26 +109,33 @@ inline void convert_back_to_thread() { ConvertFiberToThread(); }
 
 inline void WINAPI winfiber_start(void* param) {
     auto* start = static_cast<WinFiberStart*>(param);
+    const char* limit;
+    running_os_stack(limit, start->os_stack_top);
     restore_float_control(start->float_control);
     start->entry(start->arg);  // never returns: the last switch-out is final
 }
 
 // GetCurrentFiber(), which is the TIB's fiber data field. With gcc 12 the header's inline
 // gs: read trips -Warray-bounds (a constant address looks like an offset from null), so
-// GNU compilers on x86-64 read the field themselves.
+// GNU compilers on x86-64 read the field themselves (volatile, as above).
 inline void* current_os_fiber() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     void* fiber;
-    __asm__("movq %%gs:0x20, %0" : "=r"(fiber));
+    __asm__ volatile("movq %%gs:0x20, %0" : "=r"(fiber));
     return fiber;
 #else
     return GetCurrentFiber();
 #endif
 }
 
-void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+// Where make_context() keeps a context's start record: at the top of the pool's stack.
+inline WinFiberStart* start_record(const void* stack_lo, std::size_t size) noexcept {
     const auto top = (reinterpret_cast<std::uintptr_t>(stack_lo) + size - sizeof(WinFiberStart)) & ~std::uintptr_t{15};
-    auto* start = new (reinterpret_cast<void*>(top)) WinFiberStart{entry, arg, save_float_control()};
+    return reinterpret_cast<WinFiberStart*>(top);
+}
+
+void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    auto* start = new (start_record(stack_lo, size)) WinFiberStart{entry, arg, save_float_control(), nullptr};
     // Commit one page now (0 would take the executable's SizeOfStackCommit, which a program
     // linked with /STACK:reserve,commit may have set large); the OS commits the rest as the
     // fiber's stack grows, up to `size`. (Wine commits an OS fiber's stack whole, at least
@@ -120,6 +148,27 @@ void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry e
 void release_context(Context& ctx) noexcept {
     if (ctx.sp) DeleteFiber(ctx.sp);
     ctx.sp = nullptr;
+}
+
+// Whether `at` lies in the running fiber's frames: on its OS stack, whatever the pool gave.
+inline bool in_running_frames(const void* at, const char*, std::size_t) noexcept {
+    const char* limit;
+    const char* top;
+    running_os_stack(limit, top);
+    return static_cast<const char*>(at) >= limit && static_cast<const char*>(at) < top;
+}
+
+// Where the frames of the fiber whose context was made on [stack_lo, stack_lo + size) lie:
+// the whole reservation of its OS stack, below the top its start recorded. Empty for a
+// fiber that never ran (it has no frames). Called on a switched-out fiber, before
+// release_context(): its OS fiber, and so its stack, still exists.
+inline void frames_range(const char* stack_lo, std::size_t size, const char*& lo, const char*& hi) noexcept {
+    const WinFiberStart* start = start_record(stack_lo, size);
+    lo = hi = start->os_stack_top;
+    if (!hi) return;
+    MEMORY_BASIC_INFORMATION info;
+    // (Where the query fails, which it should not, at least the reserve asked for.)
+    lo = VirtualQuery(hi - 1, &info, sizeof info) ? static_cast<const char*>(info.AllocationBase) : hi - size;
 }
 
 // An OS fiber keeps its registers to itself: no backtrace of a parked fiber.

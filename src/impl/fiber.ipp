@@ -53,7 +53,10 @@ Fiber::~Fiber() {
     detail::registry_remove(*this, ts);  // first: returns once no report reads it
     // Its frames are never unwound: fibers made in them are never destroyed (rare: a walk).
     if (FIBER_SCHED_UNLIKELY(hosts_fibers_) && state() == State::Suspended) {
-        detail::registry_forget_range(stack_.base, stack_.base + stack_.size);
+        const char* lo;
+        const char* hi;
+        detail::frames_range(stack_.base, stack_.size - top_block_, lo, hi);
+        detail::registry_forget_range(lo, hi);
     }
     if (announced_) detail::observe_destroy(*this);
     if (locals_) detail::clear_fiber_locals(locals_, true);  // a fiber destroyed before it returned

@@ -9,6 +9,7 @@
 
 #include "fiber_switch.hpp"
 #include "impl/common.ipp"
+#include "impl/context_backend.ipp"
 
 namespace fsched {
 namespace detail {
@@ -84,8 +85,7 @@ FIBER_SCHED_ALWAYS_INLINE inline void registry_add(Fiber& f, ThreadState* ts) no
     if (Fiber* host = ts->current) {
         // Made on the running fiber's stack? (See registry_forget_range.)
         const Stack& stack = FiberAccess::stack(*host);
-        const char* at = reinterpret_cast<const char*>(&f);
-        if (at >= stack.base && at < stack.base + stack.size) FiberAccess::hosts_fibers(*host) = true;
+        if (in_running_frames(&f, stack.base, stack.size)) FiberAccess::hosts_fibers(*host) = true;
     }
     RegistrySegment* seg = ts->registry;  // null after the thread's exit clean-up
     if (FIBER_SCHED_LIKELY(seg && seg->free_head)) {
