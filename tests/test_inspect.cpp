@@ -814,6 +814,35 @@ TEST_CASE("registry: without memory for its slots a fiber goes unlisted and work
 }
 #endif
 
+namespace {
+FIBER_SCHED_NOINLINE void touch_stack_then_yield(std::size_t bytes) {
+    auto* block = static_cast<volatile char*>(__builtin_alloca(bytes));  // never ASan's fake stack
+    for (std::size_t i = 0; i < bytes; i += 512) block[i] = 1;
+    Fiber::yield();
+    __asm__ volatile("" ::: "memory");  // the block stays live across the yield
+}
+
+// "..., 96 KiB touched" in a report line: the figure, or -1.
+long touched_kib(const std::string& line) {
+    const std::size_t end = line.find(" KiB touched");
+    if (end == std::string::npos) return -1;
+    std::size_t begin = line.rfind(' ', end - 1);
+    return std::strtol(line.c_str() + (begin == std::string::npos ? 0 : begin + 1), nullptr, 10);
+}
+}  // namespace
+
+TEST_CASE("report: 'touched' counts the pages a fiber's frames used, wherever its backend keeps them") {
+    // (winfiber: the OS makes the fiber's stack; the pool's holds only a record.)
+    Fiber deep([] { touch_stack_then_yield(96 * 1024); }, 256 * 1024);
+    deep.resume();
+    const std::string line = report_line(fsched::fiber_report(), deep.id());
+    INFO(line);
+    CHECK(contains(line, ": suspended (Fiber::yield)"));
+    CHECK(touched_kib(line) >= 96);
+    CHECK(touched_kib(line) <= 2048);  // at most the stack (wine commits an OS stack whole, 1 MiB at least)
+    deep.resume();
+}
+
 TEST_CASE("registry: a fiber made in the frames of a fiber destroyed while suspended goes unlisted with them") {
     const long before = live_count(fsched::fiber_report());
     std::uint64_t inner_id = 0;

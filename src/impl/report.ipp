@@ -123,7 +123,12 @@ void snapshot_one(Fiber& f, bool with_frames, std::vector<FiberSnapshot>& out, s
     s.kind = w.kind.load(std::memory_order_relaxed);
     const Stack& stack = FiberAccess::stack(f);
     s.stack_size = f.stack_size();
-    if (with_frames) s.touched = os::resident_bytes(stack.base, FiberAccess::frames_size(f));
+    if (with_frames) {
+        const char* lo;
+        const char* hi;
+        frames_range(stack.base, FiberAccess::frames_size(f), lo, hi);  // winfiber: the OS's stack
+        s.touched = os::resident_bytes(lo, static_cast<std::size_t>(hi - lo));
+    }
     if (!is_parked(state)) return;
     std::atomic<bool>& hold = FiberAccess::inspected(f);
     hold.store(true, std::memory_order_seq_cst);
