@@ -5693,7 +5693,9 @@ struct WinFiberStart {
     ContextEntry entry;
     void* arg;
     FloatControl float_control;  // the creator's, for the fiber's start
-    const char* os_stack_top;    // the OS stack's top, written when the fiber starts
+    // The OS stack's top, written when the fiber starts; atomic: a report on another
+    // thread may read it meanwhile (frames_range).
+    std::atomic<const char*> os_stack_top;
 };
 
 // The running OS fiber's stack as its TIB has it: [StackLimit, StackBase), the limit being
@@ -5717,7 +5719,9 @@ inline void convert_back_to_thread() { ConvertFiberToThread(); }
 inline void WINAPI winfiber_start(void* param) {
     auto* start = static_cast<WinFiberStart*>(param);
     const char* limit;
-    running_os_stack(limit, start->os_stack_top);
+    const char* top;
+    running_os_stack(limit, top);
+    start->os_stack_top.store(top, std::memory_order_relaxed);
     restore_float_control(start->float_control);
     start->entry(start->arg);  // never returns: the last switch-out is final
 }
@@ -5771,7 +5775,7 @@ inline bool in_running_frames(const void* at, const char*, std::size_t) noexcept
 // release_context(): its OS fiber, and so its stack, still exists.
 inline void frames_range(const char* stack_lo, std::size_t size, const char*& lo, const char*& hi) noexcept {
     const WinFiberStart* start = start_record(stack_lo, size);
-    lo = hi = start->os_stack_top;
+    lo = hi = start->os_stack_top.load(std::memory_order_relaxed);
     if (!hi) return;
     MEMORY_BASIC_INFORMATION info;
     // (Where the query fails, which it should not, at least the reserve asked for.)
