@@ -5697,14 +5697,15 @@ struct WinFiberStart {
     // thread may read it meanwhile (frames_range).
     std::atomic<const char*> os_stack_top;
 };
+static_assert(sizeof(WinFiberStart) + 16 <= context_stack_reserve, "the start record outgrew its reserve");
 
 // The running OS fiber's stack as its TIB has it: [StackLimit, StackBase), the limit being
-// how far the stack is committed so far (so every live frame lies above it). Volatile: the
-// fields change with every switch, which the compiler cannot see.
+// how far the stack is committed so far (so every live frame lies above it). Volatile, and
+// ordered with memory: the fields change with every switch, which the compiler cannot see.
 inline void running_os_stack(const char*& limit, const char*& top) noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __asm__ volatile("movq %%gs:0x08, %0" : "=r"(top));
-    __asm__ volatile("movq %%gs:0x10, %0" : "=r"(limit));
+    __asm__ volatile("movq %%gs:0x08, %0" : "=r"(top) : : "memory");
+    __asm__ volatile("movq %%gs:0x10, %0" : "=r"(limit) : : "memory");
 #else
     const auto* tib = reinterpret_cast<const NT_TIB*>(NtCurrentTeb());
     top = static_cast<const char*>(tib->StackBase);
@@ -5732,7 +5733,7 @@ inline void WINAPI winfiber_start(void* param) {
 inline void* current_os_fiber() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     void* fiber;
-    __asm__ volatile("movq %%gs:0x20, %0" : "=r"(fiber));
+    __asm__ volatile("movq %%gs:0x20, %0" : "=r"(fiber) : : "memory");
     return fiber;
 #else
     return GetCurrentFiber();
@@ -5746,6 +5747,9 @@ inline WinFiberStart* start_record(const void* stack_lo, std::size_t size) noexc
 }
 
 void make_context(Context& ctx, void* stack_lo, std::size_t size, ContextEntry entry, void* arg) {
+    // (Where reset() or a worker's reuse makes a listed fiber's context again, a report may
+    // be loading os_stack_top meanwhile; the record's construction stores it plainly, one
+    // aligned pointer, which no Windows target tears, and frames_range() copes with either.)
     auto* start = new (start_record(stack_lo, size)) WinFiberStart{entry, arg, save_float_control(), nullptr};
     // Commit one page now (0 would take the executable's SizeOfStackCommit, which a program
     // linked with /STACK:reserve,commit may have set large); the OS commits the rest as the
@@ -5770,16 +5774,25 @@ inline bool in_running_frames(const void* at, const char*, std::size_t) noexcept
 }
 
 // Where the frames of the fiber whose context was made on [stack_lo, stack_lo + size) lie:
-// the whole reservation of its OS stack, below the top its start recorded. Empty for a
-// fiber that never ran (it has no frames). Called on a switched-out fiber, before
-// release_context(): its OS fiber, and so its stack, still exists.
+// the whole reservation of its OS stack, below the top its start recorded; empty for a
+// fiber that never ran (it has no frames). Exact for a switched-out fiber not yet released
+// (~Fiber: its OS fiber, and so its stack, still exists). A report also asks about fibers
+// it does not hold, which a worker may reuse meanwhile (a new OS fiber, the old stack
+// freed): VirtualQuery never faults, a freed stack gives an empty range, and a region
+// larger than any stack of this size gives the size asked for, not a walk of it.
 inline void frames_range(const char* stack_lo, std::size_t size, const char*& lo, const char*& hi) noexcept {
     const WinFiberStart* start = start_record(stack_lo, size);
-    lo = hi = start->os_stack_top.load(std::memory_order_relaxed);
-    if (!hi) return;
-    MEMORY_BASIC_INFORMATION info;
-    // (Where the query fails, which it should not, at least the reserve asked for.)
-    lo = VirtualQuery(hi - 1, &info, sizeof info) ? static_cast<const char*>(info.AllocationBase) : hi - size;
+    const char* const top = start->os_stack_top.load(std::memory_order_relaxed);
+    lo = hi = top;
+    if (!top) return;
+    MEMORY_BASIC_INFORMATION info{};
+    const bool known = VirtualQuery(top - 1, &info, sizeof info) != 0;
+    if (known && info.State == MEM_FREE) return;
+    const char* const base = known ? static_cast<const char*>(info.AllocationBase) : nullptr;
+    // Windows reserves the size asked for in 64 KiB steps, wine at least 1 MiB.
+    constexpr std::size_t slack = std::size_t{1} << 20;
+    const bool plausible = base && base < top && static_cast<std::size_t>(top - base) <= std::max(size, slack) + slack;
+    lo = plausible ? base : top - size;
 }
 
 // An OS fiber keeps its registers to itself: no backtrace of a parked fiber.
