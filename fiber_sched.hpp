@@ -1694,6 +1694,18 @@ struct SchedulerOptions {
     // worker's slack (Linux keeps it across clone, fork and exec); so does a scheduler made
     // from a task with 0 here.
     std::chrono::nanoseconds timer_slack{1000};
+    // How long before a timer an idle worker stops sleeping and spins to it (0, the default:
+    // never). A worker asleep until a timer (a sleep_for, a wait_for's deadline, the
+    // use_caller thread's deadline in help_until) wakes this much before it and spins on
+    // the clock, so the fiber runs within a clock read of its deadline, where the kernel's
+    // wake-up from an idle CPU may take tens of microseconds to milliseconds (a KVM guest:
+    // sleep_for(100us) p99 191 us late without, BENCHMARKS.md). The cost: up to this much of
+    // a core before each timer that comes due while its worker is idle; so for a game's
+    // frame pacing, say 50 us, not for a server whose timeouts expire thousands of times a
+    // second. A task pushed meanwhile, or an earlier timer, ends the spin as it would the
+    // sleep; a ready fd waits for the spin's end. Negative: FIBER_SCHED_ASSERT at
+    // construction.
+    std::chrono::nanoseconds timer_spin{0};
     // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
     // (this_fiber::yield() too), on another worker than the one it waited on, when there is
     // another that runs tasks by itself (the use_caller thread does not count), so code that
@@ -1738,6 +1750,11 @@ struct SchedulerStats {
     std::uint64_t tasks_stolen = 0;
     // Times a worker went to sleep in its idle wait (after spinning found nothing).
     std::uint64_t sleeps = 0;
+    // Times an idle worker spun to a timer (SchedulerOptions::timer_spin) at the end of a
+    // sleep, and the time those spins took, the one going on not included: what the
+    // option costs in CPU.
+    std::uint64_t timer_spins = 0;
+    std::chrono::nanoseconds timer_spin_time{0};
 };
 
 namespace detail {
@@ -10395,6 +10412,8 @@ struct alignas(64) Worker {
         std::atomic<std::uint64_t> wakes{0};
         std::atomic<std::uint64_t> timers_fired{0};
         std::atomic<std::uint64_t> sleeps{0};
+        std::atomic<std::uint64_t> timer_spins{0};
+        std::atomic<std::int64_t> timer_spin_ns{0};
         // The idle wait's time, in steady_clock nanoseconds, as one word so that a reader
         // gets the finished sleeps and the one going on from a single load: awake, 2 * the
         // total of finished sleeps (even); asleep since S, 2 * (total - S) + 1 (odd), and
@@ -10653,6 +10672,7 @@ struct alignas(64) Worker {
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
     void sleep_announced(const CallerWait* wait);  // the sleep, after the last look
+    void spin_to_timer(TimePoint timer) noexcept;  // its end, with SchedulerOptions::timer_spin
     // When the sleep gives back what a burst left: stacks beyond the pool's keep, this
     // worker's surplus queue slabs (TimePoint::max(): nothing to give back).
     struct IdleTrim {
@@ -11378,6 +11398,7 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
     if (wait && wait->deadline) deadline_ticks = std::min(deadline_ticks, to_ticks(*wait->deadline));
+    const std::int64_t timer_ticks = deadline_ticks;  // what a fiber waits for, to the tick
     // Loaded after `sleepers` is stored: see the run-next argument at put_runnext.
     const bool watch = !single && runnext_activity();
     if (watch) {
@@ -11395,19 +11416,47 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const TimePoint now = std::chrono::steady_clock::now();
     count(counters.sleeps);
     idle_clock_asleep(now);
+    // With timer_spin, a wait that this worker's own timer (or the caller's deadline) ends
+    // stops that much early, and the worker spins the rest (spin_to_timer); the others
+    // sleep to it, and the first awake fires it, as without.
+    const TimePoint timer{std::chrono::steady_clock::duration(timer_ticks)};
+    const std::chrono::nanoseconds spin = core.options.timer_spin;
+    const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
+                       (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
+                        (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
+    const TimePoint wait_until = !spins ? deadline : timer - now <= spin ? now : timer - spin;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
     // (SchedulerCore::wake_worker: it queued a task during its last look, for another worker
     // perhaps, then found nothing to take).
-    if (now < deadline && sleeping.load(std::memory_order_seq_cst)) {
-        idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    if (now < wait_until && sleeping.load(std::memory_order_seq_cst)) {
+        idle.wait(core.idle, wait_until == TimePoint::max() ? nullptr : &wait_until);
     }
-    idle_clock_awake(std::chrono::steady_clock::now());
+    const TimePoint woke = std::chrono::steady_clock::now();
+    idle_clock_awake(woke);
+    if (spins && woke >= wait_until && sleeping.load(std::memory_order_seq_cst)) spin_to_timer(timer);
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
     idle_trim(trim);
+}
+
+// The end of a sleep that a timer ends, with SchedulerOptions::timer_spin: a kernel's
+// wake-up is late by tens of microseconds to milliseconds on a loaded or virtual machine
+// (the vCPU halted), a spin by the time a clock read takes. Still announced as asleep, so
+// a task pushed meanwhile, or an earlier timer, claims `sleeping` as it would a sleeper's
+// (its notify() only makes a later wait return early), and the spin ends at once.
+inline void Worker::spin_to_timer(TimePoint timer) noexcept {
+    count(counters.timer_spins);
+    const TimePoint start = std::chrono::steady_clock::now();
+    TimePoint now = start;
+    while (now < timer && sleeping.load(std::memory_order_seq_cst)) {
+        cpu_relax();
+        now = std::chrono::steady_clock::now();
+    }
+    const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
+    counters.timer_spin_ns.store(spun, std::memory_order_relaxed);
 }
 
 inline Worker::IdleTrim Worker::plan_idle_trim() noexcept {
@@ -12380,6 +12429,7 @@ void SchedulerCore::check_options() const {
         throw std::length_error("fiber_sched: Scheduler(): stack_size is above the limit (fsched::detail::max_stack_size)");
     }
     FIBER_SCHED_ASSERT(options.timer_slack.count() >= 0 && "Scheduler(): timer_slack is negative");
+    FIBER_SCHED_ASSERT(options.timer_spin.count() >= 0 && "Scheduler(): timer_spin is negative");
     if (options.cpu_affinity.empty()) return;
     const int cpus = os::cpu_limit();
     for (const int cpu : options.cpu_affinity) {
@@ -12588,6 +12638,8 @@ SchedulerStats Scheduler::stats() const {
         stats.wakes += c.wakes.load(std::memory_order_relaxed);
         stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
         stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
+        stats.timer_spins += c.timer_spins.load(std::memory_order_relaxed);
+        stats.timer_spin_time += std::chrono::nanoseconds(c.timer_spin_ns.load(std::memory_order_relaxed));
         stats.idle_time.push_back(w->idle_time(now));
         stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
     }

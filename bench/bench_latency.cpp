@@ -3,13 +3,16 @@
 //
 // sleep: one fiber sleeps --sleep-us (default 100 us) again and again; the lateness of each
 // sleep (elapsed minus the sleep asked for) is a sample, and the table shows p50/p90/p99/max.
-//   - fiber_sched idle: Scheduler(2 workers, no use_caller), nothing else to do;
+//   - fiber_sched idle: Scheduler(2 workers, no use_caller), nothing else to do; then the
+//     same with SchedulerOptions::timer_spin = --spin-us (default 50 us);
 //   - fiber_sched busy: the same with 2 fibers computing in slices of ~20 us and yielding
 //     between them, so both workers are always busy (the sleeper waits for a worker too);
 //   - std::this_thread::sleep_for: a plain thread, alone, then beside 2 threads spinning;
 //   - Go time.Sleep (the Go twins, GOMAXPROCS 2): alone, then beside 2 goroutines that
 //     compute in ~20 us slices and runtime.Gosched() between them.
-// The targets (issue 26): p99 <= 100 us idle, <= 1 ms busy.
+// The targets (issue 26): p99 <= 100 us idle, <= 1 ms busy. Beside each idle row: the
+// process's CPU time as a share of one core, and the host's steal time over the case (the
+// share of this guest's CPUs its hypervisor ran something else on: a wake-up waits for it).
 //
 // schedule: a plain thread (not a worker) submits an empty callback, waits a random 10-40 us
 // (spinning) and submits again; each submit's duration, from the call to its return, is a
@@ -24,7 +27,7 @@
 // ~20 us task; two empty tasks that each submit the other. The target (issue 26): p99 <=
 // 50 us whatever the workers do.
 //
-// Usage: bench_latency [--quick] [--iters SAMPLES] [--filter TEXT] [--sleep-us US]
+// Usage: bench_latency [--quick] [--iters SAMPLES] [--filter TEXT] [--sleep-us US] [--spin-us US]
 //   --iters: samples per case (default 2000 sleeps, 20000 submits; --quick: 50 and 500).
 // Results: BENCHMARKS.md.
 
@@ -91,11 +94,56 @@ void schedule_busy_fiber(fsched::Scheduler& sched, fsched::WaitGroup& wg, const 
 
 // ---- sleep ----------------------------------------------------------------------------
 
-std::vector<double> sleep_fsched(int samples, std::chrono::microseconds d, bool busy) {
+// The process's CPU time since construction, as a share of the wall time (1: one core),
+// and the time the hypervisor took from this machine's CPUs meanwhile (Linux's steal time,
+// /proc/stat), as a share of all of them: a guest's sleeps end late when its host is busy.
+struct CpuUse {
+    double cpu = -1;    // share of one core
+    double steal = -1;  // share of all the machine's CPUs
+};
+
+class CpuShare {
+public:
+    CpuShare() : wall0_(Clock::now()), cpu0_(cpu_seconds()), steal0_(steal_seconds()) {}
+    double share() const { return (cpu_seconds() - cpu0_) / wall(); }
+    double steal_share() const {
+        const double cpus = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+        return steal0_ < 0 ? -1 : (steal_seconds() - steal0_) / (wall() * cpus);
+    }
+
+private:
+    double wall() const { return std::max(1e-9, std::chrono::duration<double>(Clock::now() - wall0_).count()); }
+    static double cpu_seconds() {
+        timespec ts{};
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+    }
+    // -1 where /proc/stat has no steal field.
+    static double steal_seconds() {
+        std::FILE* f = std::fopen("/proc/stat", "r");
+        if (!f) return -1;
+        unsigned long long v[8] = {};
+        const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                                  &v[5], &v[6], &v[7]);
+        std::fclose(f);
+        return n == 8 ? static_cast<double>(v[7]) / static_cast<double>(sysconf(_SC_CLK_TCK)) : -1;
+    }
+    Clock::time_point wall0_;
+    double cpu0_;
+    double steal0_;
+};
+
+std::vector<double> sleep_fsched(int samples, std::chrono::microseconds d, bool busy,
+                                 std::chrono::microseconds timer_spin, CpuUse& use) {
     std::vector<double> late;
     late.reserve(static_cast<std::size_t>(samples));
     std::atomic<bool> stop{false};
-    fsched::Scheduler sched(2, false, "latency");
+    fsched::SchedulerOptions options;
+    options.threads = 2;
+    options.use_caller = false;
+    options.name = "latency";
+    options.timer_spin = timer_spin;
+    fsched::Scheduler sched(options);
     sched.start();
     fsched::WaitGroup wg;
     if (busy) {
@@ -104,11 +152,13 @@ std::vector<double> sleep_fsched(int samples, std::chrono::microseconds d, bool 
     wg.add(1);
     sched.schedule([&] {
         for (int i = 0; i < samples / 10 + 1; ++i) fsched::this_fiber::sleep_for(d);  // warm-up
+        const CpuShare cpu;
         for (int i = 0; i < samples; ++i) {
             const auto t0 = Clock::now();
             fsched::this_fiber::sleep_for(d);
             late.push_back(us_since(t0, Clock::now()) - static_cast<double>(d.count()));
         }
+        use = {cpu.share(), cpu.steal_share()};
         stop.store(true);
         wg.done();
     });
@@ -117,7 +167,7 @@ std::vector<double> sleep_fsched(int samples, std::chrono::microseconds d, bool 
     return late;
 }
 
-std::vector<double> sleep_thread(int samples, std::chrono::microseconds d, bool busy) {
+std::vector<double> sleep_thread(int samples, std::chrono::microseconds d, bool busy, CpuUse& use) {
     std::atomic<bool> stop{false};
     std::vector<std::thread> spinners;
     if (busy) {
@@ -132,11 +182,13 @@ std::vector<double> sleep_thread(int samples, std::chrono::microseconds d, bool 
     std::vector<double> late;
     late.reserve(static_cast<std::size_t>(samples));
     for (int i = 0; i < samples / 10 + 1; ++i) std::this_thread::sleep_for(d);
+    const CpuShare cpu;
     for (int i = 0; i < samples; ++i) {
         const auto t0 = Clock::now();
         std::this_thread::sleep_for(d);
         late.push_back(us_since(t0, Clock::now()) - static_cast<double>(d.count()));
     }
+    use = {cpu.share(), cpu.steal_share()};
     stop.store(true);
     for (std::thread& t : spinners) t.join();
     return late;
@@ -238,10 +290,15 @@ std::vector<double> schedule_pool(int n, Load load, std::size_t threads) {
 int main(int argc, char** argv) {
     // --sleep-us is ours; the rest is the shared command line.
     long sleep_us = 100;
+    long spin_us = 50;
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
         if (i + 1 < argc && std::strcmp(argv[i], "--sleep-us") == 0) {
             sleep_us = std::max(1L, std::atol(argv[++i]));
+            continue;
+        }
+        if (i + 1 < argc && std::strcmp(argv[i], "--spin-us") == 0) {
+            spin_us = std::max(1L, std::atol(argv[++i]));
             continue;
         }
         args.push_back(argv[i]);
@@ -251,6 +308,7 @@ int main(int argc, char** argv) {
     const int sleeps = static_cast<int>(opt.quick ? 50 : (opt.iters ? opt.iters : 2000));
     const int submits = static_cast<int>(opt.quick ? 500 : (opt.iters ? opt.iters * 10 : 20000));
     const std::chrono::microseconds d(sleep_us);
+    const std::chrono::microseconds spin(spin_us);
     std::printf("%s%s\n", fsched_bench::build_line("bench_latency").c_str(), fsched_bench::go_note().c_str());
     std::printf("%d sleeps of %ld us and %d submits per case; %s\n", sleeps, sleep_us, submits,
                 opt.quick ? "--quick: tiny counts, the numbers are noise" : "full run");
@@ -259,11 +317,21 @@ int main(int argc, char** argv) {
     fsched_bench::TextTable table;
     const std::vector<fsched_bench::TextTable::Column> columns{
         {"p50 us", 9}, {"p90 us", 9}, {"p99 us", 9}, {"max us", 9}, {"ours/x p99", 11}};
-    auto add_row = [&](const std::string& name, const std::vector<double>& s, double ours_p99) {
+    std::vector<fsched_bench::TextTable::Column> sleep_columns = columns;
+    sleep_columns.push_back({"CPU %", 7});
+    sleep_columns.push_back({"steal %", 8});
+    // With `use` (the sleep groups), its two columns; below 0: not measured (Go's, the busy
+    // loads' CPU).
+    auto add_row = [&](const std::string& name, const std::vector<double>& s, double ours_p99,
+                       const CpuUse* use = nullptr) {
         const double p99 = percentile(s, 99);
-        table.row(name, {format("%.1f", percentile(s, 50)), format("%.1f", percentile(s, 90)), format("%.1f", p99),
-                         format("%.1f", percentile(s, 100)),
-                         ours_p99 >= 0 && p99 > 0 ? format("%.2f", ours_p99 / p99) : "-"});
+        std::vector<std::string> cells{format("%.1f", percentile(s, 50)), format("%.1f", percentile(s, 90)),
+                                       format("%.1f", p99), format("%.1f", percentile(s, 100)),
+                                       ours_p99 >= 0 && p99 > 0 ? format("%.2f", ours_p99 / p99) : "-"};
+        if (use) {
+            for (const double share : {use->cpu, use->steal}) cells.push_back(share >= 0 ? format("%.0f", share * 100) : "-");
+        }
+        table.row(name, cells);
         return p99;
     };
 
@@ -279,19 +347,36 @@ int main(int argc, char** argv) {
         const std::string group = busy ? "sleep/busy/" : "sleep/idle/";
         table.begin_group(format("sleep_for(%ld us) lateness, %s (ours/x: p99 against each)", sleep_us,
                                  busy ? "both workers busy" : "idle"),
-                          columns);
+                          sleep_columns);
         double ours = -1;
-        if (opt.selected(group + "fiber_sched")) ours = add_row("fiber_sched sleep_for", sleep_fsched(sleeps, d, busy), -1);
+        CpuUse use;
+        // Under a busy load the CPU column would show the load's.
+        auto measured = [busy](CpuUse u) {
+            if (busy) u.cpu = -1;
+            return u;
+        };
+        if (opt.selected(group + "fiber_sched")) {
+            const std::vector<double> late = sleep_fsched(sleeps, d, busy, std::chrono::microseconds(0), use);
+            use = measured(use);
+            ours = add_row("fiber_sched sleep_for", late, -1, &use);
+        }
+        if (!busy && opt.selected(group + "fiber_sched/timer_spin")) {
+            const std::vector<double> late = sleep_fsched(sleeps, d, busy, spin, use);
+            add_row(format("fiber_sched sleep_for, timer_spin %ld us", static_cast<long>(spin.count())), late, -1, &use);
+        }
         if (opt.selected(group + "std::thread")) {
-            add_row(busy ? "std::this_thread::sleep_for, 2 threads spinning" : "std::this_thread::sleep_for",
-                    sleep_thread(sleeps, d, busy), ours);
+            const std::vector<double> late = sleep_thread(sleeps, d, busy, use);
+            use = measured(use);
+            add_row(busy ? "std::this_thread::sleep_for, 2 threads spinning" : "std::this_thread::sleep_for", late,
+                    ours, &use);
         }
         if (fsched_bench::have_go() && opt.selected(group + "Go")) {
             if (go_failed[busy]) {
                 table.row("Go time.Sleep", {"failed"});
                 failed = true;
             } else {
-                add_row(busy ? "Go time.Sleep, 2 goroutines busy" : "Go time.Sleep", go[busy], ours);
+                const CpuUse unmeasured;
+                add_row(busy ? "Go time.Sleep, 2 goroutines busy" : "Go time.Sleep", go[busy], ours, &unmeasured);
             }
         }
     }

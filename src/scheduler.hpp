@@ -88,6 +88,18 @@ struct SchedulerOptions {
     // worker's slack (Linux keeps it across clone, fork and exec); so does a scheduler made
     // from a task with 0 here.
     std::chrono::nanoseconds timer_slack{1000};
+    // How long before a timer an idle worker stops sleeping and spins to it (0, the default:
+    // never). A worker asleep until a timer (a sleep_for, a wait_for's deadline, the
+    // use_caller thread's deadline in help_until) wakes this much before it and spins on
+    // the clock, so the fiber runs within a clock read of its deadline, where the kernel's
+    // wake-up from an idle CPU may take tens of microseconds to milliseconds (a KVM guest:
+    // sleep_for(100us) p99 191 us late without, BENCHMARKS.md). The cost: up to this much of
+    // a core before each timer that comes due while its worker is idle; so for a game's
+    // frame pacing, say 50 us, not for a server whose timeouts expire thousands of times a
+    // second. A task pushed meanwhile, or an earlier timer, ends the spin as it would the
+    // sleep; a ready fd waits for the spin's end. Negative: FIBER_SCHED_ASSERT at
+    // construction.
+    std::chrono::nanoseconds timer_spin{0};
     // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
     // (this_fiber::yield() too), on another worker than the one it waited on, when there is
     // another that runs tasks by itself (the use_caller thread does not count), so code that
@@ -132,6 +144,11 @@ struct SchedulerStats {
     std::uint64_t tasks_stolen = 0;
     // Times a worker went to sleep in its idle wait (after spinning found nothing).
     std::uint64_t sleeps = 0;
+    // Times an idle worker spun to a timer (SchedulerOptions::timer_spin) at the end of a
+    // sleep, and the time those spins took, the one going on not included: what the
+    // option costs in CPU.
+    std::uint64_t timer_spins = 0;
+    std::chrono::nanoseconds timer_spin_time{0};
 };
 
 namespace detail {

@@ -400,6 +400,101 @@ TEST_CASE("timer_slack: negative is a FIBER_SCHED_ASSERT at construction") {
     }, "Scheduler(): timer_slack is negative");
 }
 
+// ---- timer spin ---------------------------------------------------------------------------
+
+TEST_CASE("timer_spin: negative is a FIBER_SCHED_ASSERT at construction") {
+    FSCHED_CHECK_ABORTS_WITH([] {
+        SchedulerOptions options;
+        options.timer_spin = std::chrono::nanoseconds(-1);
+        Scheduler s(options);
+    }, "Scheduler(): timer_spin is negative");
+}
+
+TEST_CASE("timer_spin: an idle worker spins the last of its sleep to a timer, never past it; 0 never spins") {
+    FSCHED_FOR_EACH_CONFIG([](test::Config c) {
+        for (const std::chrono::nanoseconds spin : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(2ms)}) {
+            CAPTURE(spin.count());
+            SchedulerOptions options = options_for(c, "spin");
+            options.timer_spin = spin;
+            Scheduler s(options);
+            s.start();
+            constexpr int sleeps = 3;
+            std::atomic<int> early{0};
+            fsched::WaitGroup wg;
+            wg.add(1);
+            s.schedule([&] {
+                for (int i = 0; i < sleeps; ++i) {
+                    const auto deadline = std::chrono::steady_clock::now() + 60ms;
+                    fsched::this_fiber::sleep_until(deadline);
+                    if (std::chrono::steady_clock::now() < deadline) early++;
+                }
+                wg.done();
+            });
+            wg.wait();
+            s.stop();
+            const SchedulerStats stats = s.stats();
+            CHECK(early == 0);
+            if (spin.count() == 0) {
+                CHECK(stats.timer_spins == 0);
+                CHECK(stats.timer_spin_time.count() == 0);
+            } else {
+                // Each sleep ends in a spin of about 2 ms, unless its wake-up came too late
+                // for one (a loaded machine), and a spin never lasts the whole 60 ms: half of
+                // it on average leaves room for a spinner preempted past its timer.
+                CHECK(stats.timer_spins >= 1);
+                CHECK(stats.timer_spins <= static_cast<std::uint64_t>(sleeps) * 4);
+                CHECK(stats.timer_spin_time.count() > 0);
+                CHECK(stats.timer_spin_time <= stats.timer_spins * 30ms);
+            }
+        }
+    });
+}
+
+TEST_CASE("timer_spin: the use_caller thread's own sleep spins to its deadline too") {
+    SchedulerOptions options;
+    options.threads = 1;
+    options.use_caller = true;
+    options.timer_spin = 2ms;
+    Scheduler s(options);
+    const auto deadline = std::chrono::steady_clock::now() + 30ms;
+    fsched::this_fiber::sleep_until(deadline);  // the use_caller thread helps until then
+    CHECK(std::chrono::steady_clock::now() >= deadline);
+    CHECK(s.stats().timer_spins >= 1);
+    s.stop();
+}
+
+TEST_CASE("timer_spin: a worker spinning to a timer takes a task scheduled meanwhile at once; a huge spin does not overflow") {
+    for (const bool use_caller : {false, true}) {
+        CAPTURE(use_caller);
+        SchedulerOptions options;
+        options.threads = use_caller ? 2 : 1;  // one worker thread either way
+        options.use_caller = use_caller;
+        options.timer_spin = std::chrono::nanoseconds::max();  // spins the whole of every timed sleep
+        Scheduler s(options);
+        s.start();
+        using Clock = std::chrono::steady_clock;
+        std::atomic<Clock::rep> sleeper_deadline{0};
+        std::atomic<Clock::rep> task_ran_at{0};
+        s.schedule([&] {
+            const Clock::time_point deadline = Clock::now() + 2s;
+            sleeper_deadline = deadline.time_since_epoch().count();
+            fsched::this_fiber::sleep_until(deadline);
+        });
+        // The worker thread spins until the sleeper's deadline from here on.
+        const auto limit = Clock::now() + 20s;
+        while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+        REQUIRE(s.stats().timer_spins >= 1);
+        s.schedule([&] { task_ran_at = Clock::now().time_since_epoch().count(); });
+        // Waited for here, not in stop(), where the use_caller thread would help.
+        while (task_ran_at == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+        s.stop();
+        // Run within the spin, not after the 2 s it had left: a spin that a push did not
+        // end would last until the sleeper's deadline.
+        REQUIRE(task_ran_at != 0);
+        CHECK(task_ran_at < sleeper_deadline);
+    }
+}
+
 #if defined(__linux__)
 TEST_CASE("timer_slack: each worker thread has it before its hook and tasks; 0 leaves the inherited one; the use_caller thread keeps its own") {
     const int caller_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);

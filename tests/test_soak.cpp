@@ -4,9 +4,10 @@
 // WaitGroup, Channel<T> at capacities 0, 1 and N with close, select() over two channels
 // with a timeout, exceptions, testing::simulate() on a plain thread, fsched::io over
 // socketpairs with timeouts and cancel, and stop() while outside threads still feed the
-// scheduler; at 1, 2, 4 and 8 workers, with and without use_caller. At the end: every task
-// ran exactly once, every message a send accepted was received exactly once (and no other),
-// mutex-guarded counters are exact, and no fiber stack and no fd is left over.
+// scheduler; at 1, 2, 4 and 8 workers, with and without use_caller (with 2, the workers spin
+// to their timers: SchedulerOptions::timer_spin). At the end: every task ran exactly once,
+// every message a send accepted was received exactly once (and no other), mutex-guarded
+// counters are exact, and no fiber stack and no fd is left over.
 //
 // Choices are deterministic given the seed: each task draws from its own PRNG, seeded from
 // the seed and the task's key (derived from its parent's key), and draws before it looks at
@@ -1877,6 +1878,8 @@ TEST_CASE("soak: every operation at once, seeded; every task, message and lock a
             options.use_caller = config.use_caller;
             options.name = "soak";
             options.debug_migrate = migrate;
+            // With 2 workers, idle workers spin the last 50 us to a timer (SchedulerOptions::timer_spin).
+            if (config.threads == 2) options.timer_spin = std::chrono::microseconds(50);
             Scheduler scheduler(options);
             Soak soak(scheduler, settings.seed, settings.ops_per_run);
             scheduler.set_exception_handler([&soak](std::exception_ptr e) { soak.on_exception(e); });

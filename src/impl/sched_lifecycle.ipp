@@ -44,6 +44,7 @@ void SchedulerCore::check_options() const {
         throw std::length_error("fiber_sched: Scheduler(): stack_size is above the limit (fsched::detail::max_stack_size)");
     }
     FIBER_SCHED_ASSERT(options.timer_slack.count() >= 0 && "Scheduler(): timer_slack is negative");
+    FIBER_SCHED_ASSERT(options.timer_spin.count() >= 0 && "Scheduler(): timer_spin is negative");
     if (options.cpu_affinity.empty()) return;
     const int cpus = os::cpu_limit();
     for (const int cpu : options.cpu_affinity) {
@@ -252,6 +253,8 @@ SchedulerStats Scheduler::stats() const {
         stats.wakes += c.wakes.load(std::memory_order_relaxed);
         stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
         stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
+        stats.timer_spins += c.timer_spins.load(std::memory_order_relaxed);
+        stats.timer_spin_time += std::chrono::nanoseconds(c.timer_spin_ns.load(std::memory_order_relaxed));
         stats.idle_time.push_back(w->idle_time(now));
         stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
     }

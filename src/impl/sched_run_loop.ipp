@@ -172,6 +172,7 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
     if (wait && wait->deadline) deadline_ticks = std::min(deadline_ticks, to_ticks(*wait->deadline));
+    const std::int64_t timer_ticks = deadline_ticks;  // what a fiber waits for, to the tick
     // Loaded after `sleepers` is stored: see the run-next argument at put_runnext.
     const bool watch = !single && runnext_activity();
     if (watch) {
@@ -189,19 +190,47 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const TimePoint now = std::chrono::steady_clock::now();
     count(counters.sleeps);
     idle_clock_asleep(now);
+    // With timer_spin, a wait that this worker's own timer (or the caller's deadline) ends
+    // stops that much early, and the worker spins the rest (spin_to_timer); the others
+    // sleep to it, and the first awake fires it, as without.
+    const TimePoint timer{std::chrono::steady_clock::duration(timer_ticks)};
+    const std::chrono::nanoseconds spin = core.options.timer_spin;
+    const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
+                       (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
+                        (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
+    const TimePoint wait_until = !spins ? deadline : timer - now <= spin ? now : timer - spin;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
     // (SchedulerCore::wake_worker: it queued a task during its last look, for another worker
     // perhaps, then found nothing to take).
-    if (now < deadline && sleeping.load(std::memory_order_seq_cst)) {
-        idle.wait(core.idle, deadline == TimePoint::max() ? nullptr : &deadline);
+    if (now < wait_until && sleeping.load(std::memory_order_seq_cst)) {
+        idle.wait(core.idle, wait_until == TimePoint::max() ? nullptr : &wait_until);
     }
-    idle_clock_awake(std::chrono::steady_clock::now());
+    const TimePoint woke = std::chrono::steady_clock::now();
+    idle_clock_awake(woke);
+    if (spins && woke >= wait_until && sleeping.load(std::memory_order_seq_cst)) spin_to_timer(timer);
     if (watch) core.runnext_watchers.fetch_sub(1, std::memory_order_seq_cst);
     core.claim_worker_wake(*this);
     sleep_deadline.store(no_deadline, std::memory_order_seq_cst);
     idle.end_sleep(core.idle);
     idle_trim(trim);
+}
+
+// The end of a sleep that a timer ends, with SchedulerOptions::timer_spin: a kernel's
+// wake-up is late by tens of microseconds to milliseconds on a loaded or virtual machine
+// (the vCPU halted), a spin by the time a clock read takes. Still announced as asleep, so
+// a task pushed meanwhile, or an earlier timer, claims `sleeping` as it would a sleeper's
+// (its notify() only makes a later wait return early), and the spin ends at once.
+inline void Worker::spin_to_timer(TimePoint timer) noexcept {
+    count(counters.timer_spins);
+    const TimePoint start = std::chrono::steady_clock::now();
+    TimePoint now = start;
+    while (now < timer && sleeping.load(std::memory_order_seq_cst)) {
+        cpu_relax();
+        now = std::chrono::steady_clock::now();
+    }
+    const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
+    counters.timer_spin_ns.store(spun, std::memory_order_relaxed);
 }
 
 inline Worker::IdleTrim Worker::plan_idle_trim() noexcept {

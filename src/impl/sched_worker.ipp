@@ -169,6 +169,8 @@ struct alignas(64) Worker {
         std::atomic<std::uint64_t> wakes{0};
         std::atomic<std::uint64_t> timers_fired{0};
         std::atomic<std::uint64_t> sleeps{0};
+        std::atomic<std::uint64_t> timer_spins{0};
+        std::atomic<std::int64_t> timer_spin_ns{0};
         // The idle wait's time, in steady_clock nanoseconds, as one word so that a reader
         // gets the finished sleeps and the one going on from a single load: awake, 2 * the
         // total of finished sleeps (even); asleep since S, 2 * (total - S) + 1 (odd), and
@@ -427,6 +429,7 @@ struct alignas(64) Worker {
     bool spin_for_work(QueuedTask& task);    // a few microseconds before sleeping
     bool sleep_until_work(QueuedTask& task, bool& finished, const CallerWait* wait);
     void sleep_announced(const CallerWait* wait);  // the sleep, after the last look
+    void spin_to_timer(TimePoint timer) noexcept;  // its end, with SchedulerOptions::timer_spin
     // When the sleep gives back what a burst left: stacks beyond the pool's keep, this
     // worker's surplus queue slabs (TimePoint::max(): nothing to give back).
     struct IdleTrim {
