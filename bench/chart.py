@@ -54,6 +54,8 @@ HEADLINES = [
     ("sleep_for(100us) lateness p99, idle", "bench_latency", "lateness, idle", "fiber_sched", "Go", "p99 us", "Go"),
     ("sleep_for(100us) lateness p99, idle", "bench_latency", "lateness, idle", "fiber_sched", "std::this_thread",
      "p99 us", "std::thread"),
+    ("sleep_for(100us) lateness p99, idle, timer_spin 50us", "bench_latency", "lateness, idle",
+     "fiber_sched sleep_for, timer_spin", "std::this_thread", "p99 us", "std::thread"),
     ("schedule() from outside p99, ping-pong", "bench_latency", "1 worker beside a Channel", "fiber_sched",
      "std::thread pool", "p99 us", "std::thread"),
     ("HTTP CPU per request, 100 conns", "bench_http_100", "requests/s", "fsched", "Go, goroutine", "median cpu",

@@ -88,17 +88,18 @@ struct SchedulerOptions {
     // worker's slack (Linux keeps it across clone, fork and exec); so does a scheduler made
     // from a task with 0 here.
     std::chrono::nanoseconds timer_slack{1000};
-    // How long before a timer an idle worker stops sleeping and spins to it (0, the default:
-    // never). A worker asleep until a timer (a sleep_for, a wait_for's deadline, the
-    // use_caller thread's deadline in help_until) wakes this much before it and spins on
-    // the clock, so the fiber runs within a clock read of its deadline, where the kernel's
-    // wake-up from an idle CPU may take tens of microseconds to milliseconds (a KVM guest:
-    // sleep_for(100us) p99 191 us late without, BENCHMARKS.md). The cost: up to this much of
-    // a core before each timer that comes due while its worker is idle; so for a game's
-    // frame pacing, say 50 us, not for a server whose timeouts expire thousands of times a
+    // How long before its own next timer an idle worker stops sleeping and spins to it (0,
+    // the default: never). A worker asleep until a timer it holds (a fiber's sleep_for or
+    // wait_for that parked on it; the use_caller thread's own deadline when it sleeps or
+    // waits outside tasks) wakes this much before and spins on the clock, so the fiber runs
+    // within microseconds of its deadline, where the OS's wake-up from an idle CPU can take
+    // tens of microseconds to milliseconds (a KVM guest: sleep_for(100us) p99 40 us late
+    // with 50 us here, 114 us without; BENCHMARKS.md). The cost: up to this much of a core
+    // before each timer that comes due while its worker is idle; so for a game's frame
+    // pacing, say 50 us, not for a server whose timeouts expire thousands of times a
     // second. A task pushed meanwhile, or an earlier timer, ends the spin as it would the
-    // sleep; a ready fd waits for the spin's end. Negative: FIBER_SCHED_ASSERT at
-    // construction.
+    // sleep; a ready fd waits for the spin's end. SchedulerStats::timer_spins and
+    // timer_spin_time count what it spent. Negative: FIBER_SCHED_ASSERT at construction.
     std::chrono::nanoseconds timer_spin{0};
     // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
     // (this_fiber::yield() too), on another worker than the one it waited on, when there is
