@@ -521,6 +521,66 @@ TEST_CASE("a worker that queues a task for itself as it is about to sleep runs i
     CHECK(r.err == "");
 }
 
+// The same with SchedulerOptions::timer_spin: worker 1 holds a timer (a fiber pinned to it
+// waits on a condition variable for up to 30 s) and, with a spin of nanoseconds::max(),
+// spins all the way to it instead of sleeping. Its self-claimed wake-up must end the spin
+// as it ends a sleep, and so must the notify that wakes the waiter; else the task, or the
+// waiter, would wait out the 30 s.
+TEST_CASE("timer_spin: a worker that queues a task for itself as it is about to spin runs it instead of spinning") {
+    test::ChildResult r = test::run_in_child([] {
+        fsched::SchedulerOptions options;
+        options.threads = 2;
+        options.use_caller = false;
+        options.name = "selfspin";
+        options.timer_spin = std::chrono::nanoseconds::max();
+        Scheduler s(options);
+        SelfWakeGate::sched = &s;
+        SelfWakeGate::ran = false;
+        s.start();
+        fsched::Mutex m;
+        fsched::ConditionVariable cv;
+        bool waiting = false, signalled = false;
+        std::atomic<bool> woken{false};
+        s.schedule([&] {
+            std::unique_lock<fsched::Mutex> lock(m);
+            waiting = true;
+            cv.wait_for(lock, 30s, [&] { return signalled; });
+            woken = true;
+        }, 1);
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        for (;;) {
+            {
+                std::lock_guard<fsched::Mutex> lock(m);
+                if (waiting) break;
+            }
+            std::this_thread::sleep_for(1ms);
+        }
+        while (s.stats().timer_spins == 0 && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(1ms);
+        }
+        FSCHED_CHILD_REQUIRE(s.stats().timer_spins >= 1);  // worker 1 spins to the waiter's deadline
+        fsched::detail::set_sleep_wait_hook(&SelfWakeGate::hook);
+        SelfWakeGate::armed = true;
+        std::atomic<bool> first{false};
+        s.schedule([&] { first = true; }, 1);  // ends the spin; then the hook, as worker 1 goes back
+        while (!SelfWakeGate::ran && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+        FSCHED_CHILD_REQUIRE(first);
+        FSCHED_CHILD_REQUIRE(SelfWakeGate::ran);  // worker 1 did not spin with its task queued
+        {
+            std::lock_guard<fsched::Mutex> lock(m);
+            signalled = true;
+        }
+        cv.notify_one();
+        while (!woken && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+        FSCHED_CHILD_REQUIRE(woken);  // the notify ended the next spin too
+        s.stop();
+        fsched::detail::set_sleep_wait_hook(nullptr);
+    }, 60);
+    CHECK(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err == "");
+}
+
 #if defined(FIBER_SCHED_HAVE_EPOLL)
 // Worker 0 takes the poller role as it announces its sleep, then its last look finds a long
 // task. Giving the role up, it wakes a sleeping worker to take it over (end_sleep,
