@@ -1701,11 +1701,17 @@ struct SchedulerOptions {
     // within microseconds of its deadline, where the OS's wake-up from an idle CPU can take
     // tens of microseconds to milliseconds (a KVM guest: sleep_for(100us) p99 40 us late
     // with 50 us here, 114 us without; BENCHMARKS.md). The cost: up to this much of a core
-    // before each timer that comes due while its worker is idle; so for a game's frame
-    // pacing, say 50 us, not for a server whose timeouts expire thousands of times a
-    // second. A task pushed meanwhile, or an earlier timer, ends the spin as it would the
-    // sleep; a ready fd waits for the spin's end. SchedulerStats::timer_spins and
-    // timer_spin_time count what it spent. Negative: FIBER_SCHED_ASSERT at construction.
+    // before each timer that comes due while its worker is idle (a timed wait satisfied
+    // before then leaves nothing to spin to); so for a game's frame pacing, say 50 us, not
+    // for a server whose timeouts expire thousands of times a second. No more than the
+    // wake-ups' lateness: on a loaded machine the kernel preempts a long spinner sooner
+    // than a thread that has just woken. A task pushed meanwhile, or an earlier timer, ends
+    // the spin as it would the sleep; a poller looks at the fds every 10 us while it spins.
+    // Without epoll_pwait2 (Linux before 5.11) the wait ends on whole milliseconds and a
+    // spin lasts up to 1 ms longer; where the OS's timer is coarser than the spin (Windows'
+    // tick, 15.6 ms by default: unchecked) the wait can end after the timer, leaving no
+    // spin. SchedulerStats::timer_spins and timer_spin_time count what it spent. Negative:
+    // FIBER_SCHED_ASSERT at construction.
     std::chrono::nanoseconds timer_spin{0};
     // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
     // (this_fiber::yield() too), on another worker than the one it waited on, when there is
@@ -1751,9 +1757,9 @@ struct SchedulerStats {
     std::uint64_t tasks_stolen = 0;
     // Times a worker went to sleep in its idle wait (after spinning found nothing).
     std::uint64_t sleeps = 0;
-    // Times an idle worker spun to a timer (SchedulerOptions::timer_spin) at the end of a
-    // sleep, and the time those spins took, the one going on not included: what the
-    // option costs in CPU.
+    // Sleeps that ended before their timer and spun the rest (SchedulerOptions::timer_spin),
+    // and the wall-clock time those spins took (a spinner preempted meanwhile included; the
+    // spin going on not included): what the option costs.
     std::uint64_t timer_spins = 0;
     std::chrono::nanoseconds timer_spin_time{0};
 };
@@ -9533,7 +9539,8 @@ void install_fiber_dump_handler(int signo) {
 //                      register_for_cancel()
 //   WorkerIdle         each worker's part:    open(), close(), notify(shared),
 //                      begin_sleep(shared), wait(shared, deadline), end_sleep(shared),
-//                      poller_wanted(shared) (false where there is no fsched::io)
+//                      poller_wanted(shared) (false where there is no fsched::io),
+//                      poll_while_spinning(shared) (nothing where there is none)
 // wait() returns at once for a notify() made since the last wait(): a wake-up that comes
 // before the sleep is never lost.
 //
@@ -9709,15 +9716,14 @@ inline int epoll_wait_until(int epfd, epoll_event* events, int max_events, const
     return epoll_wait(epfd, events, max_events, timeout_ms(deadline));
 }
 
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-// 1 ns with epoll_pwait2 (until it is refused), 1 ms without it.
+// 1 ns with epoll_pwait2 (until it is refused), 1 ms without it (the timer spin's margin;
+// a test knob with FIBER_SCHED_FAULT_INJECTION).
 std::chrono::nanoseconds idle_wait_resolution() noexcept {
 #if defined(SYS_epoll_pwait2)
     if (!no_pwait2.load(std::memory_order_relaxed)) return std::chrono::nanoseconds(1);
 #endif
     return std::chrono::milliseconds(1);
 }
-#endif
 
 struct WorkerIdle;
 struct SchedulerCore;
@@ -9871,6 +9877,11 @@ struct WorkerIdle {
             if (shared.io_waiters.load(std::memory_order_seq_cst) > 0) wake_for_io(shared);
         }
     }
+    // While the worker spins to a timer instead of waiting (Worker::spin_to_timer): the
+    // poller harvests ready fds without blocking, as its wait would have.
+    void poll_while_spinning(SchedulerIdle& shared) noexcept {
+        if (is_poller.load(std::memory_order_relaxed)) shared.poll_io(false);
+    }
     // Ends this worker's wait, or makes its next one return at once. Whoever claimed the
     // wake-up read is_poller after its CAS on `sleeping`, and this worker set it before
     // setting `sleeping`: the write goes where it sleeps.
@@ -9897,10 +9908,9 @@ struct WorkerIdle {
 namespace fsched {
 namespace detail {
 
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-// wait_until() takes the deadline as it is.
+// wait_until() takes the deadline as it is (what the OS's timer makes of it is its own:
+// Windows' ends on its tick, 15.6 ms by default, unless a program asks for finer).
 std::chrono::nanoseconds idle_wait_resolution() noexcept { return std::chrono::nanoseconds(1); }
-#endif
 
 struct SchedulerIdle {
     const char* open() noexcept { return nullptr; }
@@ -9928,6 +9938,7 @@ struct WorkerIdle {
         notified = false;
     }
     void end_sleep(SchedulerIdle&) noexcept {}
+    void poll_while_spinning(SchedulerIdle&) noexcept {}
     void notify(SchedulerIdle&) {
         {
             std::lock_guard<std::mutex> lock(mutex);
@@ -10717,6 +10728,7 @@ struct alignas(64) Worker {
     bool take_high(QueuedTask& out);
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
+    void drop_dead_timers() noexcept;  // satisfied waits' timers at the front of this heap
     void run_task(QueuedTask& task);
     // run_task()'s steps: the task's fiber (a pooled one for a callback) claimed for this
     // worker (false: it cannot run now, and nothing is left to do), run until it parks or
@@ -11395,6 +11407,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
 // earliest timer of any worker, the caller's deadline, the end of a run-next watch, or the
 // time to give back what a burst left (IdleTrim).
 inline void Worker::sleep_announced(const CallerWait* wait) {
+    drop_dead_timers();
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
@@ -11425,7 +11438,12 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
                        (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
                         (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
-    const TimePoint wait_until = !spins ? deadline : timer - now <= spin ? now : timer - spin;
+    // Without epoll_pwait2 the wait ends on whole milliseconds, up to one after the time
+    // asked: end it that much sooner, so that it ends before the timer.
+    const std::chrono::nanoseconds early = spin + (idle_wait_resolution() > std::chrono::nanoseconds(1)
+                                                      ? idle_wait_resolution()
+                                                      : std::chrono::nanoseconds(0));
+    const TimePoint wait_until = !spins ? deadline : timer - now <= early ? now : timer - early;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
     // (SchedulerCore::wake_worker: it queued a task during its last look, for another worker
@@ -11447,14 +11465,22 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
 // wake-up is late by tens of microseconds to milliseconds on a loaded or virtual machine
 // (the vCPU halted), a spin by the time a clock read takes. Still announced as asleep, so
 // a task pushed meanwhile, or an earlier timer, claims `sleeping` as it would a sleeper's
-// (its notify() only makes a later wait return early), and the spin ends at once.
+// (its notify() only makes a later wait return early), and the spin ends at once. The
+// poller looks at the fds every 10 us meanwhile: a fiber it wakes is queued here, which
+// claims this worker's wake-up and ends the spin.
 inline void Worker::spin_to_timer(TimePoint timer) noexcept {
-    count(counters.timer_spins);
     const TimePoint start = std::chrono::steady_clock::now();
+    if (start >= timer) return;  // the wait ended late: nothing left to spin
+    count(counters.timer_spins);
     TimePoint now = start;
+    TimePoint poll_at = start + std::chrono::microseconds(10);
     while (now < timer && sleeping.load(std::memory_order_seq_cst)) {
         cpu_relax();
         now = std::chrono::steady_clock::now();
+        if (now >= poll_at) {
+            idle.poll_while_spinning(core.idle);
+            poll_at = now + std::chrono::microseconds(10);
+        }
     }
     const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
     counters.timer_spin_ns.store(spun, std::memory_order_relaxed);
@@ -11976,6 +12002,22 @@ inline bool Worker::fire_due_timers(Worker& firer) {
         count(firer.counters.timers_fired);
         any = true;
     }
+}
+
+// A timed wait that was satisfied leaves its timer in the heap (add_timer sweeps them out
+// only as the heap doubles). Dropped from the front before this worker sleeps, so that no
+// idle wait ends, and no worker spins (timer_spin), for a wait that is over. Only this
+// worker adds to its heap, and it is idle here; firers take the lock.
+inline void Worker::drop_dead_timers() noexcept {
+    if (timers.earliest.load(std::memory_order_relaxed) == no_deadline) return;
+    std::lock_guard<SpinLock> lock(timers.lock);
+    std::vector<Timer>& heap = timers.heap;
+    if (heap.empty() || !heap.front().dead()) return;
+    do {
+        std::pop_heap(heap.begin(), heap.end(), std::greater<Timer>());
+        heap.pop_back();
+    } while (!heap.empty() && heap.front().dead());
+    timers.earliest.store(heap.empty() ? no_deadline : to_ticks(heap.front().deadline), std::memory_order_seq_cst);
 }
 
 inline std::int64_t Worker::earliest_deadline() const noexcept {

@@ -95,11 +95,17 @@ struct SchedulerOptions {
     // within microseconds of its deadline, where the OS's wake-up from an idle CPU can take
     // tens of microseconds to milliseconds (a KVM guest: sleep_for(100us) p99 40 us late
     // with 50 us here, 114 us without; BENCHMARKS.md). The cost: up to this much of a core
-    // before each timer that comes due while its worker is idle; so for a game's frame
-    // pacing, say 50 us, not for a server whose timeouts expire thousands of times a
-    // second. A task pushed meanwhile, or an earlier timer, ends the spin as it would the
-    // sleep; a ready fd waits for the spin's end. SchedulerStats::timer_spins and
-    // timer_spin_time count what it spent. Negative: FIBER_SCHED_ASSERT at construction.
+    // before each timer that comes due while its worker is idle (a timed wait satisfied
+    // before then leaves nothing to spin to); so for a game's frame pacing, say 50 us, not
+    // for a server whose timeouts expire thousands of times a second. No more than the
+    // wake-ups' lateness: on a loaded machine the kernel preempts a long spinner sooner
+    // than a thread that has just woken. A task pushed meanwhile, or an earlier timer, ends
+    // the spin as it would the sleep; a poller looks at the fds every 10 us while it spins.
+    // Without epoll_pwait2 (Linux before 5.11) the wait ends on whole milliseconds and a
+    // spin lasts up to 1 ms longer; where the OS's timer is coarser than the spin (Windows'
+    // tick, 15.6 ms by default: unchecked) the wait can end after the timer, leaving no
+    // spin. SchedulerStats::timer_spins and timer_spin_time count what it spent. Negative:
+    // FIBER_SCHED_ASSERT at construction.
     std::chrono::nanoseconds timer_spin{0};
     // Migration checking, for tests: every fiber that is not pinned resumes, after each wait
     // (this_fiber::yield() too), on another worker than the one it waited on, when there is
@@ -145,9 +151,9 @@ struct SchedulerStats {
     std::uint64_t tasks_stolen = 0;
     // Times a worker went to sleep in its idle wait (after spinning found nothing).
     std::uint64_t sleeps = 0;
-    // Times an idle worker spun to a timer (SchedulerOptions::timer_spin) at the end of a
-    // sleep, and the time those spins took, the one going on not included: what the
-    // option costs in CPU.
+    // Sleeps that ended before their timer and spun the rest (SchedulerOptions::timer_spin),
+    // and the wall-clock time those spins took (a spinner preempted meanwhile included; the
+    // spin going on not included): what the option costs.
     std::uint64_t timer_spins = 0;
     std::chrono::nanoseconds timer_spin_time{0};
 };

@@ -238,6 +238,35 @@ TEST_CASE("an idle wait whose epoll_pwait2 fails falls back to epoll_wait's mill
     CHECK_MESSAGE(r.exit_code == 0, r.err);
 }
 
+TEST_CASE("timer_spin: on epoll_wait's milliseconds the wait ends early enough for a spin shorter than one") {
+    // A spin of 300 us: the fallback's wait, rounded up to a whole millisecond, would end
+    // after the timer most of the time (and there is nothing left to spin) unless it is
+    // asked to end a millisecond sooner. In a child: the fallback is the process's.
+    const test::ChildResult r = test::run_in_child([] {
+        fsched::SchedulerOptions options;
+        options.threads = 1;
+        options.use_caller = false;
+        options.timer_spin = 300us;
+        Scheduler s(options);
+        s.start();
+        std::atomic<int> early{0};
+        s.schedule([&] {
+            Fault fault(FaultSite::TimeoutSyscall, 1);
+            for (int i = 0; i < 10; ++i) {
+                const auto deadline = std::chrono::steady_clock::now() + 20ms;
+                fsched::this_fiber::sleep_until(deadline);
+                if (std::chrono::steady_clock::now() < deadline) ++early;
+            }
+        });
+        s.stop();
+        FSCHED_CHILD_REQUIRE(fsched::detail::idle_wait_resolution() == std::chrono::milliseconds(1));
+        FSCHED_CHILD_REQUIRE(early == 0);
+        FSCHED_CHILD_REQUIRE(s.stats().timer_spins >= 1);  // ended before the timer at least once in 10
+    });
+    CHECK_MESSAGE(r.exited, r.err);
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+}
+
 TEST_CASE("an io wait that cannot record itself fails with ENOMEM and leaves the fd usable") {
     int fds[2];
     REQUIRE(pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0);

@@ -22,8 +22,10 @@
 
 #if defined(__linux__)
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 #endif
 
 using fsched::Fiber;
@@ -412,19 +414,21 @@ TEST_CASE("timer_spin: negative is a FIBER_SCHED_ASSERT at construction") {
 
 TEST_CASE("timer_spin: an idle worker spins the last of its sleep to a timer, never past it; 0 never spins") {
     FSCHED_FOR_EACH_CONFIG([](test::Config c) {
-        for (const std::chrono::nanoseconds spin : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(2ms)}) {
+        // A spin of 20 ms: longer than a loaded machine's late wake-ups, and than Windows'
+        // timer tick, so that the kernel's wait ends before the timer and leaves a spin.
+        for (const std::chrono::nanoseconds spin : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(20ms)}) {
             CAPTURE(spin.count());
             SchedulerOptions options = options_for(c, "spin");
             options.timer_spin = spin;
             Scheduler s(options);
             s.start();
-            constexpr int sleeps = 3;
+            constexpr int sleeps = 2;
             std::atomic<int> early{0};
             fsched::WaitGroup wg;
             wg.add(1);
             s.schedule([&] {
                 for (int i = 0; i < sleeps; ++i) {
-                    const auto deadline = std::chrono::steady_clock::now() + 60ms;
+                    const auto deadline = std::chrono::steady_clock::now() + 80ms;
                     fsched::this_fiber::sleep_until(deadline);
                     if (std::chrono::steady_clock::now() < deadline) early++;
                 }
@@ -438,13 +442,13 @@ TEST_CASE("timer_spin: an idle worker spins the last of its sleep to a timer, ne
                 CHECK(stats.timer_spins == 0);
                 CHECK(stats.timer_spin_time.count() == 0);
             } else {
-                // Each sleep ends in a spin of about 2 ms, unless its wake-up came too late
-                // for one (a loaded machine), and a spin never lasts the whole 60 ms: half of
-                // it on average leaves room for a spinner preempted past its timer.
+                // Each sleep ends in a spin of about 20 ms, unless its wake-up came too late
+                // for one, and a spin never lasts the whole 80 ms: 50 ms on average leaves
+                // room for a spinner preempted past its timer.
                 CHECK(stats.timer_spins >= 1);
                 CHECK(stats.timer_spins <= static_cast<std::uint64_t>(sleeps) * 4);
                 CHECK(stats.timer_spin_time.count() > 0);
-                CHECK(stats.timer_spin_time <= stats.timer_spins * 30ms);
+                CHECK(stats.timer_spin_time <= stats.timer_spins * 50ms);
             }
         }
     });
@@ -454,9 +458,9 @@ TEST_CASE("timer_spin: the use_caller thread's own sleep spins to its deadline t
     SchedulerOptions options;
     options.threads = 1;
     options.use_caller = true;
-    options.timer_spin = 2ms;
+    options.timer_spin = 20ms;
     Scheduler s(options);
-    const auto deadline = std::chrono::steady_clock::now() + 30ms;
+    const auto deadline = std::chrono::steady_clock::now() + 60ms;
     fsched::this_fiber::sleep_until(deadline);  // the use_caller thread helps until then
     CHECK(std::chrono::steady_clock::now() >= deadline);
     CHECK(s.stats().timer_spins >= 1);
@@ -494,6 +498,75 @@ TEST_CASE("timer_spin: a worker spinning to a timer takes a task scheduled meanw
         CHECK(task_ran_at < sleeper_deadline);
     }
 }
+
+TEST_CASE("timer_spin: a timed wait that was satisfied leaves no timer to spin to") {
+    using Clock = std::chrono::steady_clock;
+    SchedulerOptions options;
+    options.threads = 1;
+    options.use_caller = false;
+    options.timer_spin = std::chrono::nanoseconds::max();
+    Scheduler s(options);
+    s.start();
+    fsched::Mutex m;
+    fsched::ConditionVariable cv;
+    bool go = false;
+    std::atomic<bool> woke{false};
+    s.schedule([&] {
+        std::unique_lock<fsched::Mutex> lock(m);
+        cv.wait_for(lock, 30s, [&] { return go; });
+        woke = true;
+    });
+    const auto limit = Clock::now() + 20s;
+    while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+    REQUIRE(s.stats().timer_spins >= 1);  // to the wait's deadline, 30 s away
+    {
+        std::lock_guard<fsched::Mutex> lock(m);
+        go = true;
+    }
+    cv.notify_one();
+    while (!woke && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+    REQUIRE(woke);
+    std::this_thread::sleep_for(20ms);
+    // The wait is over, its timer left in the heap: the worker sleeps in the kernel (its
+    // idle time grows), not spinning to that timer's deadline.
+    const auto before = s.stats().idle_time[0];
+    std::this_thread::sleep_for(150ms);
+    CHECK(s.stats().idle_time[0] - before >= 50ms);
+    s.stop();
+}
+
+#if defined(FIBER_SCHED_HAVE_EPOLL)
+TEST_CASE("timer_spin: the poller looks at the fds while it spins") {
+    using Clock = std::chrono::steady_clock;
+    int fds[2];
+    REQUIRE(pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0);
+    SchedulerOptions options;
+    options.threads = 1;
+    options.use_caller = false;
+    options.timer_spin = std::chrono::nanoseconds::max();
+    Scheduler s(options);
+    s.start();
+    std::atomic<long> got{-2};
+    std::atomic<Clock::rep> read_at{0};
+    s.schedule([&] {
+        char c = 0;
+        got = static_cast<long>(fsched::io::read(fds[0], &c, 1, 10s));  // the worker spins to this timeout
+        read_at = Clock::now().time_since_epoch().count();
+    });
+    const auto limit = Clock::now() + 20s;
+    while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+    REQUIRE(s.stats().timer_spins >= 1);
+    const Clock::time_point written = Clock::now();
+    REQUIRE(::write(fds[1], "x", 1) == 1);
+    while (got == -2 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+    s.stop();
+    CHECK(got == 1);
+    // Within the spin, not at the timeout 10 s on.
+    CHECK(Clock::time_point(Clock::duration(read_at.load())) - written < 5s);
+    ::close(fds[0]);
+    ::close(fds[1]);
+}
+#endif
 
 #if defined(__linux__)
 TEST_CASE("timer_slack: each worker thread has it before its hook and tasks; 0 leaves the inherited one; the use_caller thread keeps its own") {

@@ -12,10 +12,9 @@
 namespace fsched {
 namespace detail {
 
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-// wait_until() takes the deadline as it is.
+// wait_until() takes the deadline as it is (what the OS's timer makes of it is its own:
+// Windows' ends on its tick, 15.6 ms by default, unless a program asks for finer).
 std::chrono::nanoseconds idle_wait_resolution() noexcept { return std::chrono::nanoseconds(1); }
-#endif
 
 struct SchedulerIdle {
     const char* open() noexcept { return nullptr; }
@@ -43,6 +42,7 @@ struct WorkerIdle {
         notified = false;
     }
     void end_sleep(SchedulerIdle&) noexcept {}
+    void poll_while_spinning(SchedulerIdle&) noexcept {}
     void notify(SchedulerIdle&) {
         {
             std::lock_guard<std::mutex> lock(mutex);

@@ -8,7 +8,8 @@
 //                      register_for_cancel()
 //   WorkerIdle         each worker's part:    open(), close(), notify(shared),
 //                      begin_sleep(shared), wait(shared, deadline), end_sleep(shared),
-//                      poller_wanted(shared) (false where there is no fsched::io)
+//                      poller_wanted(shared) (false where there is no fsched::io),
+//                      poll_while_spinning(shared) (nothing where there is none)
 // wait() returns at once for a notify() made since the last wait(): a wake-up that comes
 // before the sleep is never lost.
 //
@@ -185,15 +186,14 @@ inline int epoll_wait_until(int epfd, epoll_event* events, int max_events, const
     return epoll_wait(epfd, events, max_events, timeout_ms(deadline));
 }
 
-#if defined(FIBER_SCHED_FAULT_INJECTION)
-// 1 ns with epoll_pwait2 (until it is refused), 1 ms without it.
+// 1 ns with epoll_pwait2 (until it is refused), 1 ms without it (the timer spin's margin;
+// a test knob with FIBER_SCHED_FAULT_INJECTION).
 std::chrono::nanoseconds idle_wait_resolution() noexcept {
 #if defined(SYS_epoll_pwait2)
     if (!no_pwait2.load(std::memory_order_relaxed)) return std::chrono::nanoseconds(1);
 #endif
     return std::chrono::milliseconds(1);
 }
-#endif
 
 struct WorkerIdle;
 struct SchedulerCore;
@@ -346,6 +346,11 @@ struct WorkerIdle {
             shared.poller.store(nullptr, std::memory_order_seq_cst);
             if (shared.io_waiters.load(std::memory_order_seq_cst) > 0) wake_for_io(shared);
         }
+    }
+    // While the worker spins to a timer instead of waiting (Worker::spin_to_timer): the
+    // poller harvests ready fds without blocking, as its wait would have.
+    void poll_while_spinning(SchedulerIdle& shared) noexcept {
+        if (is_poller.load(std::memory_order_relaxed)) shared.poll_io(false);
     }
     // Ends this worker's wait, or makes its next one return at once. Whoever claimed the
     // wake-up read is_poller after its CAS on `sleeping`, and this worker set it before

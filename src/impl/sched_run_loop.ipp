@@ -168,6 +168,7 @@ inline bool Worker::sleep_until_work(QueuedTask& task, bool& finished, const Cal
 // earliest timer of any worker, the caller's deadline, the end of a run-next watch, or the
 // time to give back what a burst left (IdleTrim).
 inline void Worker::sleep_announced(const CallerWait* wait) {
+    drop_dead_timers();
     // Read after `sleeping` is set: a timer added since is seen here, or its adder sees us
     // asleep and wakes us (add_timer).
     std::int64_t deadline_ticks = earliest_deadline();
@@ -198,7 +199,12 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
                        (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
                         (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
-    const TimePoint wait_until = !spins ? deadline : timer - now <= spin ? now : timer - spin;
+    // Without epoll_pwait2 the wait ends on whole milliseconds, up to one after the time
+    // asked: end it that much sooner, so that it ends before the timer.
+    const std::chrono::nanoseconds early = spin + (idle_wait_resolution() > std::chrono::nanoseconds(1)
+                                                      ? idle_wait_resolution()
+                                                      : std::chrono::nanoseconds(0));
+    const TimePoint wait_until = !spins ? deadline : timer - now <= early ? now : timer - early;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
     // (SchedulerCore::wake_worker: it queued a task during its last look, for another worker
@@ -220,14 +226,22 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
 // wake-up is late by tens of microseconds to milliseconds on a loaded or virtual machine
 // (the vCPU halted), a spin by the time a clock read takes. Still announced as asleep, so
 // a task pushed meanwhile, or an earlier timer, claims `sleeping` as it would a sleeper's
-// (its notify() only makes a later wait return early), and the spin ends at once.
+// (its notify() only makes a later wait return early), and the spin ends at once. The
+// poller looks at the fds every 10 us meanwhile: a fiber it wakes is queued here, which
+// claims this worker's wake-up and ends the spin.
 inline void Worker::spin_to_timer(TimePoint timer) noexcept {
-    count(counters.timer_spins);
     const TimePoint start = std::chrono::steady_clock::now();
+    if (start >= timer) return;  // the wait ended late: nothing left to spin
+    count(counters.timer_spins);
     TimePoint now = start;
+    TimePoint poll_at = start + std::chrono::microseconds(10);
     while (now < timer && sleeping.load(std::memory_order_seq_cst)) {
         cpu_relax();
         now = std::chrono::steady_clock::now();
+        if (now >= poll_at) {
+            idle.poll_while_spinning(core.idle);
+            poll_at = now + std::chrono::microseconds(10);
+        }
     }
     const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
     counters.timer_spin_ns.store(spun, std::memory_order_relaxed);

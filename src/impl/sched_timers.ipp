@@ -87,6 +87,22 @@ inline bool Worker::fire_due_timers(Worker& firer) {
     }
 }
 
+// A timed wait that was satisfied leaves its timer in the heap (add_timer sweeps them out
+// only as the heap doubles). Dropped from the front before this worker sleeps, so that no
+// idle wait ends, and no worker spins (timer_spin), for a wait that is over. Only this
+// worker adds to its heap, and it is idle here; firers take the lock.
+inline void Worker::drop_dead_timers() noexcept {
+    if (timers.earliest.load(std::memory_order_relaxed) == no_deadline) return;
+    std::lock_guard<SpinLock> lock(timers.lock);
+    std::vector<Timer>& heap = timers.heap;
+    if (heap.empty() || !heap.front().dead()) return;
+    do {
+        std::pop_heap(heap.begin(), heap.end(), std::greater<Timer>());
+        heap.pop_back();
+    } while (!heap.empty() && heap.front().dead());
+    timers.earliest.store(heap.empty() ? no_deadline : to_ticks(heap.front().deadline), std::memory_order_seq_cst);
+}
+
 inline std::int64_t Worker::earliest_deadline() const noexcept {
     std::int64_t earliest = no_deadline;
     for (auto& w : core.workers) earliest = std::min(earliest, w->timers.earliest.load(std::memory_order_seq_cst));

@@ -473,6 +473,7 @@ struct alignas(64) Worker {
     bool take_high(QueuedTask& out);
     // The earliest timer deadline of any worker (no_deadline: none).
     std::int64_t earliest_deadline() const noexcept;
+    void drop_dead_timers() noexcept;  // satisfied waits' timers at the front of this heap
     void run_task(QueuedTask& task);
     // run_task()'s steps: the task's fiber (a pooled one for a callback) claimed for this
     // worker (false: it cannot run now, and nothing is left to do), run until it parks or
