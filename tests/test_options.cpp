@@ -477,25 +477,34 @@ TEST_CASE("timer_spin: a worker spinning to a timer takes a task scheduled meanw
         Scheduler s(options);
         s.start();
         using Clock = std::chrono::steady_clock;
-        std::atomic<Clock::rep> sleeper_deadline{0};
+        std::atomic<Clock::rep> waiter_deadline{0};
         std::atomic<Clock::rep> task_ran_at{0};
+        fsched::Mutex m;
+        fsched::ConditionVariable cv;
+        bool done = false;
         s.schedule([&] {
             const Clock::time_point deadline = Clock::now() + 2s;
-            sleeper_deadline = deadline.time_since_epoch().count();
-            fsched::this_fiber::sleep_until(deadline);
+            waiter_deadline = deadline.time_since_epoch().count();
+            std::unique_lock<fsched::Mutex> lock(m);
+            cv.wait_until(lock, deadline, [&] { return done; });
         });
-        // The worker thread spins until the sleeper's deadline from here on.
+        // The worker thread spins until the waiter's deadline from here on.
         const auto limit = Clock::now() + 20s;
         while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
         REQUIRE(s.stats().timer_spins >= 1);
         s.schedule([&] { task_ran_at = Clock::now().time_since_epoch().count(); });
         // Waited for here, not in stop(), where the use_caller thread would help.
         while (task_ran_at == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+        {
+            std::lock_guard<fsched::Mutex> lock(m);
+            done = true;
+        }
+        cv.notify_one();  // ends the wait, and the spin to its deadline: no 2 s of CPU
         s.stop();
         // Run within the spin, not after the 2 s it had left: a spin that a push did not
-        // end would last until the sleeper's deadline.
+        // end would last until the waiter's deadline.
         REQUIRE(task_ran_at != 0);
-        CHECK(task_ran_at < sleeper_deadline);
+        CHECK(task_ran_at < waiter_deadline);
     }
 }
 
