@@ -445,6 +445,40 @@ TEST_CASE("a thread whose wake-up is the last task does not outlive the schedule
     }
 }
 
+// A fiber waiting on a ConditionVariable for up to 30 s (bounded, so that a test ends if a
+// wake-up is lost: then `woken` comes late), and a plain thread's side of it.
+struct BoundedWaiter {
+    fsched::Mutex m;
+    fsched::ConditionVariable cv;
+    bool waiting = false, signalled = false;
+    std::atomic<bool> woken{false};
+
+    void schedule_on(Scheduler& s, int worker) {
+        s.schedule([this] {
+            std::unique_lock<fsched::Mutex> lock(m);
+            waiting = true;
+            cv.wait_for(lock, 30s, [this] { return signalled; });
+            woken = true;
+        }, worker);
+    }
+    void wait_until_waiting() {
+        for (;;) {
+            {
+                std::lock_guard<fsched::Mutex> lock(m);
+                if (waiting) return;
+            }
+            std::this_thread::sleep_for(1ms);
+        }
+    }
+    void signal() {
+        {
+            std::lock_guard<fsched::Mutex> lock(m);
+            signalled = true;
+        }
+        cv.notify_one();
+    }
+};
+
 // Holds worker 1 inside its sleep announcement until released (set_sleep_announce_hook).
 struct AnnounceGate {
     static std::atomic<bool> held;      // worker 1 is inside the hook
@@ -475,37 +509,18 @@ TEST_CASE("a fiber pinned to a sleeping worker is woken while another worker is 
         }
     } unhook;
     Scheduler s(2, false, "announce");
-    fsched::Mutex m;
-    fsched::ConditionVariable cv;
-    bool waiting = false, signalled = false;
-    std::atomic<bool> woken{false};
-    s.schedule([&] {
-        std::unique_lock<fsched::Mutex> lock(m);
-        waiting = true;
-        // Bounded, so that the test ends if the wake-up is lost (then `woken` comes late).
-        cv.wait_for(lock, 30s, [&] { return signalled; });
-        woken = true;
-    }, 0);
+    BoundedWaiter waiter;
+    waiter.schedule_on(s, 0);
     s.start();
-    for (;;) {
-        {
-            std::lock_guard<fsched::Mutex> lock(m);
-            if (waiting) break;
-        }
-        std::this_thread::sleep_for(1ms);
-    }
+    waiter.wait_until_waiting();
     while (!AnnounceGate::held) std::this_thread::sleep_for(1ms);
     std::this_thread::sleep_for(50ms);  // worker 0 goes to sleep meanwhile
     std::atomic<bool> ran{false};
     s.schedule([&] { ran = true; }, 1);  // claims held worker 1, if it can
-    {
-        std::lock_guard<fsched::Mutex> lock(m);
-        signalled = true;
-    }
-    cv.notify_one();
+    waiter.signal();
     const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (!woken && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-    CHECK(woken);  // before worker 1 was let go
+    while (!waiter.woken && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    CHECK(waiter.woken);  // before worker 1 was let go
     AnnounceGate::released = true;
     s.stop();
     CHECK(ran);
@@ -566,24 +581,10 @@ TEST_CASE("timer_spin: a worker that queues a task for itself as it is about to 
         SelfWakeGate::sched = &s;
         SelfWakeGate::ran = false;
         s.start();
-        fsched::Mutex m;
-        fsched::ConditionVariable cv;
-        bool waiting = false, signalled = false;
-        std::atomic<bool> woken{false};
-        s.schedule([&] {
-            std::unique_lock<fsched::Mutex> lock(m);
-            waiting = true;
-            cv.wait_for(lock, 30s, [&] { return signalled; });
-            woken = true;
-        }, 1);
+        BoundedWaiter waiter;
+        waiter.schedule_on(s, 1);
         const auto deadline = std::chrono::steady_clock::now() + 10s;
-        for (;;) {
-            {
-                std::lock_guard<fsched::Mutex> lock(m);
-                if (waiting) break;
-            }
-            std::this_thread::sleep_for(1ms);
-        }
+        waiter.wait_until_waiting();
         while (s.stats().timer_spins == 0 && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(1ms);
         }
@@ -595,13 +596,9 @@ TEST_CASE("timer_spin: a worker that queues a task for itself as it is about to 
         while (!SelfWakeGate::ran && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
         FSCHED_CHILD_REQUIRE(first);
         FSCHED_CHILD_REQUIRE(SelfWakeGate::ran);  // worker 1 did not spin with its task queued
-        {
-            std::lock_guard<fsched::Mutex> lock(m);
-            signalled = true;
-        }
-        cv.notify_one();
-        while (!woken && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-        FSCHED_CHILD_REQUIRE(woken);  // the notify ended the next spin too
+        waiter.signal();
+        while (!waiter.woken && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+        FSCHED_CHILD_REQUIRE(waiter.woken);  // the notify ended the next spin too
         s.stop();
         fsched::detail::set_sleep_wait_hook(nullptr);
     }, 60);

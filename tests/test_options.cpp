@@ -48,6 +48,22 @@ SchedulerOptions options_for(const test::Config& c, const char* name = "options"
     return options;
 }
 
+// Workers that spin the whole of every timed wait (timer_spin = nanoseconds::max()).
+SchedulerOptions spinning_options(std::size_t threads = 1, bool use_caller = false) {
+    SchedulerOptions options;
+    options.threads = threads;
+    options.use_caller = use_caller;
+    options.name = "spinning";
+    options.timer_spin = std::chrono::nanoseconds::max();
+    return options;
+}
+
+// Until a worker of `s` spins to a timer (at most 20 s; the caller REQUIREs it).
+void wait_until_spinning(const Scheduler& s) {
+    const auto limit = std::chrono::steady_clock::now() + 20s;
+    while (s.stats().timer_spins == 0 && std::chrono::steady_clock::now() < limit) std::this_thread::sleep_for(1ms);
+}
+
 // What the thread hooks saw: per OS thread, the hook calls in order ("start 1", "stop 1"),
 // and whether a task ran on a thread whose start hook had not run or whose stop hook had.
 struct HookLog {
@@ -470,11 +486,7 @@ TEST_CASE("timer_spin: the use_caller thread's own sleep spins to its deadline t
 TEST_CASE("timer_spin: a worker spinning to a timer takes a task scheduled meanwhile at once; a huge spin does not overflow") {
     for (const bool use_caller : {false, true}) {
         CAPTURE(use_caller);
-        SchedulerOptions options;
-        options.threads = use_caller ? 2 : 1;  // one worker thread either way
-        options.use_caller = use_caller;
-        options.timer_spin = std::chrono::nanoseconds::max();  // spins the whole of every timed sleep
-        Scheduler s(options);
+        Scheduler s(spinning_options(use_caller ? 2 : 1, use_caller));  // one worker thread either way
         s.start();
         using Clock = std::chrono::steady_clock;
         std::atomic<Clock::rep> waiter_deadline{0};
@@ -488,10 +500,9 @@ TEST_CASE("timer_spin: a worker spinning to a timer takes a task scheduled meanw
             std::unique_lock<fsched::Mutex> lock(m);
             cv.wait_until(lock, deadline, [&] { return done; });
         });
-        // The worker thread spins until the waiter's deadline from here on.
-        const auto limit = Clock::now() + 20s;
-        while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+        wait_until_spinning(s);  // the worker thread spins until the waiter's deadline from here on
         REQUIRE(s.stats().timer_spins >= 1);
+        const auto limit = Clock::now() + 20s;
         s.schedule([&] { task_ran_at = Clock::now().time_since_epoch().count(); });
         // Waited for here, not in stop(), where the use_caller thread would help.
         while (task_ran_at == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
@@ -510,11 +521,7 @@ TEST_CASE("timer_spin: a worker spinning to a timer takes a task scheduled meanw
 
 TEST_CASE("timer_spin: a timed wait that was satisfied leaves no timer to spin to") {
     using Clock = std::chrono::steady_clock;
-    SchedulerOptions options;
-    options.threads = 1;
-    options.use_caller = false;
-    options.timer_spin = std::chrono::nanoseconds::max();
-    Scheduler s(options);
+    Scheduler s(spinning_options());
     s.start();
     fsched::Mutex m;
     fsched::ConditionVariable cv;
@@ -525,9 +532,9 @@ TEST_CASE("timer_spin: a timed wait that was satisfied leaves no timer to spin t
         cv.wait_for(lock, 30s, [&] { return go; });
         woke = true;
     });
-    const auto limit = Clock::now() + 20s;
-    while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+    wait_until_spinning(s);
     REQUIRE(s.stats().timer_spins >= 1);  // to the wait's deadline, 30 s away
+    const auto limit = Clock::now() + 20s;
     {
         std::lock_guard<fsched::Mutex> lock(m);
         go = true;
@@ -549,11 +556,7 @@ TEST_CASE("timer_spin: the poller looks at the fds while it spins") {
     using Clock = std::chrono::steady_clock;
     int fds[2];
     REQUIRE(pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0);
-    SchedulerOptions options;
-    options.threads = 1;
-    options.use_caller = false;
-    options.timer_spin = std::chrono::nanoseconds::max();
-    Scheduler s(options);
+    Scheduler s(spinning_options());
     s.start();
     std::atomic<long> got{-2};
     std::atomic<Clock::rep> read_at{0};
@@ -562,9 +565,9 @@ TEST_CASE("timer_spin: the poller looks at the fds while it spins") {
         got = static_cast<long>(fsched::io::read(fds[0], &c, 1, 10s));  // the worker spins to this timeout
         read_at = Clock::now().time_since_epoch().count();
     });
-    const auto limit = Clock::now() + 20s;
-    while (s.stats().timer_spins == 0 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
+    wait_until_spinning(s);
     REQUIRE(s.stats().timer_spins >= 1);
+    const auto limit = Clock::now() + 20s;
     const Clock::time_point written = Clock::now();
     REQUIRE(::write(fds[1], "x", 1) == 1);
     while (got == -2 && Clock::now() < limit) std::this_thread::sleep_for(1ms);
