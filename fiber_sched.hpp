@@ -11241,8 +11241,8 @@ inline bool Worker::find_task(QueuedTask& out, bool thorough) {
 // ---------------------------------------------------------------------------
 // The run loop and its steps: run_loop(), IO polled now and then, the spin, the sleep with
 // the lost-wake-up argument (and its end spun to a timer: timer_spin), giving back a burst's
-// queue slabs, and running one task
-// (run_task: a pooled fiber for a callback, the claim, the switch, and what happens after).
+// queue slabs, and running one task (run_task: a pooled fiber for a callback, the claim,
+// the switch, and what happens after).
 // Relies on: sched_core.ipp, sched_find.ipp (next_task), the idle wait.
 // ---------------------------------------------------------------------------
 
