@@ -200,9 +200,11 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
                        (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
                         (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
-    // The wait ends up to its resolution after the time asked (a whole millisecond without
-    // epoll_pwait2): end it that much sooner, so that it ends before the timer.
-    const std::chrono::nanoseconds early = spins ? spin + idle_wait_resolution() : std::chrono::nanoseconds(0);
+    // Without epoll_pwait2 the wait ends on whole milliseconds, up to one after the time
+    // asked: end it that much sooner, so that it ends before the timer.
+    const std::chrono::nanoseconds early = spin + (idle_wait_resolution() > std::chrono::nanoseconds(1)
+                                                      ? idle_wait_resolution()
+                                                      : std::chrono::nanoseconds(0));
     const TimePoint wait_until = !spins ? deadline : timer - now <= early ? now : timer - early;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
@@ -242,7 +244,8 @@ inline void Worker::spin_to_timer(TimePoint timer) noexcept {
             poll_at = now + std::chrono::microseconds(10);
         }
     }
-    count(counters.timer_spin_ns, static_cast<std::uint64_t>(steady_ns(now) - steady_ns(start)));
+    const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
+    counters.timer_spin_ns.store(spun, std::memory_order_relaxed);
 }
 
 inline Worker::IdleTrim Worker::plan_idle_trim() noexcept {
