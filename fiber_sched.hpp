@@ -10392,6 +10392,15 @@ struct alignas(64) Worker {
         // The earliest deadline in `heap` (no_deadline: none); seq_cst, paired with
         // `sleeping` (see add_timer).
         std::atomic<std::int64_t> earliest{no_deadline};
+
+        // Under `lock`: takes the earliest timer out and publishes the next one's deadline.
+        Timer pop_front() noexcept {
+            std::pop_heap(heap.begin(), heap.end(), std::greater<Timer>());
+            Timer front = std::move(heap.back());
+            heap.pop_back();
+            earliest.store(heap.empty() ? no_deadline : to_ticks(heap.front().deadline), std::memory_order_seq_cst);
+            return front;
+        }
     };
     alignas(64) TimerHeap timers;
 
@@ -10425,7 +10434,7 @@ struct alignas(64) Worker {
         std::atomic<std::uint64_t> timers_fired{0};
         std::atomic<std::uint64_t> sleeps{0};
         std::atomic<std::uint64_t> timer_spins{0};
-        std::atomic<std::int64_t> timer_spin_ns{0};
+        std::atomic<std::uint64_t> timer_spin_ns{0};
         // The idle wait's time, in steady_clock nanoseconds, as one word so that a reader
         // gets the finished sleeps and the one going on from a single load: awake, 2 * the
         // total of finished sleeps (even); asleep since S, 2 * (total - S) + 1 (odd), and
@@ -11439,11 +11448,12 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
                        (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
                         (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
-    // Without epoll_pwait2 the wait ends on whole milliseconds, up to one after the time
-    // asked: end it that much sooner, so that it ends before the timer.
-    const std::chrono::nanoseconds early = spin + (idle_wait_resolution() > std::chrono::nanoseconds(1)
-                                                      ? idle_wait_resolution()
-                                                      : std::chrono::nanoseconds(0));
+    // The wait ends up to its resolution after the time asked (a whole millisecond without
+    // epoll_pwait2): end it that much sooner, so that it ends before the timer. Saturated:
+    // timer_spin may be nanoseconds::max() (spin the whole sleep).
+    const std::chrono::nanoseconds resolution = idle_wait_resolution();
+    const std::chrono::nanoseconds early =
+        spin > std::chrono::nanoseconds::max() - resolution ? std::chrono::nanoseconds::max() : spin + resolution;
     const TimePoint wait_until = !spins ? deadline : timer - now <= early ? now : timer - early;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
@@ -11483,8 +11493,7 @@ inline void Worker::spin_to_timer(TimePoint timer) noexcept {
             poll_at = now + std::chrono::microseconds(10);
         }
     }
-    const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
-    counters.timer_spin_ns.store(spun, std::memory_order_relaxed);
+    count(counters.timer_spin_ns, static_cast<std::uint64_t>(steady_ns(now) - steady_ns(start)));
 }
 
 inline Worker::IdleTrim Worker::plan_idle_trim() noexcept {
@@ -11987,11 +11996,7 @@ inline bool Worker::fire_due_timers(Worker& firer) {
         {
             std::lock_guard<SpinLock> lock(timers.lock);
             if (timers.heap.empty() || timers.heap.front().deadline > now) return any;
-            std::pop_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
-            due = std::move(timers.heap.back());
-            timers.heap.pop_back();
-            timers.earliest.store(timers.heap.empty() ? no_deadline : to_ticks(timers.heap.front().deadline),
-                                 std::memory_order_seq_cst);
+            due = timers.pop_front();
         }
         Fiber::ptr fiber = std::move(due.fiber);
         if (due.wait) {
@@ -12012,13 +12017,7 @@ inline bool Worker::fire_due_timers(Worker& firer) {
 inline void Worker::drop_dead_timers() noexcept {
     if (timers.earliest.load(std::memory_order_relaxed) == no_deadline) return;
     std::lock_guard<SpinLock> lock(timers.lock);
-    std::vector<Timer>& heap = timers.heap;
-    if (heap.empty() || !heap.front().dead()) return;
-    do {
-        std::pop_heap(heap.begin(), heap.end(), std::greater<Timer>());
-        heap.pop_back();
-    } while (!heap.empty() && heap.front().dead());
-    timers.earliest.store(heap.empty() ? no_deadline : to_ticks(heap.front().deadline), std::memory_order_seq_cst);
+    while (!timers.heap.empty() && timers.heap.front().dead()) timers.pop_front();
 }
 
 inline std::int64_t Worker::earliest_deadline() const noexcept {
@@ -12683,7 +12682,7 @@ SchedulerStats Scheduler::stats() const {
         stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
         stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
         stats.timer_spins += c.timer_spins.load(std::memory_order_relaxed);
-        stats.timer_spin_time += std::chrono::nanoseconds(c.timer_spin_ns.load(std::memory_order_relaxed));
+        stats.timer_spin_time += std::chrono::nanoseconds(static_cast<std::int64_t>(c.timer_spin_ns.load(std::memory_order_relaxed)));
         stats.idle_time.push_back(w->idle_time(now));
         stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
     }

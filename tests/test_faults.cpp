@@ -238,7 +238,7 @@ TEST_CASE("an idle wait whose epoll_pwait2 fails falls back to epoll_wait's mill
     CHECK_MESSAGE(r.exit_code == 0, r.err);
 }
 
-TEST_CASE("timer_spin: on epoll_wait's milliseconds the wait ends early enough for a spin shorter than one") {
+TEST_CASE("timer_spin: on epoll_wait's milliseconds the wait ends early enough for a spin shorter than one, and nanoseconds::max() does not overflow") {
     // A spin of 300 us: the fallback's wait, rounded up to a whole millisecond, would end
     // after the timer most of the time (and there is nothing left to spin) unless it is
     // asked to end a millisecond sooner. In a child: the fallback is the process's.
@@ -262,6 +262,23 @@ TEST_CASE("timer_spin: on epoll_wait's milliseconds the wait ends early enough f
         FSCHED_CHILD_REQUIRE(fsched::detail::idle_wait_resolution() == std::chrono::milliseconds(1));
         FSCHED_CHILD_REQUIRE(early == 0);
         FSCHED_CHILD_REQUIRE(s.stats().timer_spins >= 1);  // ended before the timer at least once in 10
+        // nanoseconds::max(): the millisecond added to it saturates (an overflow would be
+        // UBSan's error, or a wait to a time long past the timer: this sleep would hang),
+        // and the worker spins each sleep from its start.
+        options.timer_spin = std::chrono::nanoseconds::max();
+        Scheduler whole(options);
+        whole.start();
+        std::atomic<bool> slept{false};
+        whole.schedule([&] {
+            const auto deadline = std::chrono::steady_clock::now() + 5ms;
+            fsched::this_fiber::sleep_until(deadline);
+            if (std::chrono::steady_clock::now() < deadline) ++early;
+            slept = true;
+        });
+        whole.stop();
+        FSCHED_CHILD_REQUIRE(slept);
+        FSCHED_CHILD_REQUIRE(early == 0);
+        FSCHED_CHILD_REQUIRE(whole.stats().timer_spins >= 1);
     });
     CHECK_MESSAGE(r.exited, r.err);
     CHECK_MESSAGE(r.exit_code == 0, r.err);

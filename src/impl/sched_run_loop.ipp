@@ -200,11 +200,12 @@ inline void Worker::sleep_announced(const CallerWait* wait) {
     const bool spins = spin.count() > 0 && timer_ticks != no_deadline && timer == deadline &&
                        (timer_ticks == timers.earliest.load(std::memory_order_seq_cst) ||
                         (wait && wait->deadline && timer_ticks == to_ticks(*wait->deadline)));
-    // Without epoll_pwait2 the wait ends on whole milliseconds, up to one after the time
-    // asked: end it that much sooner, so that it ends before the timer.
-    const std::chrono::nanoseconds early = spin + (idle_wait_resolution() > std::chrono::nanoseconds(1)
-                                                      ? idle_wait_resolution()
-                                                      : std::chrono::nanoseconds(0));
+    // The wait ends up to its resolution after the time asked (a whole millisecond without
+    // epoll_pwait2): end it that much sooner, so that it ends before the timer. Saturated:
+    // timer_spin may be nanoseconds::max() (spin the whole sleep).
+    const std::chrono::nanoseconds resolution = idle_wait_resolution();
+    const std::chrono::nanoseconds early =
+        spin > std::chrono::nanoseconds::max() - resolution ? std::chrono::nanoseconds::max() : spin + resolution;
     const TimePoint wait_until = !spins ? deadline : timer - now <= early ? now : timer - early;
     // Not if its wake-up was claimed since it announced the sleep: by a waker, whose
     // notify() would only end the wait at once, or by this worker itself, which sends none
@@ -244,8 +245,7 @@ inline void Worker::spin_to_timer(TimePoint timer) noexcept {
             poll_at = now + std::chrono::microseconds(10);
         }
     }
-    const std::int64_t spun = counters.timer_spin_ns.load(std::memory_order_relaxed) + (steady_ns(now) - steady_ns(start));
-    counters.timer_spin_ns.store(spun, std::memory_order_relaxed);
+    count(counters.timer_spin_ns, static_cast<std::uint64_t>(steady_ns(now) - steady_ns(start)));
 }
 
 inline Worker::IdleTrim Worker::plan_idle_trim() noexcept {

@@ -69,11 +69,7 @@ inline bool Worker::fire_due_timers(Worker& firer) {
         {
             std::lock_guard<SpinLock> lock(timers.lock);
             if (timers.heap.empty() || timers.heap.front().deadline > now) return any;
-            std::pop_heap(timers.heap.begin(), timers.heap.end(), std::greater<Timer>());
-            due = std::move(timers.heap.back());
-            timers.heap.pop_back();
-            timers.earliest.store(timers.heap.empty() ? no_deadline : to_ticks(timers.heap.front().deadline),
-                                 std::memory_order_seq_cst);
+            due = timers.pop_front();
         }
         Fiber::ptr fiber = std::move(due.fiber);
         if (due.wait) {
@@ -94,13 +90,7 @@ inline bool Worker::fire_due_timers(Worker& firer) {
 inline void Worker::drop_dead_timers() noexcept {
     if (timers.earliest.load(std::memory_order_relaxed) == no_deadline) return;
     std::lock_guard<SpinLock> lock(timers.lock);
-    std::vector<Timer>& heap = timers.heap;
-    if (heap.empty() || !heap.front().dead()) return;
-    do {
-        std::pop_heap(heap.begin(), heap.end(), std::greater<Timer>());
-        heap.pop_back();
-    } while (!heap.empty() && heap.front().dead());
-    timers.earliest.store(heap.empty() ? no_deadline : to_ticks(heap.front().deadline), std::memory_order_seq_cst);
+    while (!timers.heap.empty() && timers.heap.front().dead()) timers.pop_front();
 }
 
 inline std::int64_t Worker::earliest_deadline() const noexcept {

@@ -137,6 +137,15 @@ struct alignas(64) Worker {
         // The earliest deadline in `heap` (no_deadline: none); seq_cst, paired with
         // `sleeping` (see add_timer).
         std::atomic<std::int64_t> earliest{no_deadline};
+
+        // Under `lock`: takes the earliest timer out and publishes the next one's deadline.
+        Timer pop_front() noexcept {
+            std::pop_heap(heap.begin(), heap.end(), std::greater<Timer>());
+            Timer front = std::move(heap.back());
+            heap.pop_back();
+            earliest.store(heap.empty() ? no_deadline : to_ticks(heap.front().deadline), std::memory_order_seq_cst);
+            return front;
+        }
     };
     alignas(64) TimerHeap timers;
 
@@ -170,7 +179,7 @@ struct alignas(64) Worker {
         std::atomic<std::uint64_t> timers_fired{0};
         std::atomic<std::uint64_t> sleeps{0};
         std::atomic<std::uint64_t> timer_spins{0};
-        std::atomic<std::int64_t> timer_spin_ns{0};
+        std::atomic<std::uint64_t> timer_spin_ns{0};
         // The idle wait's time, in steady_clock nanoseconds, as one word so that a reader
         // gets the finished sleeps and the one going on from a single load: awake, 2 * the
         // total of finished sleeps (even); asleep since S, 2 * (total - S) + 1 (odd), and
