@@ -71,4 +71,11 @@ function(fiber_sched_add_test_executable target)
   endif()
   target_compile_options(${target} PRIVATE ${arg_COMPILE_OPTIONS})
   target_link_options(${target} PRIVATE ${arg_LINK_OPTIONS})
+  if(MINGW AND test_sources)
+    # MinGW-w64's emutls frees a thread's thread_locals before their destructors run; the
+    # test files' INFO and CAPTURE must keep doctest's thread_local off other threads
+    # (tests/doctest_mingw.hpp says why). Not main.cpp: it builds doctest's implementation.
+    set_source_files_properties(${test_sources} PROPERTIES
+      COMPILE_OPTIONS "-include;${arg_TESTS_DIR}/doctest_mingw.hpp")
+  endif()
 endfunction()

@@ -458,14 +458,18 @@ Commitment commitment_of(const void* inside) {
 }
 
 // Whether the TIB's StackLimit is where the stack grows: the lowest committed byte, the
-// page below it committed as the PAGE_GUARD page.
-[[maybe_unused]] bool limit_is_growth_point(const char* limit) {
+// page below it committed as the PAGE_GUARD page. `seen`, if given, gets what the two pages
+// are, for the message of a check made later (a fiber on a worker calls this, and an INFO
+// there would be gone, and off the main thread: tests/doctest_mingw.hpp).
+[[maybe_unused]] bool limit_is_growth_point(const char* limit, std::string* seen = nullptr) {
     const std::size_t page = 4096;
     MEMORY_BASIC_INFORMATION at, below;
     if (VirtualQuery(limit, &at, sizeof at) != sizeof at) return false;
     if (VirtualQuery(limit - page, &below, sizeof below) != sizeof below) return false;
-    INFO("at StackLimit: state " << at.State << " protect " << at.Protect << "; below: state " << below.State
-                                 << " protect " << below.Protect);
+    if (seen) {
+        *seen = "at StackLimit: state " + std::to_string(at.State) + " protect " + std::to_string(at.Protect) +
+                "; below: state " + std::to_string(below.State) + " protect " + std::to_string(below.Protect);
+    }
     return at.State == MEM_COMMIT && (at.Protect & PAGE_GUARD) == 0 && below.State == MEM_COMMIT &&
            (below.Protect & PAGE_GUARD) != 0;
 }
@@ -706,12 +710,13 @@ struct StackVisit {
     const char* top = nullptr;
     bool caught = false;
     bool limit_ok = true;
+    std::string limit_seen;  // what the pages at StackLimit were
 };
 void visit_stack(StackVisit& v) {
     char local = 0;
     v.top = &local;
 #if defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER)
-    v.limit_ok = limit_is_growth_point(tib_stack_limit());
+    v.limit_ok = limit_is_growth_point(tib_stack_limit(), &v.limit_seen);
 #endif
     try {
         use_stack(150, true);
@@ -767,6 +772,12 @@ TEST_CASE("a scheduler's callback fiber lives at the top of its own stack, and i
 }
 
 TEST_CASE("a stack passes from a plain fiber to a scheduler's fiber and back, its whole depth usable each time") {
+#if defined(_WIN32) && !defined(FIBER_SCHED_USE_WINFIBER)
+    // A stack made once earlier tests have spent the guarded budget is a slab's, committed
+    // whole, with no growth point to check (seen when this file's tests run alone: the
+    // burst tests leave up to the pool's cap of guarded stacks pooled, which no trim frees).
+    if (!guarded_budget_left(2)) return;
+#endif
     fsched::Scheduler s(1, false);
     s.start();
     StackVisit plain_before, in_stack, plain_after;
@@ -801,9 +812,9 @@ TEST_CASE("a stack passes from a plain fiber to a scheduler's fiber and back, it
     CHECK(plain_before.caught);
     CHECK(in_stack.caught);
     CHECK(plain_after.caught);
-    CHECK(plain_before.limit_ok);
-    CHECK(in_stack.limit_ok);
-    CHECK(plain_after.limit_ok);
+    CHECK_MESSAGE(plain_before.limit_ok, plain_before.limit_seen);
+    CHECK_MESSAGE(in_stack.limit_ok, in_stack.limit_seen);
+    CHECK_MESSAGE(plain_after.limit_ok, plain_after.limit_seen);
 #if !defined(FIBER_SCHED_USE_WINFIBER)
     CHECK(same_stack(plain_before, in_stack));
     CHECK(same_stack(in_stack, plain_after));
