@@ -1212,6 +1212,8 @@ struct EhState {
 // How a resume ended, for the scheduler.
 enum class SwitchOutcome { Returned, Parked, Yielded };
 
+struct TraceBuffer;  // a thread's trace events (trace.ipp)
+
 // Per-thread state. Read only through thread_state(): fibers move between threads, and a
 // compiler may keep a thread-local's address in a register across a context switch.
 struct ThreadState {
@@ -1236,6 +1238,11 @@ struct ThreadState {
     // The testing::simulate() this thread runs, if any: its fibers run on this thread too,
     // so this is what tells every clock read, queue and choice that it is inside one.
     Simulation* simulation = nullptr;
+    // This thread's trace buffer once it records (trace.ipp), and whether its exit clean-up
+    // has run (then it records no more). Here, not in thread_locals of their own: MinGW's
+    // emutls frees those before the clean-up's destructor could read them.
+    TraceBuffer* trace_buffer = nullptr;
+    bool trace_gone = false;
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];
@@ -7541,19 +7548,17 @@ Tracer& tracer() {
     return *instance;
 }
 
-// Trivially destructible, so readable at any point of the thread's exit.
-thread_local TraceBuffer* trace_thread_buffer = nullptr;
-thread_local bool trace_thread_gone = false;
-
-// Its destructor, at thread exit, leaves the buffer to the next stop() or dump().
+// Its destructor, at thread exit, leaves the buffer to the next stop() or dump(). The
+// buffer is found through ThreadState (trace_buffer), which outlives every thread_local.
 struct TraceThreadExit {
     TraceThreadExit() = default;
     TraceThreadExit(const TraceThreadExit&) = delete;
     TraceThreadExit& operator=(const TraceThreadExit&) = delete;
     ~TraceThreadExit() {
-        TraceBuffer* buffer = trace_thread_buffer;
-        trace_thread_buffer = nullptr;
-        trace_thread_gone = true;
+        ThreadState* ts = thread_state();
+        TraceBuffer* buffer = ts->trace_buffer;
+        ts->trace_buffer = nullptr;
+        ts->trace_gone = true;
         if (!buffer) return;
         buffer->lock.lock();
         buffer->thread_exited = true;  // the buffer may be freed once the lock is released
@@ -7618,14 +7623,16 @@ FIBER_SCHED_NOINLINE TraceBuffer* register_trace_buffer() noexcept {
     } catch (...) {
         return nullptr;  // out of memory: this thread records nothing
     }
-    trace_thread_buffer = t.buffers.back().get();
-    return trace_thread_buffer;
+    TraceBuffer* buffer = t.buffers.back().get();
+    thread_state()->trace_buffer = buffer;
+    return buffer;
 }
 
 // This thread's buffer (registered on its first event); nullptr when it records nothing.
 FIBER_SCHED_NOINLINE TraceBuffer* this_thread_trace_buffer() noexcept {
-    if (trace_thread_gone) return nullptr;
-    if (TraceBuffer* buffer = trace_thread_buffer) return buffer;
+    const ThreadState* ts = thread_state();
+    if (ts->trace_gone) return nullptr;
+    if (TraceBuffer* buffer = ts->trace_buffer) return buffer;
     return register_trace_buffer();
 }
 

@@ -39,6 +39,8 @@ struct EhState {
 // How a resume ended, for the scheduler.
 enum class SwitchOutcome { Returned, Parked, Yielded };
 
+struct TraceBuffer;  // a thread's trace events (trace.ipp)
+
 // Per-thread state. Read only through thread_state(): fibers move between threads, and a
 // compiler may keep a thread-local's address in a register across a context switch.
 struct ThreadState {
@@ -63,6 +65,11 @@ struct ThreadState {
     // The testing::simulate() this thread runs, if any: its fibers run on this thread too,
     // so this is what tells every clock read, queue and choice that it is inside one.
     Simulation* simulation = nullptr;
+    // This thread's trace buffer once it records (trace.ipp), and whether its exit clean-up
+    // has run (then it records no more). Here, not in thread_locals of their own: MinGW's
+    // emutls frees those before the clean-up's destructor could read them.
+    TraceBuffer* trace_buffer = nullptr;
+    bool trace_gone = false;
     // Freed stacks kept by this thread, so create/destroy takes no lock (see stack.ipp).
     static constexpr unsigned stack_cache_capacity = 32;
     Stack cached_stacks[stack_cache_capacity];

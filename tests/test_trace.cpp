@@ -608,6 +608,25 @@ TEST_CASE("trace: a dump that cannot write takes nothing, and an exited thread's
     fsched::trace::stop();
 }
 
+TEST_CASE("trace: a ring keeps the buffers of the newest 64 exited threads, not of every one") {
+    // Each thread marks its buffer exited at its exit, through a thread_local's destructor;
+    // with MinGW's emutls that destructor ran after the thread's thread_locals were freed,
+    // found no buffer, and every exited thread's ring was kept (100 of 100 here).
+    REQUIRE(fsched::trace::start_ring(32));
+    for (int i = 0; i < 100; ++i) {
+        std::thread([] {
+            fsched::Fiber fiber([] {});
+            fiber.resume();
+        }).join();
+    }
+    TempFile file("trace_ring_exited_threads");
+    REQUIRE(fsched::trace::dump(file.path));
+    fsched::trace::stop();
+    const CheckedTrace trace = check_trace(file.path);
+    CHECK(trace.thread_names.size() >= 64);
+    CHECK(trace.thread_names.size() <= 65);  // and this thread's, had it recorded
+}
+
 TEST_CASE("trace: stop() while fibers end on other threads reads none of them (ASan, TSan)") {
     // stop() clears the trace bit first; a fiber that ends after that takes no trace lock,
     // and its slice may still show open: stop() must not read the freed fiber for its name.

@@ -163,19 +163,17 @@ Tracer& tracer() {
     return *instance;
 }
 
-// Trivially destructible, so readable at any point of the thread's exit.
-thread_local TraceBuffer* trace_thread_buffer = nullptr;
-thread_local bool trace_thread_gone = false;
-
-// Its destructor, at thread exit, leaves the buffer to the next stop() or dump().
+// Its destructor, at thread exit, leaves the buffer to the next stop() or dump(). The
+// buffer is found through ThreadState (trace_buffer), which outlives every thread_local.
 struct TraceThreadExit {
     TraceThreadExit() = default;
     TraceThreadExit(const TraceThreadExit&) = delete;
     TraceThreadExit& operator=(const TraceThreadExit&) = delete;
     ~TraceThreadExit() {
-        TraceBuffer* buffer = trace_thread_buffer;
-        trace_thread_buffer = nullptr;
-        trace_thread_gone = true;
+        ThreadState* ts = thread_state();
+        TraceBuffer* buffer = ts->trace_buffer;
+        ts->trace_buffer = nullptr;
+        ts->trace_gone = true;
         if (!buffer) return;
         buffer->lock.lock();
         buffer->thread_exited = true;  // the buffer may be freed once the lock is released
@@ -240,14 +238,16 @@ FIBER_SCHED_NOINLINE TraceBuffer* register_trace_buffer() noexcept {
     } catch (...) {
         return nullptr;  // out of memory: this thread records nothing
     }
-    trace_thread_buffer = t.buffers.back().get();
-    return trace_thread_buffer;
+    TraceBuffer* buffer = t.buffers.back().get();
+    thread_state()->trace_buffer = buffer;
+    return buffer;
 }
 
 // This thread's buffer (registered on its first event); nullptr when it records nothing.
 FIBER_SCHED_NOINLINE TraceBuffer* this_thread_trace_buffer() noexcept {
-    if (trace_thread_gone) return nullptr;
-    if (TraceBuffer* buffer = trace_thread_buffer) return buffer;
+    const ThreadState* ts = thread_state();
+    if (ts->trace_gone) return nullptr;
+    if (TraceBuffer* buffer = ts->trace_buffer) return buffer;
     return register_trace_buffer();
 }
 
