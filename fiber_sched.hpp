@@ -1231,6 +1231,7 @@ struct ThreadState {
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
+    bool eh_exiting = false;           // MinGW g++: the thread exits; eh is looked up each time
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed
@@ -4345,6 +4346,9 @@ bool in_simulation() noexcept;
 #endif
 #include <windows.h>
 #include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
+#if defined(__GNUC__) && !defined(__clang__)
+#include <pthread.h>  // MinGW-w64 g++: winpthreads' keys, run at thread exit (common.ipp)
+#endif
 #else
 #include <fcntl.h>
 #include <poll.h>
@@ -4516,11 +4520,40 @@ extern "C" __cxa_eh_globals* __cxa_get_globals();
 namespace fsched {
 namespace detail {
 
+#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+// MinGW-w64 g++: the runtime's exception state is an emutls variable, and the thread's exit
+// frees it (emutls's winpthreads key destructor) before the thread_local destructors run
+// (above): one of those that switches fibers would swap the state through a freed block.
+// Those destructors run from a winpthreads key of the C++ runtime's too, made when the
+// process first registers one; key destructors run in the order the keys were made. So
+// this key is made before main() (build_process_state()), and its destructor, before any
+// thread_local destructor, marks the thread as exiting: from then on the state is looked up
+// at each switch, not kept. (A thread_local with a destructor made in another translation
+// unit's global constructor, before the implementation's, comes first: not covered.)
+void eh_exit_key_destructor(void* state) {
+    auto* ts = static_cast<ThreadState*>(state);
+    ts->eh = nullptr;
+    ts->eh_exiting = true;
+}
+// The key, or nullptr when none could be made (then the state is never kept).
+const pthread_key_t* eh_exit_key() noexcept {
+    static pthread_key_t key;
+    static const bool made = pthread_key_create(&key, &eh_exit_key_destructor) == 0;
+    return made ? &key : nullptr;
+}
+#endif
+
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
-    // Its address never changes for a thread, so it is looked up once. The runtime's
-    // declaration is `const`: calling it after a switch could reuse another thread's answer.
-    ts->eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
+    // The runtime's declaration is `const`: calling it after a switch could reuse another
+    // thread's answer.
+    auto* eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
+#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+    const pthread_key_t* key = eh_exit_key();
+    if (ts->eh_exiting || !key || pthread_setspecific(*key, ts) != 0) return eh;  // not kept
+#endif
+    // Its address never changes while the thread runs, so it is looked up once.
+    ts->eh = eh;
 #else
     ts->eh = nullptr;  // not switched (see FIBER_SCHED_SWITCH_EH_STATE)
 #endif
@@ -7388,9 +7421,9 @@ Fiber::ptr Fiber::current_ptr() {
 // Implementation: the trace recorder and the flight recorder (trace.hpp).
 //
 // No global lock per event. A thread's first event of a session registers a TraceBuffer in
-// the Tracer's list (under its mutex, once per thread) and keeps a thread_local pointer to
-// it, read in a function the compiler does not inline into a switch path (fibers move
-// between threads). The owning thread takes the buffer's spin lock for each event; stop()
+// the Tracer's list (under its mutex, once per thread) and keeps a pointer to it in the
+// thread's ThreadState, read in a function the compiler does not inline into a switch path
+// (fibers move between threads). The owning thread takes the buffer's spin lock for each event; stop()
 // and dump() take it only to drain, so the lock is uncontended, and stop() while fibers
 // switch neither races nor frees what a recorder holds: the list owns every buffer, and
 // frees one only after its thread has exited (TraceThreadExit marks it) and a stop() has
@@ -12918,6 +12951,9 @@ void build_process_state() {
 #endif
         // install_stack_overflow_handler()'s lock, which it takes only after calling this.
         (void)overflow_install_mutex();
+#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+        (void)eh_exit_key();  // before the C++ runtime's key for thread_local destructors (common.ipp)
+#endif
         os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
                     [] {
                         overflow_install_mutex().unlock();

@@ -58,6 +58,7 @@ struct ThreadState {
     void* owned_altstack = nullptr;    // the one we mapped, unmapped at thread exit
     std::size_t owned_altstack_size = 0;
     EhState* eh = nullptr;             // this thread's exception state (eh_globals())
+    bool eh_exiting = false;           // MinGW g++: the thread exits; eh is looked up each time
     bool exited = false;               // thread-exit clean-up has run; count stacks globally
     void (*context_exit)() = nullptr;  // the context backend's thread-exit clean-up, if any
     RegistrySegment* registry = nullptr;  // where the fibers this thread makes are listed

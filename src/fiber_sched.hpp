@@ -218,6 +218,9 @@ VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 #include <windows.h>
 #include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
+#if defined(__GNUC__) && !defined(__clang__)
+#include <pthread.h>  // MinGW-w64 g++: winpthreads' keys, run at thread exit (common.ipp)
+#endif
 #else
 #include <fcntl.h>
 #include <poll.h>

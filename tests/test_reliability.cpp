@@ -1042,6 +1042,48 @@ TEST_CASE("stack accounting holds when a thread_local owning a Fiber dies after 
 }
 #endif
 
+// A thread_local's destructor may switch fibers at thread exit, and each fiber's exception
+// state is still its own. With MinGW-w64 g++ the runtime's exception state is emutls
+// memory that the exit frees first: the library kept its address, so a fiber that yielded
+// inside a catch block left its exception to the resumer (every thread, before the fix)
+// and the swap wrote into a freed block. The guard has no members: its own storage may be
+// gone there.
+namespace {
+std::atomic<int> exit_switches{0};
+std::atomic<int> exit_leaks{0};
+struct SwitchesFibersAtExit {
+    ~SwitchesFibersAtExit() {
+        Fiber fiber([] {
+            try {
+                throw std::runtime_error("inside the fiber");
+            } catch (const std::runtime_error&) {
+                Fiber::yield();  // parked inside the handler
+            }
+        });
+        fiber.resume();
+        if (std::current_exception()) exit_leaks++;  // the fiber's, seen by the resumer
+        fiber.resume();
+        if (fiber.state() == Fiber::State::Term) exit_switches++;
+    }
+};
+}  // namespace
+
+TEST_CASE("a thread_local's destructor may switch fibers at thread exit, each fiber keeping its own exception") {
+    exit_switches = 0;
+    exit_leaks = 0;
+    for (int i = 0; i < 50; ++i) {
+        std::thread([] {
+            thread_local SwitchesFibersAtExit at_exit;
+            (void)&at_exit;
+            Fiber warm([] { Fiber::yield(); });  // the thread's exception state is looked up
+            warm.resume();
+            warm.resume();
+        }).join();
+    }
+    CHECK(exit_switches == 50);
+    CHECK(exit_leaks == 0);
+}
+
 // --- 16: pooled fibers reused millions of times (TSan's shadow stack) -----------------------
 
 TEST_CASE("a million tasks through pooled fibers, in every variant") {

@@ -154,11 +154,40 @@ extern "C" __cxa_eh_globals* __cxa_get_globals();
 namespace fsched {
 namespace detail {
 
+#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+// MinGW-w64 g++: the runtime's exception state is an emutls variable, and the thread's exit
+// frees it (emutls's winpthreads key destructor) before the thread_local destructors run
+// (above): one of those that switches fibers would swap the state through a freed block.
+// Those destructors run from a winpthreads key of the C++ runtime's too, made when the
+// process first registers one; key destructors run in the order the keys were made. So
+// this key is made before main() (build_process_state()), and its destructor, before any
+// thread_local destructor, marks the thread as exiting: from then on the state is looked up
+// at each switch, not kept. (A thread_local with a destructor made in another translation
+// unit's global constructor, before the implementation's, comes first: not covered.)
+void eh_exit_key_destructor(void* state) {
+    auto* ts = static_cast<ThreadState*>(state);
+    ts->eh = nullptr;
+    ts->eh_exiting = true;
+}
+// The key, or nullptr when none could be made (then the state is never kept).
+const pthread_key_t* eh_exit_key() noexcept {
+    static pthread_key_t key;
+    static const bool made = pthread_key_create(&key, &eh_exit_key_destructor) == 0;
+    return made ? &key : nullptr;
+}
+#endif
+
 EhState* eh_globals(ThreadState* ts) noexcept {
 #if FIBER_SCHED_SWITCH_EH_STATE
-    // Its address never changes for a thread, so it is looked up once. The runtime's
-    // declaration is `const`: calling it after a switch could reuse another thread's answer.
-    ts->eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
+    // The runtime's declaration is `const`: calling it after a switch could reuse another
+    // thread's answer.
+    auto* eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
+#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+    const pthread_key_t* key = eh_exit_key();
+    if (ts->eh_exiting || !key || pthread_setspecific(*key, ts) != 0) return eh;  // not kept
+#endif
+    // Its address never changes while the thread runs, so it is looked up once.
+    ts->eh = eh;
 #else
     ts->eh = nullptr;  // not switched (see FIBER_SCHED_SWITCH_EH_STATE)
 #endif

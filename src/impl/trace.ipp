@@ -2,9 +2,9 @@
 // Implementation: the trace recorder and the flight recorder (trace.hpp).
 //
 // No global lock per event. A thread's first event of a session registers a TraceBuffer in
-// the Tracer's list (under its mutex, once per thread) and keeps a thread_local pointer to
-// it, read in a function the compiler does not inline into a switch path (fibers move
-// between threads). The owning thread takes the buffer's spin lock for each event; stop()
+// the Tracer's list (under its mutex, once per thread) and keeps a pointer to it in the
+// thread's ThreadState, read in a function the compiler does not inline into a switch path
+// (fibers move between threads). The owning thread takes the buffer's spin lock for each event; stop()
 // and dump() take it only to drain, so the lock is uncontended, and stop() while fibers
 // switch neither races nor frees what a recorder holds: the list owns every buffer, and
 // frees one only after its thread has exited (TraceThreadExit marks it) and a stop() has
