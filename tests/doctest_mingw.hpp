@@ -9,8 +9,10 @@
 // and a later free() crashed ("wine: Unhandled page fault" in heap_free_block, in CI's
 // mingw-asm variant, once in a few runs). Here INFO and CAPTURE keep their context on the
 // main thread only; on any other thread they record nothing, so a check that fails there
-// prints no context under MinGW. A check that fails on another thread, or a MESSAGE there,
-// still uses doctest's other thread_local (its string stream): a failing run only.
+// prints no context under MinGW. doctest's other thread_local, its string stream, does the
+// same harm: MESSAGE, FAIL and WARN make it, and so does a check that fails; so no test
+// calls MESSAGE off the main thread, and a check failing there ends a MinGW run in a crash
+// at that thread's exit (after doctest has printed the failure).
 #pragma once
 
 #include <doctest/doctest.h>
