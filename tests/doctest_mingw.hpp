@@ -11,8 +11,9 @@
 // main thread only; on any other thread they record nothing, so a check that fails there
 // prints no context under MinGW. doctest's other thread_local, its string stream, does the
 // same harm: MESSAGE, FAIL and WARN make it, and so does a check that fails; so no test
-// calls MESSAGE off the main thread, and a check failing there ends a MinGW run in a crash
-// at that thread's exit (after doctest has printed the failure).
+// calls MESSAGE off the main thread, and a check failing there may end a MinGW run in a
+// crash at that thread's exit, before doctest reports the failure (wine's "Unhandled page
+// fault" in heap_free_block is then the sign).
 #pragma once
 
 #include <doctest/doctest.h>
