@@ -7423,11 +7423,11 @@ Fiber::ptr Fiber::current_ptr() {
 // No global lock per event. A thread's first event of a session registers a TraceBuffer in
 // the Tracer's list (under its mutex, once per thread) and keeps a pointer to it in the
 // thread's ThreadState, read in a function the compiler does not inline into a switch path
-// (fibers move between threads). The owning thread takes the buffer's spin lock for each event; stop()
-// and dump() take it only to drain, so the lock is uncontended, and stop() while fibers
-// switch neither races nor frees what a recorder holds: the list owns every buffer, and
-// frees one only after its thread has exited (TraceThreadExit marks it) and a stop() has
-// collected it (or a new session starts). A ring keeps the buffers of its newest 64 exited
+// (fibers move between threads). The owning thread takes the buffer's spin lock for each
+// event; stop() and dump() take it only to drain, so the lock is uncontended, and stop()
+// while fibers switch neither races nor frees what a recorder holds: the list owns every
+// buffer, and frees one only after its thread has exited (TraceThreadExit marks it) and a
+// stop() has collected it (or a new session starts). A ring keeps the buffers of its newest 64 exited
 // threads for dump(), which copies and never takes; older ones go when a thread registers
 // or a dump runs. A slice's fiber is never read through the buffer (only its id and the
 // name it had as the slice opened): once stop() has cleared the trace bit, a fiber that
@@ -12722,7 +12722,8 @@ SchedulerStats Scheduler::stats() const {
         stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
         stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
         stats.timer_spins += c.timer_spins.load(std::memory_order_relaxed);
-        stats.timer_spin_time += std::chrono::nanoseconds(static_cast<std::int64_t>(c.timer_spin_ns.load(std::memory_order_relaxed)));
+        stats.timer_spin_time +=
+            std::chrono::nanoseconds(static_cast<std::int64_t>(c.timer_spin_ns.load(std::memory_order_relaxed)));
         stats.idle_time.push_back(w->idle_time(now));
         stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
     }

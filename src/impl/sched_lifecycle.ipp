@@ -254,7 +254,8 @@ SchedulerStats Scheduler::stats() const {
         stats.timers_fired += c.timers_fired.load(std::memory_order_relaxed);
         stats.sleeps += c.sleeps.load(std::memory_order_relaxed);
         stats.timer_spins += c.timer_spins.load(std::memory_order_relaxed);
-        stats.timer_spin_time += std::chrono::nanoseconds(static_cast<std::int64_t>(c.timer_spin_ns.load(std::memory_order_relaxed)));
+        stats.timer_spin_time +=
+            std::chrono::nanoseconds(static_cast<std::int64_t>(c.timer_spin_ns.load(std::memory_order_relaxed)));
         stats.idle_time.push_back(w->idle_time(now));
         stats.queued.push_back(w->ready.queued.load(std::memory_order_relaxed));  // the hint: no lock
     }

@@ -4,11 +4,11 @@
 // No global lock per event. A thread's first event of a session registers a TraceBuffer in
 // the Tracer's list (under its mutex, once per thread) and keeps a pointer to it in the
 // thread's ThreadState, read in a function the compiler does not inline into a switch path
-// (fibers move between threads). The owning thread takes the buffer's spin lock for each event; stop()
-// and dump() take it only to drain, so the lock is uncontended, and stop() while fibers
-// switch neither races nor frees what a recorder holds: the list owns every buffer, and
-// frees one only after its thread has exited (TraceThreadExit marks it) and a stop() has
-// collected it (or a new session starts). A ring keeps the buffers of its newest 64 exited
+// (fibers move between threads). The owning thread takes the buffer's spin lock for each
+// event; stop() and dump() take it only to drain, so the lock is uncontended, and stop()
+// while fibers switch neither races nor frees what a recorder holds: the list owns every
+// buffer, and frees one only after its thread has exited (TraceThreadExit marks it) and a
+// stop() has collected it (or a new session starts). A ring keeps the buffers of its newest 64 exited
 // threads for dump(), which copies and never takes; older ones go when a thread registers
 // or a dump runs. A slice's fiber is never read through the buffer (only its id and the
 // name it had as the slice opened): once stop() has cleared the trace bit, a fiber that
