@@ -231,6 +231,15 @@ VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #define FIBER_SCHED_SWITCH_EH_STATE FIBER_SCHED_HAVE_CXXABI
 #endif
 
+// MinGW-w64 g++ keeps thread_local variables in emutls, which frees a thread's variables
+// before their destructors run: what a thread's exit needs is kept elsewhere there
+// (common.ipp).
+#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#define FIBER_SCHED_EMUTLS 1
+#else
+#define FIBER_SCHED_EMUTLS 0
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define FIBER_SCHED_ASAN 1
 #elif defined(__has_feature)
@@ -4346,7 +4355,7 @@ bool in_simulation() noexcept;
 #endif
 #include <windows.h>
 #include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
-#if defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_EMUTLS
 #include <pthread.h>  // MinGW-w64 g++: winpthreads' keys, run at thread exit (common.ipp)
 #endif
 #else
@@ -4442,7 +4451,7 @@ void assert_failed(const char* expr, const char* file, int line) {
     std::abort();
 }
 
-#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_EMUTLS
 // MinGW-w64 g++ keeps thread_local variables in emutls, which frees a thread's variables
 // before the thread_local destructors run (both are thread-exit callbacks of winpthreads,
 // emutls's registered first): the clean-up in stack_overflow.ipp would find a new, empty
@@ -4520,7 +4529,7 @@ extern "C" __cxa_eh_globals* __cxa_get_globals();
 namespace fsched {
 namespace detail {
 
-#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_SWITCH_EH_STATE && FIBER_SCHED_EMUTLS
 // MinGW-w64 g++: the runtime's exception state is an emutls variable, and the thread's exit
 // frees it (emutls's winpthreads key destructor) before the thread_local destructors run
 // (above): one of those that switches fibers would swap the state through a freed block.
@@ -4548,7 +4557,7 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     // The runtime's declaration is `const`: calling it after a switch could reuse another
     // thread's answer.
     auto* eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
-#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_EMUTLS
     const pthread_key_t* key = eh_exit_key();
     if (ts->eh_exiting || !key || pthread_setspecific(*key, ts) != 0) return eh;  // not kept
 #endif
@@ -12952,7 +12961,7 @@ void build_process_state() {
 #endif
         // install_stack_overflow_handler()'s lock, which it takes only after calling this.
         (void)overflow_install_mutex();
-#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_SWITCH_EH_STATE && FIBER_SCHED_EMUTLS
         (void)eh_exit_key();  // before the C++ runtime's key for thread_local destructors (common.ipp)
 #endif
         os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },

@@ -76,6 +76,15 @@
 #define FIBER_SCHED_SWITCH_EH_STATE FIBER_SCHED_HAVE_CXXABI
 #endif
 
+// MinGW-w64 g++ keeps thread_local variables in emutls, which frees a thread's variables
+// before their destructors run: what a thread's exit needs is kept elsewhere there
+// (common.ipp).
+#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#define FIBER_SCHED_EMUTLS 1
+#else
+#define FIBER_SCHED_EMUTLS 0
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define FIBER_SCHED_ASAN 1
 #elif defined(__has_feature)

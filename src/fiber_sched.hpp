@@ -218,7 +218,7 @@ VERSION 0.2.0 (FIBER_SCHED_VERSION_MAJOR/MINOR/PATCH)
 #endif
 #include <windows.h>
 #include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr (the winfiber backend)
-#if defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_EMUTLS
 #include <pthread.h>  // MinGW-w64 g++: winpthreads' keys, run at thread exit (common.ipp)
 #endif
 #else

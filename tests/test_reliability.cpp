@@ -1018,7 +1018,7 @@ TEST_CASE("a child forked while a scheduler is busy can use Fiber and a new Sche
 // destructors run (both are winpthreads key destructors, emutls's first), so this test's
 // own unique_ptr would be destroyed from freed memory. The library keeps its thread state
 // out of emutls for that reason (common.ipp).
-#if !(defined(_WIN32) && defined(__GNUC__) && !defined(__clang__))
+#if !FIBER_SCHED_EMUTLS
 
 namespace {
 std::unique_ptr<Fiber>& thread_fiber() {

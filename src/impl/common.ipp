@@ -76,7 +76,7 @@ void assert_failed(const char* expr, const char* file, int line) {
     std::abort();
 }
 
-#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_EMUTLS
 // MinGW-w64 g++ keeps thread_local variables in emutls, which frees a thread's variables
 // before the thread_local destructors run (both are thread-exit callbacks of winpthreads,
 // emutls's registered first): the clean-up in stack_overflow.ipp would find a new, empty
@@ -154,7 +154,7 @@ extern "C" __cxa_eh_globals* __cxa_get_globals();
 namespace fsched {
 namespace detail {
 
-#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_SWITCH_EH_STATE && FIBER_SCHED_EMUTLS
 // MinGW-w64 g++: the runtime's exception state is an emutls variable, and the thread's exit
 // frees it (emutls's winpthreads key destructor) before the thread_local destructors run
 // (above): one of those that switches fibers would swap the state through a freed block.
@@ -182,7 +182,7 @@ EhState* eh_globals(ThreadState* ts) noexcept {
     // The runtime's declaration is `const`: calling it after a switch could reuse another
     // thread's answer.
     auto* eh = reinterpret_cast<EhState*>(abi::__cxa_get_globals());
-#if defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_EMUTLS
     const pthread_key_t* key = eh_exit_key();
     if (ts->eh_exiting || !key || pthread_setspecific(*key, ts) != 0) return eh;  // not kept
 #endif

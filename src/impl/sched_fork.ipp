@@ -58,7 +58,7 @@ void build_process_state() {
 #endif
         // install_stack_overflow_handler()'s lock, which it takes only after calling this.
         (void)overflow_install_mutex();
-#if FIBER_SCHED_SWITCH_EH_STATE && defined(_WIN32) && defined(__GNUC__) && !defined(__clang__)
+#if FIBER_SCHED_SWITCH_EH_STATE && FIBER_SCHED_EMUTLS
         (void)eh_exit_key();  // before the C++ runtime's key for thread_local destructors (common.ipp)
 #endif
         os::at_fork([] { overflow_install_mutex().lock(); }, [] { overflow_install_mutex().unlock(); },
