@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -1436,6 +1438,125 @@ TEST_CASE("io reliability: after urgent data a short read stops at its mark, and
     CHECK(got[0] == 2);
     CHECK(got[1] == 2);
     CHECK(took < 10s);
+}
+
+TEST_CASE("io reliability: a stray fd number far beyond the open ones fails with EBADF") {
+    // Numbers no file can have (above any RLIMIT_NOFILE), from a fiber whose scheduler
+    // already knows an fd: each call fails with EBADF, none waits out its timeout.
+    Scheduler s(1, false);
+    int checked = 0;
+    std::chrono::steady_clock::duration took{};
+    s.start();
+    s.schedule([&] {
+        Sockets pair;
+        char c = 0;
+        CHECK(fsched::io::write(pair.b, "x", 1) == 1);  // an fd the scheduler knows
+        CHECK(fsched::io::read(pair.a, &c, 1, 1s) == 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (const int stray : {2000000000, 2147483647, (1 << 24) + 5}) {
+            // Each call's result and error taken at once: a check's report may set errno.
+            const ssize_t read = fsched::io::read(stray, &c, 1, 10s);
+            const int read_error = fsched::io::last_error();
+            const ssize_t wrote = fsched::io::write(stray, "x", 1, 10s);
+            const int write_error = fsched::io::last_error();
+            const bool readable = fsched::io::wait(stray, Ready::Read, 10s);
+            const int wait_error = fsched::io::last_error();
+            const bool writable = fsched::io::wait(stray, Ready::Write, 0ms);
+            const int poll_error = fsched::io::last_error();
+            CHECK(read == -1);
+            CHECK(read_error == EBADF);
+            CHECK(wrote == -1);
+            CHECK(write_error == EBADF);
+            CHECK_FALSE(readable);
+            CHECK(wait_error == EBADF);
+            CHECK_FALSE(writable);
+            CHECK(poll_error == EBADF);
+            fsched::io::cancel(stray);
+            ++checked;
+        }
+        took = std::chrono::steady_clock::now() - t0;
+    });
+    s.stop();
+    CHECK(checked == 3);
+    CHECK(took < 5s);  // no call waited for its timeout (10 s)
+}
+
+TEST_CASE("io reliability: neighbouring fd numbers and the highest the limit allows keep their waits apart") {
+    // Each number's read parks and is woken by its own write; a cancel of one number wakes
+    // its reader, not its neighbour's; then all are closed and made again under the same
+    // numbers, whose entries the io layer keeps (forgotten, not erased).
+    rlimit limit{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &limit) == 0);
+    const auto is_free = [](int n) { return ::fcntl(n, F_GETFD) == -1 && errno == EBADF; };
+    int highest = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20)) - 1;
+    while (highest > 512 && !is_free(highest)) --highest;
+    REQUIRE(highest > 512);
+    // Two neighbouring free numbers (dup2 would close a number in use).
+    int edge = 128;
+    while (edge + 128 < highest && !(is_free(edge - 1) && is_free(edge))) edge += 128;
+    REQUIRE(edge + 128 < highest);
+    const std::vector<int> numbers{edge - 1, edge, highest};
+    Scheduler s(2, false);
+    std::atomic<int> rounds{0};
+    s.start();
+    s.schedule([&] {
+        for (int round = 0; round < 2; ++round) {
+            std::vector<int> readers, writers;
+            for (const int number : numbers) {
+                Sockets pair;
+                readers.push_back(move_to(pair.a, number));
+                writers.push_back(pair.b);
+                pair.a = pair.b = -1;
+            }
+            // A read parked on every number at once; each woken by its own writer.
+            fsched::WaitGroup wg;
+            std::atomic<int> got{0};
+            for (std::size_t i = 0; i < numbers.size(); ++i) {
+                wg.add(1);
+                Scheduler::current()->schedule([&, i] {
+                    char c = 0;
+                    if (fsched::io::read(readers[i], &c, 1, 10s) == 1 && c == static_cast<char>('a' + i)) ++got;
+                    wg.done();
+                });
+            }
+            fsched::this_fiber::sleep_for(20ms);  // let them park
+            for (std::size_t i = 0; i < numbers.size(); ++i) {
+                const char c = static_cast<char>('a' + i);
+                CHECK(fsched::io::write(writers[i], &c, 1) == 1);
+            }
+            wg.wait();
+            CHECK(got.load() == static_cast<int>(numbers.size()));
+            // A cancel of one number wakes its reader alone.
+            std::atomic<int> cancelled{0}, timed_out{0};
+            for (std::size_t i = 0; i < 2; ++i) {
+                wg.add(1);
+                Scheduler::current()->schedule([&, i] {
+                    char c = 0;
+                    const ssize_t r = fsched::io::read(readers[i], &c, 1, i == 0 ? 10s : 300ms);
+                    const int error = fsched::io::last_error();
+                    if (r == -1 && error == ECANCELED) ++cancelled;
+                    if (r == -1 && error == ETIMEDOUT) ++timed_out;
+                    wg.done();
+                });
+            }
+            // A cancel reaches the calls under way: repeated until reader 0's has begun.
+            const auto until = std::chrono::steady_clock::now() + 10s;
+            while (cancelled.load() == 0 && std::chrono::steady_clock::now() < until) {
+                fsched::io::cancel(readers[0]);  // its neighbour waits on
+                fsched::this_fiber::sleep_for(5ms);
+            }
+            wg.wait();
+            CHECK(cancelled.load() == 1);
+            CHECK(timed_out.load() == 1);
+            for (std::size_t i = 0; i < numbers.size(); ++i) {
+                ::close(readers[i]);
+                ::close(writers[i]);
+            }
+            ++rounds;
+        }
+    });
+    s.stop();
+    CHECK(rounds.load() == 2);
 }
 
 #endif  // FIBER_SCHED_HAVE_EPOLL
