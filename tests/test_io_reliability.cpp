@@ -1491,11 +1491,11 @@ TEST_CASE("io reliability: neighbouring fd numbers and the highest the limit all
     int highest = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20)) - 1;
     while (highest > 512 && !is_free(highest)) --highest;
     REQUIRE(highest > 512);
-    // Two neighbouring free numbers (dup2 would close a number in use).
-    int edge = 128;
-    while (edge + 128 < highest && !(is_free(edge - 1) && is_free(edge))) edge += 128;
-    REQUIRE(edge + 128 < highest);
-    const std::vector<int> numbers{edge - 1, edge, highest};
+    // Two neighbouring free numbers below it (dup2 would close a number in use).
+    int low = 100;
+    while (low + 2 < highest && !(is_free(low) && is_free(low + 1))) ++low;
+    REQUIRE(low + 2 < highest);
+    const std::vector<int> numbers{low, low + 1, highest};
     Scheduler s(2, false);
     std::atomic<int> rounds{0};
     s.start();
