@@ -315,11 +315,29 @@ TEST_CASE("io: bad input gives the system call's error, never a crash or a hang"
         refused = fsched::io::last_error();
         close(fd);
     });
+    std::atomic<int> woken{0};
     s.schedule([&] {  // two fibers waiting for the same fd and direction
-        Scheduler::current()->schedule([&] { fsched::io::wait(pair.b, Ready::Read, 50ms); });
-        fsched::this_fiber::sleep_for(10ms);
-        CHECK_FALSE(fsched::io::wait(pair.b, Ready::Read, 50ms));
-        busy = fsched::io::last_error();
+        // Whichever comes second, the other is parked (nothing ends its wait but the byte
+        // the refused one writes): it is refused with EBUSY, whatever order a loaded
+        // machine runs them in.
+        fsched::WaitGroup both;
+        both.add(2);
+        const auto waiter = [&] {
+            const bool ready = fsched::io::wait(pair.b, Ready::Read, 30s);
+            const int error = fsched::io::last_error();
+            if (ready) {
+                ++woken;
+            } else {
+                busy = error;
+                CHECK(::write(pair.a, "x", 1) == 1);  // ends the other's wait
+            }
+            both.done();
+        };
+        Scheduler::current()->schedule(waiter);
+        Scheduler::current()->schedule(waiter);
+        both.wait();
+        char c;
+        CHECK(::read(pair.b, &c, 1) == 1);
     });
     s.stop();
     CHECK(bad_wait == EBADF);
@@ -328,6 +346,7 @@ TEST_CASE("io: bad input gives the system call's error, never a crash or a hang"
     CHECK(bad_accept == EINVAL);
     CHECK(refused == ECONNREFUSED);
     CHECK(busy == EBUSY);
+    CHECK(woken.load() == 1);
     // And from a plain thread:
     CHECK_FALSE(fsched::io::wait(-1, Ready::Write, 10ms));
     CHECK(fsched::io::last_error() == EBADF);
