@@ -168,17 +168,26 @@ elseif(MODE STREQUAL "suite")
   configure_file("${DOCTEST_HEADER}" "${BINARY_DIR}/doctest-only/doctest/doctest.h" COPYONLY)
   set(suite_flags ${common_flags} -isystem "${LIBCXX_DIR}" -isystem "${stubs}"
                   -isystem "${BINARY_DIR}/doctest-only" -I "${HEADER_DIR}"
-                  -DFIBER_SCHED_FAULT_INJECTION "-DFIBER_SCHED_TEST_VARIANT=\"macos-${ARCH}\"")
+                  -DFIBER_SCHED_FAULT_INJECTION "-DFIBER_SCHED_TEST_VARIANT=\"macos-${ARCH}\""
+                  -DDOCTEST_CONFIG_SUPER_FAST_ASSERTS)
   file(GLOB tests "${SOURCE_DIR}/tests/test_*.cpp")
   list(FILTER tests EXCLUDE REGEX "/test_io[^/]*\\.cpp$")  # fsched::io is Linux-only
   list(SORT tests)
+  # The headers the test files share, parsed once (as the test build's precompiled header,
+  # cmake/FiberSchedTestHelpers.cmake): most of a test file's compile at -O0.
+  file(WRITE "${out_dir}/shared.hpp"
+       "#include \"${SOURCE_DIR}/tests/helpers.hpp\"\n#include <doctest/doctest.h>\n")
+  run("precompiling the test files' headers" "${CLANGXX}" ${suite_flags} -O0 -x c++-header
+      "${out_dir}/shared.hpp" -o "${out_dir}/shared.pch")
   set(objects "")
   foreach(source "${SOURCE_DIR}/tests/impl.cpp" "${SOURCE_DIR}/tests/main.cpp"
                  "${SOURCE_DIR}/tests/global_scheduler.cpp" ${tests})
     get_filename_component(name "${source}" NAME_WE)
-    set(opt -O0)
+    set(opt -O0 -include-pch "${out_dir}/shared.pch")
     if(name STREQUAL "impl")
       set(opt -O2)
+    elseif(name MATCHES "^(main|global_scheduler)$")  # macros defined before the headers
+      set(opt -O0)
     endif()
     run("compiling ${name}.cpp" "${CLANGXX}" ${suite_flags} ${opt} -c "${source}"
         -o "${out_dir}/${name}.o")
