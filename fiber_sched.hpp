@@ -4035,6 +4035,8 @@ long io_sweep_repairs() noexcept;
 void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept;
 // Whether `s` makes sweeps now (an unverified waiter parked since its last empty sweep).
 bool io_sweeping(Scheduler& s) noexcept;
+// The fd numbers `s` keeps an entry for (each kept for the scheduler's life).
+std::size_t io_fd_entries(Scheduler& s) noexcept;
 // When set, called by a wait after its read or write failed with EAGAIN, just before it
 // looks at the fd's readiness and parks (a fiber) or polls (a plain thread): a test lands
 // an edge, or a cancel(), there.
@@ -9623,9 +9625,9 @@ struct SchedulerIdle;
 // edge-triggered registration in the scheduler's epoll instance, the readiness edges that no
 // waiter has taken yet, which file the number named when it was last checked, and how many
 // times io::cancel() reached the number. The registration outlives each wait: see io_registry.ipp
-// for why that is safe. An entry is made by the first io call on its number and never erased
-// while the scheduler lives, only forgotten (io_fd_table.ipp, forget_file), so that `cancels`
-// outlives it. Under SchedulerIdle::io_lock.
+// for why that is safe. An entry is made by the first io call on its number (open: a number no
+// file has gets none) and never erased while the scheduler lives, only forgotten
+// (io_fd_table.ipp, forget_file), so that `cancels` outlives it. Under SchedulerIdle::io_lock.
 struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;
@@ -15019,7 +15021,8 @@ ExploreResult explore(std::function<void()> fn, std::uint64_t count, std::uint64
 // compares it at every later one, also under io_lock: before each system call of its retry
 // loop and before each park (call_step). cancel() adds one under io_lock, then wakes the
 // parked waiters; a call that finds the count changed returns ECANCELED at once and does
-// nothing more with fd. An entry is made by its number's first call and never erased, only
+// nothing more with fd. An entry is made by its number's first call (while a file has the
+// number: a stray one gets none, and its call fails with EBADF) and never erased, only
 // forgotten (forget_file keeps the count), so the count outlives cancel()'s forgetting the
 // registration; a call that could not make its entry (no memory) fails with ENOMEM if it
 // has to wait, since cancel() could not reach it. A call that starts after cancel()
@@ -15455,7 +15458,7 @@ struct IoCall {
     enum class Start : unsigned char {
         NotYet,      // no step under io_lock yet
         Recorded,    // `cancels` is the entry's count at the first step
-        Unrecorded,  // no entry could be made at the first step (no memory): it never waits
+        Unrecorded,  // no entry was made at the first step (no memory, fd not open): it never waits
     };
     const int fd;
     // The scheduler whose epoll instance the call's waits use: a scheduler task's, or the
@@ -15463,6 +15466,7 @@ struct IoCall {
     SchedulerIdle* idle = nullptr;
     bool in_task = false;  // a scheduler task's: its reads and writes may go the fast way
     Start start = Start::NotYet;
+    bool not_open = false;      // Unrecorded because fd was not open at the first step (EBADF)
     std::uint64_t cancels = 0;  // IoFd::cancels at the call's first step
     // A plain thread's call, in io_registry().thread_waits for the whole call, unless
     // `thread_error` says why it could not be (eventfd()'s errno, or ENOMEM): its waits then
@@ -15517,7 +15521,10 @@ IoCall::~IoCall() {
 // A step of `call` in a scheduler, under its io_lock: fd's entry, and in `cancelled` whether
 // cancel() has reached the call since its first step, which makes the entry if it is missing
 // and records its count of cancels (see "Cancel" at the top of io_registry.ipp). nullptr: no entry
-// was made at the first step (no memory, or a negative fd); the call must then not wait.
+// was made at the first step (no memory, or fd is not open: `not_open`); the call must then
+// not wait. A number no file has gets no entry: entries are kept for the scheduler's life,
+// and a program passing stray numbers (up to INT_MAX) would otherwise grow the table by one
+// each. The check, one fcntl(), is made once per number that gets an entry.
 IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     cancelled = false;
     SchedulerIdle& idle = *call.idle;
@@ -15530,7 +15537,10 @@ IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     }
     if (it == idle.io_fds.end()) {
         call.start = IoCall::Start::Unrecorded;  // unless the entry is made now
-        if (call.fd < 0) return nullptr;         // its call fails with EBADF
+        if (call.fd < 0 || (::fcntl(call.fd, F_GETFD) == -1 && errno == EBADF)) {
+            call.not_open = true;  // its call fails with EBADF (or, opened since, as if it came before)
+            return nullptr;
+        }
         try {
             if (FIBER_SCHED_FAULT(IoAlloc)) throw std::bad_alloc();
             it = idle.io_fds.try_emplace(call.fd).first;
@@ -15624,7 +15634,7 @@ IoFd* lock_wait_entry(IoCall& call, bool& stated, struct stat& st) {
         }
         if (!found) {  // no record of the call, which cancel() could not then reach
             idle.io_lock.unlock();
-            set_errno(ENOMEM);
+            set_errno(call.not_open ? EBADF : ENOMEM);
             return nullptr;
         }
         if (stated || trusted_entry(*found)) return found;
@@ -15982,6 +15992,13 @@ void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
     io_sweep_interval_ms.store(static_cast<int>(interval.count()), std::memory_order_relaxed);
 }
 bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
+std::size_t io_fd_entries(Scheduler& s) noexcept {
+    SchedulerIdle& idle = SchedulerCore::of(s).idle;
+    idle.io_lock.lock();
+    const std::size_t n = idle.io_fds.size();
+    idle.io_lock.unlock();
+    return n;
+}
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
 void set_io_after_read_hook(void (*hook)(int fd)) noexcept { io_after_read.store(hook, std::memory_order_relaxed); }
 int io_poller_worker(Scheduler& s) noexcept {

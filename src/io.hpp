@@ -100,6 +100,8 @@ long io_sweep_repairs() noexcept;
 void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept;
 // Whether `s` makes sweeps now (an unverified waiter parked since its last empty sweep).
 bool io_sweeping(Scheduler& s) noexcept;
+// The fd numbers `s` keeps an entry for (each kept for the scheduler's life).
+std::size_t io_fd_entries(Scheduler& s) noexcept;
 // When set, called by a wait after its read or write failed with EAGAIN, just before it
 // looks at the fd's readiness and parks (a fiber) or polls (a plain thread): a test lands
 // an edge, or a cancel(), there.

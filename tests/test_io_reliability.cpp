@@ -1481,6 +1481,49 @@ TEST_CASE("io reliability: a stray fd number far beyond the open ones fails with
     CHECK(took < 5s);  // no call waited for its timeout (10 s)
 }
 
+TEST_CASE("io reliability: numbers that are not open leave no entry behind; an open one gets one") {
+    // The io layer keeps an entry for each fd number it has seen, for the scheduler's life:
+    // a number no file has must not get one, or a program passing stray numbers would grow
+    // the table by one each (up to INT_MAX of them).
+    Scheduler s(1, false);
+    std::size_t before = 0, after_stray = 0, after_open = 0, after_closed = 0;
+    int stray_errors = 0, closed_errors = 0;
+    s.start();
+    s.schedule([&] {
+        before = fsched::detail::io_fd_entries(s);
+        char c = 0;
+        for (int i = 0; i < 2000; ++i) {
+            const int stray = 2000000000 + i * 1009;
+            if (fsched::io::read(stray, &c, 1, 10s) == -1 && fsched::io::last_error() == EBADF) ++stray_errors;
+            if (fsched::io::write(stray, "x", 1, 10s) == -1 && fsched::io::last_error() == EBADF) ++stray_errors;
+            if (!fsched::io::wait(stray, Ready::Read, 10s) && fsched::io::last_error() == EBADF) ++stray_errors;
+            if (!fsched::io::wait(stray, Ready::Write, 0ms) && fsched::io::last_error() == EBADF) ++stray_errors;
+            fsched::io::cancel(stray);
+        }
+        after_stray = fsched::detail::io_fd_entries(s);
+        // An open socket's read gets its entry (the count moves, so the check above can fail).
+        int closed_number = -1;
+        {
+            Sockets pair;
+            CHECK(fsched::io::write(pair.b, "x", 1) == 1);
+            CHECK(fsched::io::read(pair.a, &c, 1, 1s) == 1);
+            after_open = fsched::detail::io_fd_entries(s);
+            closed_number = pair.a;
+        }
+        // Closed since: its entry stays (forgotten), and the calls fail at once with EBADF.
+        if (!fsched::io::wait(closed_number, Ready::Read, 10s) && fsched::io::last_error() == EBADF) ++closed_errors;
+        if (fsched::io::read(closed_number, &c, 1, 10s) == -1 && fsched::io::last_error() == EBADF) ++closed_errors;
+        after_closed = fsched::detail::io_fd_entries(s);
+    });
+    s.stop();
+    CHECK(stray_errors == 4 * 2000);
+    CHECK(after_stray == before);
+    CHECK(after_open >= before + 1);  // pair.a's, and pair.b's unless the write went straight through
+    CHECK(after_open <= before + 2);
+    CHECK(closed_errors == 2);
+    CHECK(after_closed == after_open);
+}
+
 TEST_CASE("io reliability: neighbouring fd numbers and the highest the limit allows keep their waits apart") {
     // Each number's read parks and is woken by its own write; a cancel of one number wakes
     // its reader, not its neighbour's; then all are closed and made again under the same

@@ -44,9 +44,9 @@ struct SchedulerIdle;
 // edge-triggered registration in the scheduler's epoll instance, the readiness edges that no
 // waiter has taken yet, which file the number named when it was last checked, and how many
 // times io::cancel() reached the number. The registration outlives each wait: see io_registry.ipp
-// for why that is safe. An entry is made by the first io call on its number and never erased
-// while the scheduler lives, only forgotten (io_fd_table.ipp, forget_file), so that `cancels`
-// outlives it. Under SchedulerIdle::io_lock.
+// for why that is safe. An entry is made by the first io call on its number (open: a number no
+// file has gets none) and never erased while the scheduler lives, only forgotten
+// (io_fd_table.ipp, forget_file), so that `cancels` outlives it. Under SchedulerIdle::io_lock.
 struct IoFd {
     IoWait* reader = nullptr;
     IoWait* writer = nullptr;

@@ -139,7 +139,8 @@
 // compares it at every later one, also under io_lock: before each system call of its retry
 // loop and before each park (call_step). cancel() adds one under io_lock, then wakes the
 // parked waiters; a call that finds the count changed returns ECANCELED at once and does
-// nothing more with fd. An entry is made by its number's first call and never erased, only
+// nothing more with fd. An entry is made by its number's first call (while a file has the
+// number: a stray one gets none, and its call fails with EBADF) and never erased, only
 // forgotten (forget_file keeps the count), so the count outlives cancel()'s forgetting the
 // registration; a call that could not make its entry (no memory) fails with ENOMEM if it
 // has to wait, since cancel() could not reach it. A call that starts after cancel()

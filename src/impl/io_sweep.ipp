@@ -223,6 +223,13 @@ void set_io_sweep_interval(std::chrono::milliseconds interval) noexcept {
     io_sweep_interval_ms.store(static_cast<int>(interval.count()), std::memory_order_relaxed);
 }
 bool io_sweeping(Scheduler& s) noexcept { return SchedulerCore::of(s).idle.sweeping.load(std::memory_order_relaxed); }
+std::size_t io_fd_entries(Scheduler& s) noexcept {
+    SchedulerIdle& idle = SchedulerCore::of(s).idle;
+    idle.io_lock.lock();
+    const std::size_t n = idle.io_fds.size();
+    idle.io_lock.unlock();
+    return n;
+}
 void set_io_before_park_hook(void (*hook)(int fd)) noexcept { io_before_park.store(hook, std::memory_order_relaxed); }
 void set_io_after_read_hook(void (*hook)(int fd)) noexcept { io_after_read.store(hook, std::memory_order_relaxed); }
 int io_poller_worker(Scheduler& s) noexcept {

@@ -51,7 +51,7 @@ struct IoCall {
     enum class Start : unsigned char {
         NotYet,      // no step under io_lock yet
         Recorded,    // `cancels` is the entry's count at the first step
-        Unrecorded,  // no entry could be made at the first step (no memory): it never waits
+        Unrecorded,  // no entry was made at the first step (no memory, fd not open): it never waits
     };
     const int fd;
     // The scheduler whose epoll instance the call's waits use: a scheduler task's, or the
@@ -59,6 +59,7 @@ struct IoCall {
     SchedulerIdle* idle = nullptr;
     bool in_task = false;  // a scheduler task's: its reads and writes may go the fast way
     Start start = Start::NotYet;
+    bool not_open = false;      // Unrecorded because fd was not open at the first step (EBADF)
     std::uint64_t cancels = 0;  // IoFd::cancels at the call's first step
     // A plain thread's call, in io_registry().thread_waits for the whole call, unless
     // `thread_error` says why it could not be (eventfd()'s errno, or ENOMEM): its waits then
@@ -113,7 +114,10 @@ IoCall::~IoCall() {
 // A step of `call` in a scheduler, under its io_lock: fd's entry, and in `cancelled` whether
 // cancel() has reached the call since its first step, which makes the entry if it is missing
 // and records its count of cancels (see "Cancel" at the top of io_registry.ipp). nullptr: no entry
-// was made at the first step (no memory, or a negative fd); the call must then not wait.
+// was made at the first step (no memory, or fd is not open: `not_open`); the call must then
+// not wait. A number no file has gets no entry: entries are kept for the scheduler's life,
+// and a program passing stray numbers (up to INT_MAX) would otherwise grow the table by one
+// each. The check, one fcntl(), is made once per number that gets an entry.
 IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     cancelled = false;
     SchedulerIdle& idle = *call.idle;
@@ -126,7 +130,10 @@ IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     }
     if (it == idle.io_fds.end()) {
         call.start = IoCall::Start::Unrecorded;  // unless the entry is made now
-        if (call.fd < 0) return nullptr;         // its call fails with EBADF
+        if (call.fd < 0 || (::fcntl(call.fd, F_GETFD) == -1 && errno == EBADF)) {
+            call.not_open = true;  // its call fails with EBADF (or, opened since, as if it came before)
+            return nullptr;
+        }
         try {
             if (FIBER_SCHED_FAULT(IoAlloc)) throw std::bad_alloc();
             it = idle.io_fds.try_emplace(call.fd).first;
@@ -220,7 +227,7 @@ IoFd* lock_wait_entry(IoCall& call, bool& stated, struct stat& st) {
         }
         if (!found) {  // no record of the call, which cancel() could not then reach
             idle.io_lock.unlock();
-            set_errno(ENOMEM);
+            set_errno(call.not_open ? EBADF : ENOMEM);
             return nullptr;
         }
         if (stated || trusted_entry(*found)) return found;
