@@ -15537,7 +15537,7 @@ IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     }
     if (it == idle.io_fds.end()) {
         call.start = IoCall::Start::Unrecorded;  // unless the entry is made now
-        if (call.fd < 0 || (::fcntl(call.fd, F_GETFD) == -1 && errno == EBADF)) {
+        if (call.fd < 0 || (::fcntl(call.fd, F_GETFD) == -1 && current_errno() == EBADF)) {
             call.not_open = true;  // its call fails with EBADF (or, opened since, as if it came before)
             return nullptr;
         }
@@ -16408,7 +16408,8 @@ void cancel(int fd) {
         int count = 0;
         idle->io_lock.lock();
         auto it = idle->io_fds.find(fd);
-        // No entry: no call of this scheduler is under way on fd (each makes one first).
+        // No entry: no call of this scheduler is under way on fd (each makes one first),
+        // or none that waits (a call on a number no file had makes none and never waits).
         if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
             // The calls under way that are not parked find this at their next step ("Cancel"

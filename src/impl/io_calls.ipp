@@ -377,7 +377,8 @@ void cancel(int fd) {
         int count = 0;
         idle->io_lock.lock();
         auto it = idle->io_fds.find(fd);
-        // No entry: no call of this scheduler is under way on fd (each makes one first).
+        // No entry: no call of this scheduler is under way on fd (each makes one first),
+        // or none that waits (a call on a number no file had makes none and never waits).
         if (it != idle->io_fds.end()) {
             detail::IoFd& entry = it->second;
             // The calls under way that are not parked find this at their next step ("Cancel"

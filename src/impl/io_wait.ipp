@@ -130,7 +130,7 @@ IoFd* call_step(IoCall& call, bool& cancelled) noexcept {
     }
     if (it == idle.io_fds.end()) {
         call.start = IoCall::Start::Unrecorded;  // unless the entry is made now
-        if (call.fd < 0 || (::fcntl(call.fd, F_GETFD) == -1 && errno == EBADF)) {
+        if (call.fd < 0 || (::fcntl(call.fd, F_GETFD) == -1 && current_errno() == EBADF)) {
             call.not_open = true;  // its call fails with EBADF (or, opened since, as if it came before)
             return nullptr;
         }
