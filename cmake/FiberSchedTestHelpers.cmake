@@ -80,8 +80,9 @@ function(fiber_sched_add_test_executable target)
   # The headers every test file starts with, parsed once per executable (CMake 3.16 and
   # later): about a second of each test file's compile, a quarter of the suite's. Each
   # test_*.cpp includes them first, with no macro defined before them, so the compiler sees
-  # the same text either way; main.cpp (doctest's implementation), impl.cpp (the library's)
-  # and global_scheduler.cpp define macros first and are compiled without it.
+  # the same text either way. main.cpp (doctest's implementation) and impl.cpp (the
+  # library's) define macros first and are compiled without it, as is global_scheduler.cpp
+  # (one small file).
   set(pch_headers "${arg_TESTS_DIR}/helpers.hpp" <doctest/doctest.h>)  # helpers.hpp: fiber_sched.hpp first
   if(MINGW)
     # MinGW-w64's emutls frees a thread's thread_locals before their destructors run; the

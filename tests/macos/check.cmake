@@ -186,7 +186,7 @@ elseif(MODE STREQUAL "suite")
     set(opt -O0 -include-pch "${out_dir}/shared.pch")
     if(name STREQUAL "impl")
       set(opt -O2)
-    elseif(name MATCHES "^(main|global_scheduler)$")  # macros defined before the headers
+    elseif(name MATCHES "^(main|global_scheduler)$")  # as in the test build (main: macros first)
       set(opt -O0)
     endif()
     run("compiling ${name}.cpp" "${CLANGXX}" ${suite_flags} ${opt} -c "${source}"
