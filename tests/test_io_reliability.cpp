@@ -126,6 +126,46 @@ TEST_CASE("io reliability: a cancel that lands after a plain thread's wait ended
     CHECK(failures == 0);
 }
 
+namespace {
+void ignore_signal(int) {}
+}  // namespace
+
+TEST_CASE("io reliability: a plain thread's timed wait ends on time while signals interrupt it") {
+    // Each signal ends the thread's poll() with EINTR; the restarted poll() must wait for
+    // the time left, not the whole timeout again, or signals every 2 ms keep a 200 ms read
+    // and wait from ever ending (they did, until the signaller gave up after 5 s).
+    struct sigaction handler {}, old {};
+    handler.sa_handler = ignore_signal;  // no SA_RESTART (poll() is never restarted anyway)
+    sigemptyset(&handler.sa_mask);
+    REQUIRE(sigaction(SIGURG, &handler, &old) == 0);
+    Sockets sockets;
+    for (int kind = 0; kind < 2; ++kind) {
+        CAPTURE(kind);  // 0: io::read, 1: io::wait
+        std::atomic<bool> done{false};
+        const pthread_t waiter = pthread_self();
+        std::thread signaller([&] {
+            const auto give_up = std::chrono::steady_clock::now() + 5s;
+            while (!done.load() && std::chrono::steady_clock::now() < give_up) {
+                pthread_kill(waiter, SIGURG);
+                std::this_thread::sleep_for(2ms);
+            }
+        });
+        const auto start = std::chrono::steady_clock::now();
+        char c = 0;
+        const bool timed_out = kind == 0 ? fsched::io::read(sockets.a, &c, 1, 200ms) == -1
+                                         : !fsched::io::wait(sockets.a, Ready::Read, 200ms);
+        const int error = fsched::io::last_error();
+        const auto took = std::chrono::steady_clock::now() - start;
+        done = true;
+        signaller.join();
+        CHECK(timed_out);
+        CHECK(error == ETIMEDOUT);
+        CHECK(took >= 200ms);
+        CHECK(took < 4s);  // 5 s or more without the fix; a loaded TSan run takes well under 4
+    }
+    sigaction(SIGURG, &old, nullptr);
+}
+
 TEST_CASE("io reliability: a zero timeout in a fiber reports a ready fd as ready, like poll(fd, 0)") {
     for (std::size_t threads : {1u, 2u}) {
         CAPTURE(threads);

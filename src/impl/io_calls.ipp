@@ -90,7 +90,7 @@ bool thread_wait(IoCall& call, io::Ready what, const TimePoint* deadline, WaitKi
         set_errno(ECANCELED);
         return false;
     }
-    const int rc = poll_restarting(fds, 2, timeout_ms(deadline));
+    const int rc = poll_until(fds, 2, deadline);
     if (rc > 0 && fds[1].revents) {
         set_errno(ECANCELED);
         return false;

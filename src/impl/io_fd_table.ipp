@@ -149,11 +149,13 @@ pollfd poll_entry(int fd, io::Ready what) noexcept {
     return pollfd{fd, static_cast<short>(what == io::Ready::Read ? POLLIN : POLLOUT), 0};
 }
 
-// poll(), restarted when a signal interrupts it.
-int poll_restarting(pollfd* fds, nfds_t n, int timeout) noexcept {
+// poll() until `deadline` (null: none; already past: poll once without waiting), restarted
+// when a signal interrupts it with the time then left, so that signals arriving faster than
+// the timeout cannot keep the wait from ever ending.
+int poll_until(pollfd* fds, nfds_t n, const TimePoint* deadline) noexcept {
     int rc;
     do {
-        rc = ::poll(fds, n, timeout);
+        rc = ::poll(fds, n, timeout_ms(deadline));
     } while (rc < 0 && current_errno() == EINTR);
     return rc;
 }
@@ -180,7 +182,8 @@ bool poll_outcome(int rc, const pollfd& entry, int poll_errno) noexcept {
 // poll(fd, 0): true if fd is ready for `what` now; else false, errno as poll_outcome().
 bool ready_now(int fd, io::Ready what) noexcept {
     pollfd one = poll_entry(fd, what);
-    const int rc = poll_restarting(&one, 1, 0);
+    const TimePoint past = TimePoint::min();
+    const int rc = poll_until(&one, 1, &past);
     return poll_outcome(rc, one, current_errno());
 }
 
