@@ -8916,11 +8916,21 @@ const FiberSnapshot* find_fiber(const Snapshot& snap, std::uint64_t id) {
     return it != snap.fibers.end() && it->id == id ? &*it : nullptr;
 }
 
+// Appends the formatted text whole, however long (names are the user's, of any length).
 template <class... Args>
 void append(std::string& out, const char* format, Args... args) {
     char buffer[512];
     const int n = std::snprintf(buffer, sizeof buffer, format, args...);
-    if (n > 0) out.append(buffer, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buffer - 1));
+    if (n <= 0) return;
+    const auto length = static_cast<std::size_t>(n);
+    if (length < sizeof buffer) {
+        out.append(buffer, length);
+        return;
+    }
+    const std::size_t at = out.size();
+    out.resize(at + length + 1);  // snprintf's terminating zero, dropped below
+    std::snprintf(&out[at], length + 1, format, args...);
+    out.resize(at + length);
 }
 
 // An address as "0x..." on every system (%p has no 0x on Windows).

@@ -291,6 +291,31 @@ TEST_CASE("report: an io wait shows its fd and direction") {
 }
 #endif
 
+TEST_CASE("report: a long fiber name and scheduler name are shown whole, the line around them intact") {
+    // Lines were formatted in 512 bytes: a 600-byte name cut the text after it, and the
+    // next line ran on into it.
+    const std::string scheduler_name = "S" + std::string(600, 's') + "S";
+    const std::string fiber_name = "F" + std::string(600, 'f') + "F";
+    Scheduler s(1, false, scheduler_name);
+    s.start();
+    fsched::Channel<int> release;
+    s.schedule(fsched::ScheduleTask{nullptr, [&] { release.receive(); }, -1, fsched::Priority::Normal, fiber_name});
+    const std::string line_part = "(" + fiber_name + "): parked ";
+    const std::string worker_part = "; worker 0 of \"" + scheduler_name + "\"";
+    const std::string report = report_when([&](const std::string& r) { return contains(r, line_part); });
+    INFO(report);
+    CHECK(contains(report, line_part));
+    CHECK(contains(report, worker_part));
+    // The fiber's line ends where it should: each line of the report has its newline.
+    const std::size_t at = report.find(line_part);
+    REQUIRE(at != std::string::npos);
+    const std::size_t end = report.find('\n', at);
+    REQUIRE(end != std::string::npos);
+    CHECK(report.find(worker_part, at) < end);
+    release.send(1);
+    s.stop();
+}
+
 TEST_CASE("report: safe while fibers are woken, run, made and destroyed on other threads") {
     // Channel ping-pong pairs keep waking parked fibers (each wake meets a report's hold
     // now and then), short tasks come and go (pooled fibers get new ids), and plain threads
