@@ -17,9 +17,11 @@
 //
 //   transition (who)                                  from -> to
 //   claim_for_resume (resume() by hand)               Ready/Suspended -> Running
-//   claim_or_defer (a worker runs a schedule() task)  Ready/Suspended -> Running, true
-//                                                     Running -> RunningResumePending, false
-//                                                     Parked -> ParkedResumePending, false
+//   claim_or_defer (a worker runs a schedule() task)  Ready/Suspended -> Running, Claimed
+//                                                     Running -> RunningResumePending, Deferred
+//                                                     Parked -> ParkedResumePending, Deferred
+//                                                     Running, resumed by hand -> unchanged,
+//                                                       Busy: the worker queues the task again
 //   claim_woken (a worker runs a wake-up task)        Parked -> Running
 //                                                     ParkedResumePending -> RunningResumePending
 //   finish_parked (resumer, switch-out done)          Running -> Parked
@@ -42,6 +44,9 @@
 // fiber leaves the scheduler, and then it is resumed exactly once. Leaving Running is an
 // acq_rel exchange by the resumer, so a thread that sees Suspended/Term also sees the saved
 // context, and a concurrent claim_or_defer() either claims first or is seen by the resumer.
+// A fiber resumed by hand is not marked: its resumer leaves Running with a plain store (no
+// read-modify-write on the switch path), which would wipe a mark. A worker that finds such
+// a fiber Running queues its task again (Busy) until the fiber has switched out.
 // ---------------------------------------------------------------------------
 
 #pragma once
@@ -74,6 +79,13 @@ struct ResumeTarget {
     Priority priority = Priority::Normal;
 };
 
+// What claim_or_defer() did.
+enum class Claim : std::uint8_t {
+    Claimed,   // the fiber is the worker's to run
+    Deferred,  // marked: whoever runs it now queues the resume once it has switched out
+    Busy       // running by hand (Fiber::resume): the worker must try again later
+};
+
 class FiberLifecycle {
 public:
     // For Fiber::state() and the misuse checks; acquire: pairs with the transitions' release.
@@ -84,16 +96,18 @@ public:
     // resume() by hand. The caller owns the fiber, so no scheduler can race: a plain store.
     // Not noexcept, like every transition with a misuse check: a user's FIBER_SCHED_ASSERT
     // may throw.
+    // Release: a worker that finds the fiber Running sees by_hand_ (see claim_or_defer).
     void claim_for_resume() {
         const FiberState state = load();
         if (FIBER_SCHED_UNLIKELY(state > FiberState::Suspended)) misused_resume(state);
-        state_.store(FiberState::Running, std::memory_order_relaxed);
+        by_hand_.store(true, std::memory_order_relaxed);
+        state_.store(FiberState::Running, std::memory_order_release);
     }
 
-    // A worker takes a schedule()d fiber for `target` (true), or, when it is still running,
-    // switching out or parked, marks it so it is re-enqueued once it has left the scheduler
-    // (false).
-    bool claim_or_defer(ResumeTarget target) {
+    // A worker takes a schedule()d fiber for `target` (Claimed), or, when it is still running,
+    // switching out or parked in a scheduler, marks it so it is re-enqueued once it has left
+    // the scheduler (Deferred); or, when it runs by hand, leaves it be (Busy).
+    Claim claim_or_defer(ResumeTarget target) {
         FiberState state = load();
         for (;;) {
             switch (state) {
@@ -102,10 +116,14 @@ public:
                 if (state_.compare_exchange_weak(state, FiberState::Running, std::memory_order_acq_rel,
                                                  std::memory_order_acquire)) {
                     set_resume(target);
-                    return true;
+                    // A stale true read by another worker only makes it try again later.
+                    by_hand_.store(false, std::memory_order_relaxed);
+                    return Claim::Claimed;
                 }
                 break;
             case FiberState::Running:
+                if (by_hand_.load(std::memory_order_relaxed)) return Claim::Busy;
+                [[fallthrough]];
             case FiberState::Parked: {
                 // Published by the release half of the CAS below; the resumer reads it after
                 // its own CAS observes the mark (finish_yielded).
@@ -115,17 +133,17 @@ public:
                 const FiberState marked = state == FiberState::Running ? FiberState::RunningResumePending
                                                                        : FiberState::ParkedResumePending;
                 if (state_.compare_exchange_weak(state, marked, std::memory_order_acq_rel, std::memory_order_acquire)) {
-                    return false;
+                    return Claim::Deferred;
                 }
                 break;
             }
             case FiberState::RunningResumePending:
             case FiberState::ParkedResumePending:
                 FIBER_SCHED_ASSERT(false && "schedule(): fiber is already scheduled to resume");
-                return false;
+                return Claim::Deferred;
             case FiberState::Term:
                 FIBER_SCHED_ASSERT(false && "schedule(): fiber has terminated");
-                return false;
+                return Claim::Deferred;
             }
         }
     }
@@ -225,6 +243,9 @@ private:
     std::atomic<FiberState> state_{FiberState::Ready};
     Priority resume_priority_ = Priority::Normal;    // beside state_, in what was padding
     Priority deferred_priority_ = Priority::Normal;
+    // Claimed by resume() (true) or by a worker (false) when last claimed; read by a worker
+    // that finds the fiber Running. Padding too.
+    std::atomic<bool> by_hand_{false};
 };
 
 }  // namespace detail

@@ -268,6 +268,45 @@ TEST_CASE("a fiber that schedules itself and then yields is resumed exactly once
     });
 }
 
+TEST_CASE("schedule() of a fiber a plain thread is running by hand resumes it once it has yielded") {
+    // The fiber runs by hand (Fiber::resume) while the scheduler's worker takes its task:
+    // the worker must wait for the switch-out, not mark the fiber (the hand resumer's plain
+    // store would wipe the mark: the resume was lost and stop() hung). Also when the fiber
+    // schedules itself, the Tars way, while it runs by hand.
+    for (bool itself : {false, true}) {
+        CAPTURE(itself);
+        auto* s = new Scheduler(1, false);  // leaked if the resume is lost: its stop() would hang
+        s->start();
+        std::atomic<int> stage{0};
+        std::atomic<bool> on_worker{false};
+        auto fiber = std::make_shared<Fiber>([&] {
+            if (itself) s->schedule(Fiber::current_ptr());
+            stage = 1;
+            // Long enough for the worker to find the fiber still running by hand.
+            while (stage.load() < 2) std::this_thread::sleep_for(1ms);
+            std::this_thread::sleep_for(50ms);
+            Fiber::yield();
+            on_worker = Scheduler::current() == s;
+        });
+        std::thread hand([&] { fiber->resume(); });
+        while (stage.load() < 1) std::this_thread::sleep_for(1ms);
+        if (!itself) s->schedule(fiber);
+        stage = 2;
+        hand.join();
+        bool resumed = false;
+        for (int i = 0; i < 4000 && !resumed; ++i) {
+            resumed = fiber->state() == Fiber::State::Term;
+            if (!resumed) std::this_thread::sleep_for(5ms);
+        }
+        CHECK(resumed);
+        CHECK(on_worker.load());
+        if (resumed) {
+            s->stop();
+            delete s;
+        }
+    }
+}
+
 TEST_CASE("this_fiber::yield goes to the back of the queue") {
     Scheduler s(1, false);
     std::vector<std::string> log;

@@ -313,6 +313,20 @@ inline void Worker::run_task(QueuedTask& task) {
     retire_task_fiber(fiber, pooled && outcome == SwitchOutcome::Returned);
 }
 
+// A schedule()d fiber that some thread is running by hand (Claim::Busy): its task goes to
+// the back of the queue, still counted, until the fiber has switched out. The thread
+// yields meanwhile, so that on a crowded machine the fiber's resumer gets to finish.
+FIBER_SCHED_NOINLINE FIBER_SCHED_COLD inline void Worker::requeue_busy(Fiber::ptr fiber, int worker,
+                                                                       Priority priority) {
+    QueuedTask task;
+    task.kind = TaskKind::Fresh;
+    task.fiber = std::move(fiber);
+    task.worker = worker;
+    task.priority = priority;
+    core.enqueue_fiber(std::move(task));
+    std::this_thread::yield();
+}
+
 FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task, Fiber::ptr& fiber) {
     const int worker = task.worker;
     const Priority priority = task.priority;
@@ -334,8 +348,16 @@ FIBER_SCHED_ALWAYS_INLINE inline bool Worker::claim_task_fiber(QueuedTask& task,
     task = QueuedTask{};
     switch (kind) {
     case TaskKind::Fresh:
-        // False: it runs when it has left the worker it is still running on.
-        return FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority});
+        switch (FiberAccess::lifecycle(*fiber).claim_or_defer(ResumeTarget{&core.owner, worker, priority})) {
+        case Claim::Claimed:
+            return true;
+        case Claim::Deferred:  // it runs when it has left the worker it is still running on
+            return false;
+        case Claim::Busy:
+            requeue_busy(std::move(fiber), worker, priority);
+            return false;
+        }
+        return false;
     case TaskKind::Woken:
         FiberAccess::lifecycle(*fiber).claim_woken();
         FiberAccess::wait_while_inspected(*fiber);

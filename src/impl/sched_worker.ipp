@@ -488,6 +488,7 @@ struct alignas(64) Worker {
     // worker (false: it cannot run now, and nothing is left to do), run until it parks or
     // is done (the direct yield path included), and, done, pooled or released.
     bool claim_task_fiber(QueuedTask& task, Fiber::ptr& fiber);
+    void requeue_busy(Fiber::ptr fiber, int worker, Priority priority);
     SwitchOutcome run_task_fiber(Fiber::ptr& fiber, bool& pooled);
     void retire_task_fiber(Fiber::ptr& fiber, bool poolable) noexcept;
     bool direct_yield_next(Fiber::ptr& fiber);
