@@ -4769,6 +4769,12 @@ int cpu_limit() noexcept;
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
+// The calling thread's stack, [lo, hi), when it is one the thread library mapped and may
+// hand to a later thread (a thread that has exited, or every thread but the forking one in
+// a fork()ed child): Linux and macOS, for every thread but the process's main one. False
+// elsewhere, and for the main thread, whose stack no other thread ever gets.
+bool reusable_thread_stack(const char*& lo, const char*& hi) noexcept;
+
 // Lets the kernel end the calling thread's timed waits up to `slack` late, no more
 // (Linux: PR_SET_TIMERSLACK); nothing elsewhere. Errors are ignored: the slack stays.
 void set_timer_slack(std::chrono::nanoseconds slack) noexcept;
@@ -4973,6 +4979,9 @@ int cpu_limit() noexcept {
     return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
 }
 
+// (Only a fork()ed child needs it, and Windows has no fork().)
+bool reusable_thread_stack(const char*&, const char*&) noexcept { return false; }
+
 // Windows has no per-thread timer slack; a wait's precision is the system timer's.
 void set_timer_slack(std::chrono::nanoseconds) noexcept {}
 
@@ -5076,6 +5085,9 @@ void remove_fault_stack(void*, std::size_t) noexcept {}
 #include <sys/prctl.h>
 #endif
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 namespace fsched {
 namespace detail {
@@ -5201,6 +5213,32 @@ bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
     return false;
 }
 #endif
+
+bool reusable_thread_stack(const char*& lo, const char*& hi) noexcept {
+#if defined(__linux__)
+    // (The main thread's attributes would be read from /proc/self/maps: long, and not needed.)
+    if (static_cast<pid_t>(syscall(SYS_gettid)) == getpid()) return false;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return false;
+    void* base = nullptr;
+    std::size_t size = 0;
+    const bool known = pthread_attr_getstack(&attr, &base, &size) == 0 && base && size;
+    pthread_attr_destroy(&attr);
+    if (!known) return false;
+    lo = static_cast<const char*>(base);
+    hi = lo + size;
+    return true;
+#elif defined(__APPLE__)
+    if (pthread_main_np()) return false;
+    hi = static_cast<const char*>(pthread_get_stackaddr_np(pthread_self()));  // its top
+    lo = hi - pthread_get_stacksize_np(pthread_self());
+    return hi != nullptr;
+#else
+    (void)lo;
+    (void)hi;
+    return false;  // the BSDs: not written yet
+#endif
+}
 
 void set_timer_slack(std::chrono::nanoseconds slack) noexcept {
 #if defined(__linux__)
@@ -7159,6 +7197,10 @@ struct RegistrySegment {
     std::atomic<bool> reporting{false};           // a report reads this segment's fibers
     RegistrySegment* next = nullptr;              // in the list of all; set before published
     bool owned = false;                           // a thread makes its fibers here (registry mutex)
+    // The owner's stack where another thread may get it later (os::reusable_thread_stack;
+    // null otherwise): a fork()ed child unlists the fibers made there (registry mutex).
+    const char* stack_lo = nullptr;
+    const char* stack_hi = nullptr;
     // The owner's only (handed over under the registry mutex):
     std::atomic<Fiber*>* free_head = nullptr;  // the free list (its links: free_link)
     std::size_t capacity = 0;
@@ -7486,6 +7528,7 @@ Fiber::ptr Fiber::current_ptr() {
 // (src/scheduler.hpp already inlined above)
 // (src/sync.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -8076,6 +8119,31 @@ std::size_t parse_event_count(const char* text) noexcept {
     return static_cast<std::size_t>(value);
 }
 
+// The Tracer's fork handlers (from build_process_state, before any thread of the library
+// exists). A fork()ed child inherits no recording: the parent's session, its buffers and
+// its file stay the parent's, so the child's stop() or dump() neither writes the parent's
+// events nor writes into the parent's file, and its own start() or start_ring() works. The
+// other threads' buffers may have been locked mid-event at the fork: they are only freed.
+void build_trace_fork_handlers() {
+    (void)tracer();
+    os::at_fork([] { tracer().mutex.lock(); }, [] { tracer().mutex.unlock(); },
+                [] {
+                    Tracer& t = tracer();
+                    observe_flags.fetch_and(~observe_trace, std::memory_order_relaxed);
+                    // Nothing is written to the file before stop(): its buffer is empty, and
+                    // closing the child's copy writes nothing.
+                    if (t.file) std::fclose(t.file);
+                    t.file = nullptr;
+                    t.on = false;
+                    t.ring = false;
+                    t.buffers.clear();
+                    t.next_tid = 1;
+                    t.next_plain_thread = 1;
+                    thread_state()->trace_buffer = nullptr;
+                    t.mutex.unlock();
+                });
+}
+
 void set_trace_max_events(std::size_t events) {
     Tracer& t = tracer();
     std::lock_guard<std::mutex> lock(t.mutex);
@@ -8537,6 +8605,9 @@ Registry& registry() {
 }
 
 RegistrySegment* claim_segment(ThreadState* ts) noexcept {
+    const char* stack_lo = nullptr;
+    const char* stack_hi = nullptr;
+    if (!os::reusable_thread_stack(stack_lo, stack_hi)) stack_lo = stack_hi = nullptr;
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     RegistrySegment* seg = registry_segments.load(std::memory_order_relaxed);
@@ -8548,6 +8619,8 @@ RegistrySegment* claim_segment(ThreadState* ts) noexcept {
         registry_segments.store(seg, std::memory_order_release);
     }
     seg->owned = true;
+    seg->stack_lo = stack_lo;
+    seg->stack_hi = stack_hi;
     ts->registry = seg;
     return seg;
 }
@@ -8603,20 +8676,25 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg)
 // would point into freed memory: unlist every fiber whose object lies in [lo, hi). No
 // Fiber is read (only the slots' values compared), so no pinning; a slot that holds a
 // fiber is written by no one else but its destroyer, and that one is never to come.
-void registry_forget_range(const char* lo, const char* hi) noexcept {
+// Unlists the fibers of `seg` whose objects lie in [lo, hi) (the report mutex held).
+void forget_in_range(RegistrySegment& seg, const char* lo, const char* hi) noexcept {
     const auto first = reinterpret_cast<std::uintptr_t>(lo);
     const auto last = reinterpret_cast<std::uintptr_t>(hi);
-    std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
-    for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
-        for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
-            for (std::size_t i = 0; i < c->size; ++i) {
-                Fiber* f = c->slots[i].load(std::memory_order_relaxed);
-                const auto at = reinterpret_cast<std::uintptr_t>(f);
-                if (is_fiber(f) && at >= first && at < last) {
-                    c->slots[i].compare_exchange_strong(f, nullptr, std::memory_order_relaxed);
-                }
+    for (RegistryChunk* c = seg.chunks.load(std::memory_order_acquire); c; c = c->next) {
+        for (std::size_t i = 0; i < c->size; ++i) {
+            Fiber* f = c->slots[i].load(std::memory_order_relaxed);
+            const auto at = reinterpret_cast<std::uintptr_t>(f);
+            if (is_fiber(f) && at >= first && at < last) {
+                c->slots[i].compare_exchange_strong(f, nullptr, std::memory_order_relaxed);
             }
         }
+    }
+}
+
+void registry_forget_range(const char* lo, const char* hi) noexcept {
+    std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
+    for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
+        forget_in_range(*s, lo, hi);
     }
 }
 
@@ -8624,6 +8702,7 @@ void release_registry_segment(ThreadState* ts) noexcept {
     if (!ts->registry) return;
     std::lock_guard<std::mutex> lock(registry().mutex);
     ts->registry->owned = false;
+    ts->registry->stack_lo = ts->registry->stack_hi = nullptr;
     ts->registry = nullptr;
 }
 
@@ -8674,11 +8753,18 @@ void build_registry() {
             registry().mutex.unlock();
         },
         [] {
-            // Only this thread goes on: no report runs; the others' segments stay theirs
-            // (their fibers are still listed, as their memory is still there).
+            // Only this thread goes on: no report runs; the others' segments stay theirs.
+            // Their fibers stay listed where their memory stays (the heap, fiber stacks),
+            // but not those on the other threads' own stacks: the thread library hands
+            // those stacks to the child's new threads, which write over the fibers.
             registry_fences.store(true, std::memory_order_relaxed);
+            const RegistrySegment* mine = thread_state()->registry;
             for (RegistrySegment* s = registry_segments.load(std::memory_order_relaxed); s; s = s->next) {
                 s->reporting.store(false, std::memory_order_relaxed);
+                if (s != mine && s->owned && s->stack_lo) {
+                    forget_in_range(*s, s->stack_lo, s->stack_hi);
+                    s->stack_lo = s->stack_hi = nullptr;
+                }
             }
             registry().report_mutex.unlock();
             registry().mutex.unlock();
@@ -12971,6 +13057,7 @@ void Scheduler::set_exception_handler(std::function<void(std::exception_ptr)> ha
 // (src/impl/stack.ipp already inlined above)
 // (src/impl/stack_overflow.ipp already inlined above)
 // (src/impl/hooks.ipp already inlined above)
+// (src/impl/trace.ipp already inlined above)
 // (src/impl/registry.ipp already inlined above)
 // (src/impl/report.ipp already inlined above)
 
@@ -13010,6 +13097,9 @@ void build_process_state() {
     static const bool built = [] {
         (void)stack_pool();  // registers its handlers (stack.ipp)
         build_registry();    // and the fiber registry's (registry.ipp)
+        // Before the report's: the watch thread dumps the flight recorder with its lock
+        // held, and fork's prepare handlers run in the reverse order (watch, then trace).
+        build_trace_fork_handlers();  // the trace's (trace.ipp)
         build_report_state();  // the watch and dump threads' (report.ipp)
         build_name_table();    // the fiber names' (hooks.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)

@@ -549,4 +549,121 @@ TEST_CASE("fork: a child forked inside a scheduler task that lets the task end s
     CHECK(text.find("fork()") != std::string::npos);
 }
 
+TEST_CASE("fork: the child does not list a fiber on another thread's stack, which its new threads may reuse") {
+    if (emulated) return;
+    // The child kept every other thread's fibers listed; one whose object was on its thread's
+    // own stack lay in memory the thread library gives the child's next thread, which wrote
+    // over it, and the child's fiber_report() read it (a SIGSEGV, or garbage).
+    std::atomic<int> stage{0};
+    std::thread owner([&] {
+        Fiber on_stack([] { Fiber::yield(); });
+        on_stack.set_name("on-the-owner-thread-stack");
+        on_stack.resume();  // Suspended, on this thread's stack
+        stage = 1;
+        while (stage.load() < 2) std::this_thread::sleep_for(1ms);
+        on_stack.resume();  // done before the thread ends
+    });
+    while (stage.load() < 1) std::this_thread::sleep_for(1ms);
+    CHECK(fsched::fiber_report().find("on-the-owner-thread-stack") != std::string::npos);
+    Fds err;
+    make_pipe(err, false);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        become_child(30);
+        if (!tsan) {  // (no threads in a TSan child: see tsan)
+            // Likely on the owner's stack, from the thread library's cache: wipe it.
+            std::thread wiper([] {
+                volatile char big[256 * 1024];
+                for (std::size_t i = 0; i < sizeof big; i += 64) big[i] = static_cast<char>(0x5a);
+            });
+            wiper.join();
+        }
+        const std::string report = fsched::fiber_report();
+        const bool listed = report.find("on-the-owner-thread-stack") != std::string::npos;
+        if (listed) {
+            const char text[] = "the child lists the other thread's fiber\n";
+            (void)!::write(err.b, text, sizeof text - 1);
+        }
+        _exit(listed ? 3 : 0);
+    }
+    REQUIRE(pid > 0);
+    err.close_b();
+    std::string text, how;
+    char buffer[512];
+    ssize_t n;
+    while ((n = ::read(err.a, buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+        if (n > 0) text.append(buffer, static_cast<std::size_t>(n));
+    }
+    const bool succeeded = child_succeeded(pid, how);
+    stage = 2;
+    owner.join();
+    INFO("child: " << how << "; " << text);
+    CHECK(succeeded);
+    // In the parent it was listed until its destruction, at the owner thread's end.
+    CHECK(fsched::fiber_report().find("on-the-owner-thread-stack") == std::string::npos);
+}
+
+namespace {
+std::string file_text(const std::string& path) {
+    std::string text;
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+        char chunk[4096];
+        for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) text.append(chunk, n);
+        std::fclose(f);
+    }
+    return text;
+}
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+    std::size_t count = 0;
+    for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+    return count;
+}
+}  // namespace
+
+TEST_CASE("fork: the child inherits no trace recording; its stop() leaves the parent's file alone") {
+    if (emulated) return;
+    // The child inherited the recording and the parent's FILE: its stop() wrote the parent's
+    // events as a second JSON document into the parent's file, and its start() was refused.
+    const std::string stamp = std::to_string(getpid()) + "-" +
+                              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+    const std::string parent_path = "fiber_sched_test_fork_parent-" + stamp + ".json";
+    const std::string child_path = "fiber_sched_test_fork_child-" + stamp + ".json";
+    REQUIRE(fsched::trace::start(parent_path));
+    Fiber before([] { Fiber::yield(); });
+    before.set_name("parent-fiber");
+    before.resume();
+    before.resume();
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        become_child(30);
+        fsched::trace::stop();  // nothing to stop: the recording is the parent's
+        if (!fsched::trace::start(child_path)) _exit(3);
+        Fiber mine([] { Fiber::yield(); });
+        mine.set_name("child-fiber");
+        mine.resume();
+        mine.resume();
+        fsched::trace::stop();
+        _exit(0);
+    }
+    REQUIRE(pid > 0);
+    std::string how;
+    const bool succeeded = child_succeeded(pid, how);
+    fsched::trace::stop();
+    INFO("child: " << how);
+    CHECK(succeeded);
+    const std::string parent_text = file_text(parent_path);
+    const std::string child_text = file_text(child_path);
+    CHECK(occurrences(parent_text, "\"traceEvents\"") == 1);
+    CHECK(parent_text.find("parent-fiber") != std::string::npos);
+    CHECK(parent_text.find("child-fiber") == std::string::npos);
+    CHECK(occurrences(child_text, "\"traceEvents\"") == 1);
+    CHECK(child_text.find("child-fiber") != std::string::npos);
+    CHECK(child_text.find("parent-fiber") == std::string::npos);
+    std::remove(parent_path.c_str());
+    std::remove(child_path.c_str());
+}
+
 #endif  // !_WIN32

@@ -76,6 +76,12 @@ int cpu_limit() noexcept;
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
+// The calling thread's stack, [lo, hi), when it is one the thread library mapped and may
+// hand to a later thread (a thread that has exited, or every thread but the forking one in
+// a fork()ed child): Linux and macOS, for every thread but the process's main one. False
+// elsewhere, and for the main thread, whose stack no other thread ever gets.
+bool reusable_thread_stack(const char*& lo, const char*& hi) noexcept;
+
 // Lets the kernel end the calling thread's timed waits up to `slack` late, no more
 // (Linux: PR_SET_TIMERSLACK); nothing elsewhere. Errors are ignored: the slack stays.
 void set_timer_slack(std::chrono::nanoseconds slack) noexcept;

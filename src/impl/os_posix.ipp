@@ -21,6 +21,9 @@
 #include <sys/prctl.h>
 #endif
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 namespace fsched {
 namespace detail {
@@ -146,6 +149,32 @@ bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
     return false;
 }
 #endif
+
+bool reusable_thread_stack(const char*& lo, const char*& hi) noexcept {
+#if defined(__linux__)
+    // (The main thread's attributes would be read from /proc/self/maps: long, and not needed.)
+    if (static_cast<pid_t>(syscall(SYS_gettid)) == getpid()) return false;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return false;
+    void* base = nullptr;
+    std::size_t size = 0;
+    const bool known = pthread_attr_getstack(&attr, &base, &size) == 0 && base && size;
+    pthread_attr_destroy(&attr);
+    if (!known) return false;
+    lo = static_cast<const char*>(base);
+    hi = lo + size;
+    return true;
+#elif defined(__APPLE__)
+    if (pthread_main_np()) return false;
+    hi = static_cast<const char*>(pthread_get_stackaddr_np(pthread_self()));  // its top
+    lo = hi - pthread_get_stacksize_np(pthread_self());
+    return hi != nullptr;
+#else
+    (void)lo;
+    (void)hi;
+    return false;  // the BSDs: not written yet
+#endif
+}
 
 void set_timer_slack(std::chrono::nanoseconds slack) noexcept {
 #if defined(__linux__)

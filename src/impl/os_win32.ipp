@@ -171,6 +171,9 @@ int cpu_limit() noexcept {
     return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
 }
 
+// (Only a fork()ed child needs it, and Windows has no fork().)
+bool reusable_thread_stack(const char*&, const char*&) noexcept { return false; }
+
 // Windows has no per-thread timer slack; a wait's precision is the system timer's.
 void set_timer_slack(std::chrono::nanoseconds) noexcept {}
 

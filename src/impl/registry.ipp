@@ -60,6 +60,9 @@ Registry& registry() {
 }
 
 RegistrySegment* claim_segment(ThreadState* ts) noexcept {
+    const char* stack_lo = nullptr;
+    const char* stack_hi = nullptr;
+    if (!os::reusable_thread_stack(stack_lo, stack_hi)) stack_lo = stack_hi = nullptr;
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     RegistrySegment* seg = registry_segments.load(std::memory_order_relaxed);
@@ -71,6 +74,8 @@ RegistrySegment* claim_segment(ThreadState* ts) noexcept {
         registry_segments.store(seg, std::memory_order_release);
     }
     seg->owned = true;
+    seg->stack_lo = stack_lo;
+    seg->stack_hi = stack_hi;
     ts->registry = seg;
     return seg;
 }
@@ -126,20 +131,25 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg)
 // would point into freed memory: unlist every fiber whose object lies in [lo, hi). No
 // Fiber is read (only the slots' values compared), so no pinning; a slot that holds a
 // fiber is written by no one else but its destroyer, and that one is never to come.
-void registry_forget_range(const char* lo, const char* hi) noexcept {
+// Unlists the fibers of `seg` whose objects lie in [lo, hi) (the report mutex held).
+void forget_in_range(RegistrySegment& seg, const char* lo, const char* hi) noexcept {
     const auto first = reinterpret_cast<std::uintptr_t>(lo);
     const auto last = reinterpret_cast<std::uintptr_t>(hi);
-    std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
-    for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
-        for (RegistryChunk* c = s->chunks.load(std::memory_order_acquire); c; c = c->next) {
-            for (std::size_t i = 0; i < c->size; ++i) {
-                Fiber* f = c->slots[i].load(std::memory_order_relaxed);
-                const auto at = reinterpret_cast<std::uintptr_t>(f);
-                if (is_fiber(f) && at >= first && at < last) {
-                    c->slots[i].compare_exchange_strong(f, nullptr, std::memory_order_relaxed);
-                }
+    for (RegistryChunk* c = seg.chunks.load(std::memory_order_acquire); c; c = c->next) {
+        for (std::size_t i = 0; i < c->size; ++i) {
+            Fiber* f = c->slots[i].load(std::memory_order_relaxed);
+            const auto at = reinterpret_cast<std::uintptr_t>(f);
+            if (is_fiber(f) && at >= first && at < last) {
+                c->slots[i].compare_exchange_strong(f, nullptr, std::memory_order_relaxed);
             }
         }
+    }
+}
+
+void registry_forget_range(const char* lo, const char* hi) noexcept {
+    std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
+    for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
+        forget_in_range(*s, lo, hi);
     }
 }
 
@@ -147,6 +157,7 @@ void release_registry_segment(ThreadState* ts) noexcept {
     if (!ts->registry) return;
     std::lock_guard<std::mutex> lock(registry().mutex);
     ts->registry->owned = false;
+    ts->registry->stack_lo = ts->registry->stack_hi = nullptr;
     ts->registry = nullptr;
 }
 
@@ -197,11 +208,18 @@ void build_registry() {
             registry().mutex.unlock();
         },
         [] {
-            // Only this thread goes on: no report runs; the others' segments stay theirs
-            // (their fibers are still listed, as their memory is still there).
+            // Only this thread goes on: no report runs; the others' segments stay theirs.
+            // Their fibers stay listed where their memory stays (the heap, fiber stacks),
+            // but not those on the other threads' own stacks: the thread library hands
+            // those stacks to the child's new threads, which write over the fibers.
             registry_fences.store(true, std::memory_order_relaxed);
+            const RegistrySegment* mine = thread_state()->registry;
             for (RegistrySegment* s = registry_segments.load(std::memory_order_relaxed); s; s = s->next) {
                 s->reporting.store(false, std::memory_order_relaxed);
+                if (s != mine && s->owned && s->stack_lo) {
+                    forget_in_range(*s, s->stack_lo, s->stack_hi);
+                    s->stack_lo = s->stack_hi = nullptr;
+                }
             }
             registry().report_mutex.unlock();
             registry().mutex.unlock();

@@ -32,6 +32,10 @@ struct RegistrySegment {
     std::atomic<bool> reporting{false};           // a report reads this segment's fibers
     RegistrySegment* next = nullptr;              // in the list of all; set before published
     bool owned = false;                           // a thread makes its fibers here (registry mutex)
+    // The owner's stack where another thread may get it later (os::reusable_thread_stack;
+    // null otherwise): a fork()ed child unlists the fibers made there (registry mutex).
+    const char* stack_lo = nullptr;
+    const char* stack_hi = nullptr;
     // The owner's only (handed over under the registry mutex):
     std::atomic<Fiber*>* free_head = nullptr;  // the free list (its links: free_link)
     std::size_t capacity = 0;

@@ -12,6 +12,7 @@
 #include "impl/stack.ipp"
 #include "impl/stack_overflow.ipp"
 #include "impl/hooks.ipp"
+#include "impl/trace.ipp"
 #include "impl/registry.ipp"
 #include "impl/report.ipp"
 
@@ -51,6 +52,9 @@ void build_process_state() {
     static const bool built = [] {
         (void)stack_pool();  // registers its handlers (stack.ipp)
         build_registry();    // and the fiber registry's (registry.ipp)
+        // Before the report's: the watch thread dumps the flight recorder with its lock
+        // held, and fork's prepare handlers run in the reverse order (watch, then trace).
+        build_trace_fork_handlers();  // the trace's (trace.ipp)
         build_report_state();  // the watch and dump threads' (report.ipp)
         build_name_table();    // the fiber names' (hooks.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)

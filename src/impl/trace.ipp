@@ -36,6 +36,7 @@
 #include "scheduler.hpp"
 #include "sync.hpp"
 #include "impl/common.ipp"
+#include "impl/os.ipp"
 
 namespace fsched {
 namespace detail {
@@ -624,6 +625,31 @@ std::size_t parse_event_count(const char* text) noexcept {
     const unsigned long long value = std::strtoull(text, &end, 10);
     if (*end != '\0' || errno == ERANGE || static_cast<unsigned long long>(static_cast<std::size_t>(value)) != value) return 0;
     return static_cast<std::size_t>(value);
+}
+
+// The Tracer's fork handlers (from build_process_state, before any thread of the library
+// exists). A fork()ed child inherits no recording: the parent's session, its buffers and
+// its file stay the parent's, so the child's stop() or dump() neither writes the parent's
+// events nor writes into the parent's file, and its own start() or start_ring() works. The
+// other threads' buffers may have been locked mid-event at the fork: they are only freed.
+void build_trace_fork_handlers() {
+    (void)tracer();
+    os::at_fork([] { tracer().mutex.lock(); }, [] { tracer().mutex.unlock(); },
+                [] {
+                    Tracer& t = tracer();
+                    observe_flags.fetch_and(~observe_trace, std::memory_order_relaxed);
+                    // Nothing is written to the file before stop(): its buffer is empty, and
+                    // closing the child's copy writes nothing.
+                    if (t.file) std::fclose(t.file);
+                    t.file = nullptr;
+                    t.on = false;
+                    t.ring = false;
+                    t.buffers.clear();
+                    t.next_tid = 1;
+                    t.next_plain_thread = 1;
+                    thread_state()->trace_buffer = nullptr;
+                    t.mutex.unlock();
+                });
 }
 
 void set_trace_max_events(std::size_t events) {
