@@ -3079,7 +3079,7 @@ public:
         detail::Waiter self;
         lock_.lock();
         waiters_.push_back(&self);
-        lock.unlock();  // after joining: a notify from now on finds us
+        unlock_joined(lock, self);  // after joining: a notify from now on finds us
         note_wait(nullptr);
         detail::block(lock_, waiters_, self, nullptr);
         lock.lock();
@@ -3115,13 +3115,27 @@ public:
     }
 
 private:
+    // lock.unlock() once `self` has joined the waiters (lock_ held). When it throws (a
+    // std::unique_lock that owns no mutex, say), `self` leaves the list and lock_ is
+    // released before the exception goes on to the caller, as from
+    // std::condition_variable_any; before, both stayed, and the next notify spun for good.
+    template <class Lock>
+    void unlock_joined(Lock& lock, detail::Waiter& self) {
+        try {
+            lock.unlock();
+        } catch (...) {
+            waiters_.remove(&self);
+            lock_.unlock();
+            throw;
+        }
+    }
     template <class Lock>
     std::cv_status wait_until_steady(Lock& lock, detail::TimePoint deadline) {
         detail::Waiter self;
         detail::prepare_timed_wait(self);  // may throw, with `lock` still held
         lock_.lock();
         waiters_.push_back(&self);
-        lock.unlock();
+        unlock_joined(lock, self);
         note_wait(&deadline);
         const bool woken = detail::block(lock_, waiters_, self, &deadline);
         lock.lock();

@@ -18,6 +18,7 @@
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -894,6 +895,36 @@ TEST_CASE("ConditionVariableAny: a user's own lock type") {
         CHECK(consumed == 40);
         CHECK(items == 0);
     });
+}
+
+TEST_CASE("ConditionVariableAny: a lock whose unlock() throws: the exception comes out, the condition variable stays usable") {
+    // A std::unique_lock that owns no mutex throws from unlock(). The waiter had joined the
+    // list with the condition variable's own lock held, and both stayed: the next notify
+    // spun on that lock for good.
+    ConditionVariableAny cv;
+    fsched::Mutex m;
+    for (bool timed : {false, true}) {
+        CAPTURE(timed);
+        std::unique_lock<fsched::Mutex> not_owned(m, std::defer_lock);
+        bool threw = false;
+        try {
+            if (timed) {
+                cv.wait_for(not_owned, 10ms);
+            } else {
+                cv.wait(not_owned);
+            }
+        } catch (const std::system_error&) {
+            threw = true;
+        }
+        CHECK(threw);
+        CHECK_FALSE(not_owned.owns_lock());
+        cv.notify_all();  // hung here before
+        cv.notify_one();
+    }
+    // And it still works: a timed wait with a lock that is held times out and relocks.
+    std::unique_lock<fsched::Mutex> held(m);
+    CHECK(cv.wait_for(held, 1ms) == std::cv_status::timeout);
+    CHECK(held.owns_lock());
 }
 
 // ---- Mutex::try_lock_for / try_lock_until --------------------------------------------------
