@@ -4783,6 +4783,14 @@ int cpu_limit() noexcept;
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
+// A hook at thread end for what a thread makes after its thread_local destructors began
+// (POSIX: one thread-specific key, whose destructor runs after the C++ thread_local
+// destructors, and again for a value set anew meanwhile). make_thread_end_hook() once per
+// process, before any thread uses it; arm_thread_end_hook(arg) then has `fn(arg)` called
+// when the calling thread ends. False where there is no such hook (Windows) or it failed.
+bool make_thread_end_hook(void (*fn)(void*)) noexcept;
+bool arm_thread_end_hook(void* arg) noexcept;
+
 // The calling thread's stack, [lo, hi), when it is one the thread library mapped and may
 // hand to a later thread (a thread that has exited, or every thread but the forking one in
 // a fork()ed child): Linux and macOS, for every thread but the process's main one. False
@@ -4992,6 +5000,10 @@ int cpu_limit() noexcept {
     const DWORD count = GetActiveProcessorCount(0);
     return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
 }
+
+// (Not written: a FiberLocal value made after the exit clean-up stays: docs/things-to-know.md.)
+bool make_thread_end_hook(void (*)(void*)) noexcept { return false; }
+bool arm_thread_end_hook(void*) noexcept { return false; }
 
 // (Only a fork()ed child needs it, and Windows has no fork().)
 bool reusable_thread_stack(const char*&, const char*&) noexcept { return false; }
@@ -5227,6 +5239,22 @@ bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
     return false;
 }
 #endif
+
+namespace {
+pthread_key_t thread_end_key;
+std::atomic<bool> thread_end_key_made{false};
+}  // namespace
+
+bool make_thread_end_hook(void (*fn)(void*)) noexcept {
+    if (thread_end_key_made.load(std::memory_order_acquire)) return true;
+    if (pthread_key_create(&thread_end_key, fn) != 0) return false;
+    thread_end_key_made.store(true, std::memory_order_release);
+    return true;
+}
+
+bool arm_thread_end_hook(void* arg) noexcept {
+    return thread_end_key_made.load(std::memory_order_acquire) && pthread_setspecific(thread_end_key, arg) == 0;
+}
 
 bool reusable_thread_stack(const char*& lo, const char*& hi) noexcept {
 #if defined(__linux__)
@@ -7117,7 +7145,7 @@ struct ThreadExit {
         ThreadState* ts = thread_state();
         // First: a value's destructor may still use fibers. One that makes a value meanwhile
         // finds these slots and is cleared with them. (A thread_local destroyed after this
-        // one that makes a value leaks it.)
+        // one that makes a value: clear_late_fiber_locals.)
         if (FiberLocalSlots* locals = ts->fiber_locals) {
             clear_fiber_locals(locals, true);
             ts->fiber_locals = nullptr;
@@ -7141,6 +7169,18 @@ struct ThreadExit {
 };
 
 }  // namespace
+
+// A thread's FiberLocal values made after its exit clean-up (by a thread_local destroyed
+// after ThreadExit, one made before the thread's first use of the library): the OS's
+// thread-end hook, armed when they were made (current_fiber_locals), clears them after the
+// thread_local destructors. One made meanwhile arms the hook again, and is cleared with them.
+void clear_late_fiber_locals(void* state) {
+    auto* ts = static_cast<ThreadState*>(state);
+    if (FiberLocalSlots* locals = ts->fiber_locals) {
+        clear_fiber_locals(locals, true);
+        ts->fiber_locals = nullptr;
+    }
+}
 
 void register_thread(ThreadState* ts) {
     if (ts->registered) return;
@@ -13114,6 +13154,8 @@ void build_process_state() {
         // Before the report's: the watch thread dumps the flight recorder with its lock
         // held, and fork's prepare handlers run in the reverse order (watch, then trace).
         build_trace_fork_handlers();  // the trace's (trace.ipp)
+        // The thread-end hook for FiberLocal values made after a thread's exit clean-up.
+        os::make_thread_end_hook(clear_late_fiber_locals);
         build_report_state();  // the watch and dump threads' (report.ipp)
         build_name_table();    // the fiber names' (hooks.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)
@@ -14484,6 +14526,7 @@ void ParallelRun::describe_wait(const void* run, char* out, std::size_t size) no
 
 // (src/fiber_local.hpp already inlined above)
 // (src/impl/common.ipp already inlined above)
+// (src/impl/os.ipp already inlined above)
 
 namespace fsched {
 namespace detail {
@@ -14509,6 +14552,8 @@ FiberLocalSlots& current_fiber_locals() {
     if (!ts->fiber_locals) {
         register_thread(ts);  // its exit frees them (stack_overflow.ipp)
         ts->fiber_locals = new FiberLocalSlots();
+        // Made after that exit clean-up: the thread's end frees them (not on Windows).
+        if (ts->exited) os::arm_thread_end_hook(ts);
     }
     return *ts->fiber_locals;
 }

@@ -6,6 +6,7 @@
 
 #include "fiber_local.hpp"
 #include "impl/common.ipp"
+#include "impl/os.ipp"
 
 namespace fsched {
 namespace detail {
@@ -31,6 +32,8 @@ FiberLocalSlots& current_fiber_locals() {
     if (!ts->fiber_locals) {
         register_thread(ts);  // its exit frees them (stack_overflow.ipp)
         ts->fiber_locals = new FiberLocalSlots();
+        // Made after that exit clean-up: the thread's end frees them (not on Windows).
+        if (ts->exited) os::arm_thread_end_hook(ts);
     }
     return *ts->fiber_locals;
 }

@@ -76,6 +76,14 @@ int cpu_limit() noexcept;
 // yet) always return false with ENOTSUP.
 bool pin_thread_to_cpu(int cpu, std::error_code& error) noexcept;
 
+// A hook at thread end for what a thread makes after its thread_local destructors began
+// (POSIX: one thread-specific key, whose destructor runs after the C++ thread_local
+// destructors, and again for a value set anew meanwhile). make_thread_end_hook() once per
+// process, before any thread uses it; arm_thread_end_hook(arg) then has `fn(arg)` called
+// when the calling thread ends. False where there is no such hook (Windows) or it failed.
+bool make_thread_end_hook(void (*fn)(void*)) noexcept;
+bool arm_thread_end_hook(void* arg) noexcept;
+
 // The calling thread's stack, [lo, hi), when it is one the thread library mapped and may
 // hand to a later thread (a thread that has exited, or every thread but the forking one in
 // a fork()ed child): Linux and macOS, for every thread but the process's main one. False

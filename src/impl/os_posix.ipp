@@ -150,6 +150,22 @@ bool pin_thread_to_cpu(int, std::error_code& error) noexcept {
 }
 #endif
 
+namespace {
+pthread_key_t thread_end_key;
+std::atomic<bool> thread_end_key_made{false};
+}  // namespace
+
+bool make_thread_end_hook(void (*fn)(void*)) noexcept {
+    if (thread_end_key_made.load(std::memory_order_acquire)) return true;
+    if (pthread_key_create(&thread_end_key, fn) != 0) return false;
+    thread_end_key_made.store(true, std::memory_order_release);
+    return true;
+}
+
+bool arm_thread_end_hook(void* arg) noexcept {
+    return thread_end_key_made.load(std::memory_order_acquire) && pthread_setspecific(thread_end_key, arg) == 0;
+}
+
 bool reusable_thread_stack(const char*& lo, const char*& hi) noexcept {
 #if defined(__linux__)
     // (The main thread's attributes would be read from /proc/self/maps: long, and not needed.)

@@ -171,6 +171,10 @@ int cpu_limit() noexcept {
     return count == 0 ? 1 : count > 64 ? 64 : static_cast<int>(count);
 }
 
+// (Not written: a FiberLocal value made after the exit clean-up stays: docs/things-to-know.md.)
+bool make_thread_end_hook(void (*)(void*)) noexcept { return false; }
+bool arm_thread_end_hook(void*) noexcept { return false; }
+
 // (Only a fork()ed child needs it, and Windows has no fork().)
 bool reusable_thread_stack(const char*&, const char*&) noexcept { return false; }
 

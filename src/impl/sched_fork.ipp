@@ -55,6 +55,8 @@ void build_process_state() {
         // Before the report's: the watch thread dumps the flight recorder with its lock
         // held, and fork's prepare handlers run in the reverse order (watch, then trace).
         build_trace_fork_handlers();  // the trace's (trace.ipp)
+        // The thread-end hook for FiberLocal values made after a thread's exit clean-up.
+        os::make_thread_end_hook(clear_late_fiber_locals);
         build_report_state();  // the watch and dump threads' (report.ipp)
         build_name_table();    // the fiber names' (hooks.ipp)
 #if defined(FIBER_SCHED_HAVE_EPOLL)

@@ -99,7 +99,7 @@ struct ThreadExit {
         ThreadState* ts = thread_state();
         // First: a value's destructor may still use fibers. One that makes a value meanwhile
         // finds these slots and is cleared with them. (A thread_local destroyed after this
-        // one that makes a value leaks it.)
+        // one that makes a value: clear_late_fiber_locals.)
         if (FiberLocalSlots* locals = ts->fiber_locals) {
             clear_fiber_locals(locals, true);
             ts->fiber_locals = nullptr;
@@ -123,6 +123,18 @@ struct ThreadExit {
 };
 
 }  // namespace
+
+// A thread's FiberLocal values made after its exit clean-up (by a thread_local destroyed
+// after ThreadExit, one made before the thread's first use of the library): the OS's
+// thread-end hook, armed when they were made (current_fiber_locals), clears them after the
+// thread_local destructors. One made meanwhile arms the hook again, and is cleared with them.
+void clear_late_fiber_locals(void* state) {
+    auto* ts = static_cast<ThreadState*>(state);
+    if (FiberLocalSlots* locals = ts->fiber_locals) {
+        clear_fiber_locals(locals, true);
+        ts->fiber_locals = nullptr;
+    }
+}
 
 void register_thread(ThreadState* ts) {
     if (ts->registered) return;
