@@ -21,7 +21,7 @@
 //                                                     Running -> RunningResumePending, Deferred
 //                                                     Parked -> ParkedResumePending, Deferred
 //                                                     Running, resumed by hand -> unchanged,
-//                                                       Busy: the worker queues the task again
+//                                                       Busy: queued again once switched out
 //   claim_woken (a worker runs a wake-up task)        Parked -> Running
 //                                                     ParkedResumePending -> RunningResumePending
 //   finish_parked (resumer, switch-out done)          Running -> Parked
@@ -46,7 +46,8 @@
 // context, and a concurrent claim_or_defer() either claims first or is seen by the resumer.
 // A fiber resumed by hand is not marked: its resumer leaves Running with a plain store (no
 // read-modify-write on the switch path), which would wipe a mark. A worker that finds such
-// a fiber Running queues its task again (Busy) until the fiber has switched out.
+// a fiber Running (Busy) hands its task to a helper task that sleeps until the fiber has
+// switched out, then queues it again (Worker::requeue_busy).
 // ---------------------------------------------------------------------------
 
 #pragma once
@@ -146,6 +147,11 @@ public:
                 return Claim::Deferred;
             }
         }
+    }
+
+    // Claimed by resume() and not yet switched out (what makes claim_or_defer() say Busy).
+    bool running_by_hand() const noexcept {
+        return load() == FiberState::Running && by_hand_.load(std::memory_order_relaxed);
     }
 
     // A fiber's wake-up task runs. Only that task leaves the Parked states, but a schedule()

@@ -307,6 +307,43 @@ TEST_CASE("schedule() of a fiber a plain thread is running by hand resumes it on
     }
 }
 
+TEST_CASE("a High task waiting for a fiber's long hand run neither spins a worker nor holds up Normal tasks") {
+    // The worker that finds the fiber still running by hand leaves its task to a helper
+    // that sleeps until the switch-out. Queued again at once instead, the task spun the
+    // worker (a full core for the hand run's second) and, at High priority, came before
+    // every Normal task until the hand run ended.
+    for (std::size_t threads : {1u, 2u}) {
+        CAPTURE(threads);
+        Scheduler s(threads, false);
+        s.start();
+        std::atomic<int> stage{0};
+        std::atomic<bool> hand_done{false}, normal_ran{false}, normal_ran_during_hand_run{false};
+        auto fiber = std::make_shared<Fiber>([&] {
+            s.schedule(Fiber::current_ptr(), -1, fsched::Priority::High);
+            stage = 1;
+            std::this_thread::sleep_for(1s);  // the hand run goes on
+            hand_done = true;
+            Fiber::yield();
+        });
+        std::thread hand([&] { fiber->resume(); });
+        while (stage.load() < 1) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(20ms);  // the worker has found the fiber busy by now
+        const double before = process_cpu_seconds();
+        s.schedule([&] {
+            normal_ran_during_hand_run = !hand_done.load();
+            normal_ran = true;
+        });
+        hand.join();
+        const double used = process_cpu_seconds() - before;
+        s.stop();
+        CHECK(normal_ran.load());
+        CHECK(normal_ran_during_hand_run.load());
+        INFO("CPU seconds used during the hand run's last 0.98 s: " << used);
+        CHECK(used < 0.4);  // about 1 s when a worker spun
+        CHECK(fiber->state() == Fiber::State::Term);
+    }
+}
+
 TEST_CASE("this_fiber::yield goes to the back of the queue") {
     Scheduler s(1, false);
     std::vector<std::string> log;

@@ -313,9 +313,12 @@ inline void Worker::run_task(QueuedTask& task) {
     retire_task_fiber(fiber, pooled && outcome == SwitchOutcome::Returned);
 }
 
-// A schedule()d fiber that some thread is running by hand (Claim::Busy): its task goes to
-// the back of the queue, still counted, until the fiber has switched out. The thread
-// yields meanwhile, so that on a crowded machine the fiber's resumer gets to finish.
+// A schedule()d fiber that some thread is running by hand (Claim::Busy): its task, still
+// counted, waits for the fiber to switch out. A helper task (counted too, so stop() waits
+// for both) sleeps meanwhile, 20 us, then twice as long each time up to 1 ms, and queues
+// the task again. Queued again at once instead, it spun a worker for as long as the hand
+// run lasted, and at High priority kept every Normal task waiting. Without memory for the
+// helper it is queued again at once after all.
 FIBER_SCHED_NOINLINE FIBER_SCHED_COLD inline void Worker::requeue_busy(Fiber::ptr fiber, int worker,
                                                                        Priority priority) {
     QueuedTask task;
@@ -323,7 +326,22 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD inline void Worker::requeue_busy(Fiber::pt
     task.fiber = std::move(fiber);
     task.worker = worker;
     task.priority = priority;
-    core.enqueue_fiber(std::move(task));
+    std::shared_ptr<QueuedTask> waiting;
+    try {
+        waiting = std::make_shared<QueuedTask>(std::move(task));  // (no memory: task intact)
+        SchedulerCore* const scheduler = &core;
+        core.owner.schedule([scheduler, waiting] {
+            auto pause = std::chrono::microseconds(20);
+            while (FiberAccess::lifecycle(*waiting->fiber).running_by_hand()) {
+                this_fiber::sleep_for(pause);
+                pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+            }
+            scheduler->enqueue_fiber(std::move(*waiting));
+        });
+        return;
+    } catch (...) {
+    }
+    core.enqueue_fiber(std::move(waiting ? *waiting : task));
     std::this_thread::yield();
 }
 
