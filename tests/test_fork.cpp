@@ -622,6 +622,58 @@ std::size_t occurrences(const std::string& text, const std::string& what) {
 }
 }  // namespace
 
+TEST_CASE("fork: children forked while other threads record a trace start and stop their own") {
+    if (emulated) return;
+    // The child freed the other threads' buffers; one whose thread was growing it at the
+    // fork had its old storage freed already, and the child crashed freeing it again
+    // (about 1 child in 40 here).
+    const std::string stamp = std::to_string(getpid()) + "-" +
+                              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+    const std::string parent_path = "fiber_sched_test_fork_busy_parent-" + stamp + ".json";
+    REQUIRE(fsched::trace::start(parent_path));
+    std::atomic<bool> done{false};
+    std::vector<std::thread> recorders;
+    for (int t = 0; t < 2; ++t) {
+        recorders.emplace_back([&] {
+            Fiber f([] {
+                for (;;) Fiber::yield();
+            });
+            while (!done.load()) f.resume();  // every switch is a trace event
+            // (f stays Suspended: destroyed without running its frames)
+        });
+    }
+    std::this_thread::sleep_for(50ms);
+    const auto start = std::chrono::steady_clock::now();
+    const int forks = sanitized ? 20 : 80;
+    int ran = 0, bad = 0;
+    std::string first;
+    for (int i = 0; i < forks && since(start) < 20s; ++i, ++ran) {
+        std::fflush(nullptr);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            become_child(30);
+            const std::string mine = "fiber_sched_test_fork_busy_child-" + std::to_string(getpid()) + ".json";
+            const bool started = fsched::trace::start(mine);
+            Fiber g([] { Fiber::yield(); });
+            g.resume();
+            g.resume();
+            fsched::trace::stop();
+            std::remove(mine.c_str());
+            _exit(started ? 0 : 3);
+        }
+        REQUIRE(pid > 0);
+        std::string how;
+        if (!child_succeeded(pid, how) && bad++ == 0) first = "fork " + std::to_string(i) + ": " + how;
+    }
+    done = true;
+    for (auto& t : recorders) t.join();
+    fsched::trace::stop();
+    std::remove(parent_path.c_str());
+    CAPTURE(ran);
+    INFO(first);
+    CHECK(bad == 0);
+}
+
 TEST_CASE("fork: the child inherits no trace recording; its stop() leaves the parent's file alone") {
     if (emulated) return;
     // The child inherited the recording and the parent's FILE: its stop() wrote the parent's

@@ -154,6 +154,9 @@ struct Tracer {
     int next_tid = 1;
     int next_plain_thread = 1;
     std::size_t max_events_override = 0;
+    // In a fork()ed child, the parent's buffers: never read, never freed (see
+    // build_trace_fork_handlers). Grows by one parent's list at each fork.
+    std::vector<std::unique_ptr<TraceBuffer>> left_by_fork;
 };
 
 namespace {
@@ -631,7 +634,9 @@ std::size_t parse_event_count(const char* text) noexcept {
 // exists). A fork()ed child inherits no recording: the parent's session, its buffers and
 // its file stay the parent's, so the child's stop() or dump() neither writes the parent's
 // events nor writes into the parent's file, and its own start() or start_ring() works. The
-// other threads' buffers may have been locked mid-event at the fork: they are only freed.
+// parent's buffers are set aside, neither read nor freed: another thread may have been in
+// the middle of an event at the fork, its buffer's lock held or its vector halfway through
+// growing (its old storage freed, the new not yet in place: freeing it crashed the child).
 void build_trace_fork_handlers() {
     (void)tracer();
     os::at_fork([] { tracer().mutex.lock(); }, [] { tracer().mutex.unlock(); },
@@ -644,6 +649,11 @@ void build_trace_fork_handlers() {
                     t.file = nullptr;
                     t.on = false;
                     t.ring = false;
+                    try {
+                        for (auto& buffer : t.buffers) t.left_by_fork.push_back(std::move(buffer));
+                    } catch (...) {
+                        for (auto& buffer : t.buffers) (void)buffer.release();  // no memory: dropped
+                    }
                     t.buffers.clear();
                     t.next_tid = 1;
                     t.next_plain_thread = 1;
