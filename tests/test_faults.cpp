@@ -118,6 +118,32 @@ TEST_CASE("schedule() that cannot queue a task throws std::bad_alloc and stop() 
     CHECK(ran <= 2 + 10);
 }
 
+TEST_CASE("a task waiting for a fiber's hand run is not lost when its sleeping helper cannot be queued") {
+    // The worker that finds the fiber still running by hand queues a helper task; with no
+    // room for it, it queues the fiber's task again at once, and tries again.
+    Scheduler s(1, false, "busy-no-helper");
+    s.start();
+    std::atomic<int> stage{0};
+    auto fiber = std::make_shared<Fiber>([&] {
+        s.schedule(Fiber::current_ptr());
+        stage = 1;
+        while (stage.load() < 2) std::this_thread::sleep_for(1ms);
+        Fiber::yield();
+    });
+    std::thread hand;
+    {
+        // The fiber's own schedule() is the next hit and passes; the helpers' fail.
+        Fault fault(FaultSite::TaskQueue, 2);
+        hand = std::thread([&] { fiber->resume(); });
+        while (stage.load() < 1) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(50ms);  // the worker finds it busy; every helper is refused
+    }
+    stage = 2;
+    hand.join();
+    s.stop();  // hung had the task been dropped
+    CHECK(fiber->state() == Fiber::State::Term);
+}
+
 TEST_CASE("a sleep with no room for its timer throws std::bad_alloc in the fiber, before it parks") {
     Scheduler s(1, false, "no-timer");
     Failures failures;
