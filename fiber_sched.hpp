@@ -8741,11 +8741,6 @@ FIBER_SCHED_NOINLINE FIBER_SCHED_COLD void wait_for_report(RegistrySegment& seg)
     while (seg.reporting.load(std::memory_order_acquire)) std::this_thread::yield();
 }
 
-// A Suspended fiber destroyed: its frames are never unwound, so a Fiber object that lives in
-// one of them (a fiber made on another fiber's stack) is never destroyed either. Its slot
-// would point into freed memory: unlist every fiber whose object lies in [lo, hi). No
-// Fiber is read (only the slots' values compared), so no pinning; a slot that holds a
-// fiber is written by no one else but its destroyer, and that one is never to come.
 // Unlists the fibers of `seg` whose objects lie in [lo, hi) (the report mutex held).
 void forget_in_range(RegistrySegment& seg, const char* lo, const char* hi) noexcept {
     const auto first = reinterpret_cast<std::uintptr_t>(lo);
@@ -8761,6 +8756,11 @@ void forget_in_range(RegistrySegment& seg, const char* lo, const char* hi) noexc
     }
 }
 
+// A Suspended fiber destroyed: its frames are never unwound, so a Fiber object that lives in
+// one of them (a fiber made on another fiber's stack) is never destroyed either. Its slot
+// would point into freed memory: unlist every fiber whose object lies in [lo, hi). No
+// Fiber is read (only the slots' values compared), so no pinning; a slot that holds a
+// fiber is written by no one else but its destroyer, and that one is never to come.
 void registry_forget_range(const char* lo, const char* hi) noexcept {
     std::lock_guard<std::mutex> lock(registry().report_mutex);  // against a report reading them
     for (RegistrySegment* s = registry_segments.load(std::memory_order_acquire); s; s = s->next) {
