@@ -256,9 +256,7 @@ public:
     template <class Lock>
     void wait(Lock& lock) {
         detail::Waiter self;
-        lock_.lock();
-        waiters_.push_back(&self);
-        unlock_joined(lock, self);  // after joining: a notify from now on finds us
+        join_then_unlock(lock, self);
         note_wait(nullptr);
         detail::block(lock_, waiters_, self, nullptr);
         lock.lock();
@@ -294,12 +292,15 @@ public:
     }
 
 private:
-    // lock.unlock() once `self` has joined the waiters (lock_ held). When it throws (a
+    // `self` joins the waiters, then `lock` is unlocked: a notify from then on finds it.
+    // Returns with lock_ held (block() releases it). When lock.unlock() throws (a
     // std::unique_lock that owns no mutex, say), `self` leaves the list and lock_ is
     // released before the exception goes on to the caller, as from
     // std::condition_variable_any; before, both stayed, and the next notify spun for good.
     template <class Lock>
-    void unlock_joined(Lock& lock, detail::Waiter& self) {
+    void join_then_unlock(Lock& lock, detail::Waiter& self) {
+        lock_.lock();
+        waiters_.push_back(&self);
         try {
             lock.unlock();
         } catch (...) {
@@ -312,9 +313,7 @@ private:
     std::cv_status wait_until_steady(Lock& lock, detail::TimePoint deadline) {
         detail::Waiter self;
         detail::prepare_timed_wait(self);  // may throw, with `lock` still held
-        lock_.lock();
-        waiters_.push_back(&self);
-        unlock_joined(lock, self);
+        join_then_unlock(lock, self);
         note_wait(&deadline);
         const bool woken = detail::block(lock_, waiters_, self, &deadline);
         lock.lock();
