@@ -70,6 +70,17 @@ namespace test {
 // Whether `text` holds `part`.
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// A file's bytes, all of them; empty when it cannot be opened.
+inline std::string read_whole_file(const std::string& path) {
+    std::string text;
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    if (!file) return text;
+    char chunk[65536];
+    for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, file)) > 0;) text.append(chunk, n);
+    std::fclose(file);
+    return text;
+}
+
 // The line of a fiber_report() about fiber `id` ("" if it is not listed).
 inline std::string report_line(const std::string& report, std::uint64_t id) {
     const std::string head = "fiber " + std::to_string(id);

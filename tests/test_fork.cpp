@@ -605,16 +605,6 @@ TEST_CASE("fork: the child does not list a fiber on another thread's stack, whic
 }
 
 namespace {
-std::string file_text(const std::string& path) {
-    std::string text;
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-        char chunk[4096];
-        for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) text.append(chunk, n);
-        std::fclose(f);
-    }
-    return text;
-}
-
 std::size_t occurrences(const std::string& text, const std::string& what) {
     std::size_t count = 0;
     for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
@@ -706,8 +696,8 @@ TEST_CASE("fork: the child inherits no trace recording; its stop() leaves the pa
     fsched::trace::stop();
     INFO("child: " << how);
     CHECK(succeeded);
-    const std::string parent_text = file_text(parent_path);
-    const std::string child_text = file_text(child_path);
+    const std::string parent_text = test::read_whole_file(parent_path);
+    const std::string child_text = test::read_whole_file(child_path);
     CHECK(occurrences(parent_text, "\"traceEvents\"") == 1);
     CHECK(parent_text.find("parent-fiber") != std::string::npos);
     CHECK(parent_text.find("child-fiber") == std::string::npos);

@@ -7,6 +7,7 @@
 // Then the bounds: a recording's cap drops and counts, a ring keeps the newest n events
 // per thread; misuse; stop() while fibers switch (TSan-clean); the hooks still called.
 #include "fiber_sched.hpp"
+#include "helpers.hpp"
 
 #include <doctest/doctest.h>
 
@@ -208,15 +209,7 @@ private:
     std::size_t at_ = 0;
 };
 
-std::string read_whole_file(const std::string& path) {
-    std::string text;
-    std::FILE* file = std::fopen(path.c_str(), "rb");
-    if (!file) return text;
-    char chunk[65536];
-    for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, file)) > 0;) text.append(chunk, n);
-    std::fclose(file);
-    return text;
-}
+using test::read_whole_file;
 
 // A file in the test's working directory (the build directory under ctest), removed after.
 struct TempFile {
