@@ -2,13 +2,16 @@
 # run_all.sh — runs every headline benchmark once, each alone, and keeps its output in
 # bench/results/<name>.txt, the files bench/chart.py draws BENCHMARKS.md's chart from.
 #
-#   bench/run_all.sh [BUILD_DIR]    (default build-bench; configured and built here, Release)
+#   bench/run_all.sh [BUILD_DIR [RESULTS_DIR]]
 #
+# BUILD_DIR: default build-bench, configured and built here (Release). RESULTS_DIR: default
+# bench/results, whose run the chart is drawn from; another (a second host's run) gets the
+# outputs and machine.txt only.
 # Takes about 15 minutes on 2 cores. Run it on a quiet machine: the figures are the page's.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-"${root}/build-bench"}
-results="${root}/bench/results"
+results=${2:-"${root}/bench/results"}
 cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DFIBER_SCHED_BUILD_TESTS=OFF \
       -DFIBER_SCHED_BUILD_EXAMPLES=OFF -DFIBER_SCHED_BUILD_BENCHMARKS=ON >/dev/null
 cmake --build "${build}" -j2 --target bench_fiber bench_scheduler bench_sync bench_toolbox bench_latency \
@@ -35,4 +38,6 @@ run bench_io "${build}/bench/bench_io"
     echo "compiler: $(c++ --version | head -n 1)"
     echo "header: $(md5sum "${root}/fiber_sched.hpp" | cut -c1-12)"
 } >"${results}/machine.txt"
-/usr/bin/python3 "${root}/bench/chart.py"  # Debian's, where python3-matplotlib is
+if [ "$(cd "${results}" && pwd)" = "${root}/bench/results" ]; then
+    /usr/bin/python3 "${root}/bench/chart.py"  # Debian's, where python3-matplotlib is
+fi
