@@ -39,7 +39,9 @@ int main() {
 #define POPS "addq $8, %rsp\n popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n popq %rcx\n jmpq *%rcx\n"
 #define ROUTINE(name, body) \
     __asm__(".text\n .globl " #name "\n .type " #name ",@function\n .p2align 4\n" #name ":\n" body ".size " #name ", .-" #name "\n");
-// The kept routine's compare of the control bits (MXCSR 6-31, x87 word 32-47) and its cold load.
+// The kept routine's compare of the control bits (MXCSR 6-31, x87 word 32-47) and its cold load:
+// a copy of FIBER_SCHED_X86_LOAD_FP and _COLD (src/impl/context_x86_64_fp.ipp, undefined
+// after the header's backend cascade); keep the two alike.
 #define KEPT_LOAD                                                                                      \
     "movq (%rsp), %rax\n xorq %rdx, %rax\n movabsq $0xffffffffffc0, %r11\n testq %r11, %rax\n jnz 71f\n" \
     "70:\n"
